@@ -1,0 +1,78 @@
+"""A job as the controller keeps it, across all its incarnations (runs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .model import JobState, PendingJob, RunningJob
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """One job: what was asked for, where it stands, and what preemption has cost it.
+
+    `incarnation` counts runs: 1 for the first launch, 2 after the first relaunch, ...
+    `run_id` identifies the current run in its service (SageMaker training job name, or
+    Batch job id) once launched.
+    """
+
+    name: str
+    team: str
+    priority: int
+    pool: str
+    service: str  # "sagemaker" | "batch"
+    gpus: int
+    request: dict
+    checkpoint_s3_uri: str
+    submitted_at: float
+    status: JobState = JobState.PENDING
+    incarnation: int = 1
+    run_name: str | None = None
+    run_id: str | None = None
+    started_at: float | None = None
+    first_started_at: float | None = None
+    ended_at: float | None = None
+    last_checkpoint_at: float | None = None
+    preemptions: int = 0
+    lost_gpu_seconds: float = 0.0
+    stops_without_fresh_checkpoint: int = 0
+    preempted_by: str | None = None
+    preempting_since: float | None = None
+    cancel_requested: bool = False
+    adopted: bool = False
+    outcome_reason: str | None = None
+    sla_s: int | None = None
+    labels: dict = field(default_factory=dict)
+
+    @property
+    def next_run_name(self) -> str:
+        """Service job name of the current incarnation: `name`, then `name-r2`, `name-r3`..."""
+        return self.name if self.incarnation == 1 else f"{self.name}-r{self.incarnation}"
+
+    def as_pending(self) -> PendingJob:
+        return PendingJob(
+            name=self.name,
+            team=self.team,
+            priority=self.priority,
+            pool=self.pool,
+            gpus=self.gpus,
+            submitted_at=self.submitted_at,
+            preemptions=self.preemptions,
+        )
+
+    def as_running(self) -> RunningJob:
+        started = self.started_at if self.started_at is not None else self.submitted_at
+        return RunningJob(
+            name=self.name,
+            team=self.team,
+            priority=self.priority,
+            pool=self.pool,
+            gpus=self.gpus,
+            started_at=started,
+            last_checkpoint_at=self.last_checkpoint_at,
+            preemptions=self.preemptions,
+            stopping=self.status is JobState.PREEMPTING,
+        )
+
+    def with_changes(self, **changes) -> "JobRecord":
+        return replace(self, **changes)

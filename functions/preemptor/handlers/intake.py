@@ -1,0 +1,34 @@
+"""EventBridge → intake: SageMaker/Batch state changes, EC2 warnings, submissions, cancels.
+
+Never raises for a bad event: a malformed or unknown event is logged with its reason and
+counted (metric `RejectedEvents`), so EventBridge does not retry it into a storm.
+"""
+
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from .. import clock
+from ..service.intake import Intake
+from .observability import logger, metrics, tracer
+from .wiring import deps
+
+
+@logger.inject_lambda_context(clear_state=True)
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def handler(event: dict, context: LambdaContext) -> dict:
+    d = deps()
+    intake = Intake(store=d.store, workflows=d.workflows, runners=d.runners, settings=d.settings)
+    result = intake.handle(event, clock.CLOCK.now())
+    if result.job:
+        logger.set_correlation_id(result.job)
+    if result.outcome == "rejected":
+        logger.warning("event rejected", extra={"reason": result.reason, "event_id": _event_id(event)})
+        metrics.add_metric(name="RejectedEvents", unit=MetricUnit.Count, value=1)
+    else:
+        logger.info("event handled", extra=result.to_dict())
+    return result.to_dict()
+
+
+def _event_id(event: object) -> str | None:
+    return event.get("id") if isinstance(event, dict) else None

@@ -1,0 +1,57 @@
+"""Level-triggered safety net: repair what missed events, failed workflows or manual actions
+left behind. Runs on a schedule; every repair is logged with its reason."""
+
+from __future__ import annotations
+
+from ..adapters.runners import Runner
+from ..adapters.store import JobsStore
+from ..adapters.workflows import WorkflowStarter, execution_name
+from ..config import Settings
+from ..core.errors import ServiceJobNotFound
+from ..core.model import JobState
+from . import actions
+
+STUCK_PREEMPTION_S = 3 * 3600
+
+
+def reconcile(
+    *, store: JobsStore, runners: dict[str, Runner], workflows: WorkflowStarter, settings: Settings, now: float
+) -> dict:
+    repairs: list[dict] = []
+    for pool in settings.pools:
+        store.ensure_pool(pool.name, pool.capacity_gpus)
+        for record in store.active(pool.name):
+            repair = _check_run(store, runners, record, now)
+            if repair:
+                repairs.append(repair)
+        active = store.active(pool.name)
+        used = sum(r.gpus for r in active)
+        stored = (store.pool(pool.name) or {}).get("used_gpus", 0)
+        if stored != used:
+            store.set_pool_usage(pool.name, used)
+            repairs.append({"pool": pool.name, "repair": "usage", "from": stored, "to": used})
+        if store.pending(pool.name, 1):
+            workflows.start("schedule", execution_name("reconcile", pool.name, f"{int(now)}"), {"pool": pool.name})
+    return {"repairs": repairs}
+
+
+def _check_run(store: JobsStore, runners: dict[str, Runner], record, now: float) -> dict | None:
+    if not record.run_id:
+        return None
+    try:
+        state = runners[record.service].state(record.run_id)
+    except ServiceJobNotFound:
+        state = None
+    if state is not None and not state.ended:
+        return None
+    if record.status is JobState.PREEMPTING:
+        if now - (record.preempting_since or now) < STUCK_PREEMPTION_S:
+            return None  # its workflow is still on it
+        result = actions.requeue(
+            store=store, job=record.name, incarnation=record.incarnation, fresh=False, phase="stopped", now=now
+        )
+        return {"job": record.name, "repair": "stuck-preemption-requeued", **result}
+    outcome = "failed" if state is None else {"stopped": "cancelled"}.get(state.phase, state.phase)
+    reason = "reconcile: run not found" if state is None else f"reconcile: missed end event ({state.service_status})"
+    result = actions.finish(store=store, job=record.name, incarnation=record.incarnation, outcome=outcome, reason=reason, now=now)
+    return {"job": record.name, "repair": "missed-end", **result}

@@ -1,0 +1,184 @@
+"""One scheduling cycle of a pool: take the pool's lease, plan, and reserve what was decided.
+
+The cycle is the only writer that admits jobs or marks victims, and it holds the pool's
+lease while it does; every write is still conditional, so even a cycle whose lease expired
+cannot oversubscribe the pool or stop a job twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..adapters.checkpoints import CheckpointStore
+from ..adapters.store import JobsStore
+from ..config import Mode, Settings
+from ..core.errors import ConflictError
+from ..core.jobs import JobRecord
+from ..core.model import Decision, JobState, Pool, Snapshot
+from ..core.planner import plan
+
+LEASE_TTL_S = 3 * 3600  # longer than the slowest preemption (checkpoint wait + stop wait)
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    """What the schedule workflow needs from the plan step."""
+
+    pool: str
+    owner: str
+    locked: bool
+    admits: list[dict]
+    preemptions: list[dict]
+    waiting: list[dict]
+    settings: dict
+
+    def to_dict(self) -> dict:
+        return {
+            "pool": self.pool,
+            "owner": self.owner,
+            "locked": self.locked,
+            "admits": self.admits,
+            "preemptions": self.preemptions,
+            "waiting": self.waiting,
+            "settings": self.settings,
+            "has_admits": bool(self.admits),
+            "has_preemptions": bool(self.preemptions),
+        }
+
+
+def build_snapshot(pool: Pool, pending: list[JobRecord], active: list[JobRecord]) -> Snapshot:
+    return Snapshot(
+        pools=(pool,),
+        running=tuple(r.as_running() for r in active),
+        pending=tuple(p.as_pending() for p in pending),
+    )
+
+
+def plan_cycle(
+    *,
+    store: JobsStore,
+    checkpoints: CheckpointStore,
+    settings: Settings,
+    pool_name: str,
+    owner: str,
+    now: float,
+) -> CycleResult:
+    """Plan one pool and reserve the decision's admissions and victims."""
+    workflow_settings = settings.policy.workflow_settings()
+    pool_cfg = settings.pool(pool_name)
+    if pool_cfg is None:
+        raise ValueError(f"pool {pool_name!r} is not configured")
+    stored = store.pool(pool_name)
+    if stored is None or stored.get("capacity_gpus") != pool_cfg.capacity_gpus:
+        store.ensure_pool(pool_name, pool_cfg.capacity_gpus)
+    if not store.acquire_lease(pool_name, owner, now, LEASE_TTL_S):
+        return CycleResult(pool_name, owner, False, [], [], [], workflow_settings)
+
+    pending = store.pending(pool_name, settings.pending_window)
+    active = [_with_fresh_checkpoint(r, checkpoints) for r in store.active(pool_name)]
+    snapshot = build_snapshot(Pool(pool_name, pool_cfg.capacity_gpus), pending, active)
+    decision = plan(snapshot, settings.policy, now)
+    waiting = [
+        {"job": e.job, "reason": e.reason.value, "detail": e.detail}
+        for e in decision.explanations
+        if e.verdict.value in ("wait", "skip")
+    ]
+    if settings.mode is Mode.SHADOW:
+        _log_shadow(store, decision, now)
+        return CycleResult(pool_name, owner, True, [], [], waiting, workflow_settings)
+
+    by_name = {r.name: r for r in pending + active}
+    admits = _reserve_admissions(store, decision, by_name, pool_cfg.capacity_gpus, now)
+    preemptions = _mark_victims(store, decision, by_name, now)
+    store.remember_waits(pool_name, waiting, now)
+    return CycleResult(pool_name, owner, True, admits, preemptions, waiting, workflow_settings)
+
+
+def finish_cycle(*, store: JobsStore, pool_name: str, owner: str) -> dict:
+    """Release the lease; `rerun` is true when work arrived while we held it."""
+    return {"pool": pool_name, "owner": owner, "rerun": store.release_lease(pool_name, owner)}
+
+
+def _with_fresh_checkpoint(record: JobRecord, checkpoints: CheckpointStore) -> JobRecord:
+    """Victim choice weighs the work since the last checkpoint: read it from S3, not memory."""
+    if record.status is not JobState.RUNNING:
+        return record
+    newest = checkpoints.newest(record.checkpoint_s3_uri)
+    return record if newest is None else record.with_changes(last_checkpoint_at=newest)
+
+
+def _reserve_admissions(
+    store: JobsStore, decision: Decision, by_name: dict[str, JobRecord], capacity: int, now: float
+) -> list[dict]:
+    admitted = []
+    for admission in decision.admits:
+        record = by_name[admission.job]
+        try:
+            store.transition(
+                record,
+                record.with_changes(status=JobState.ADMITTED),
+                expect=[JobState.PENDING],
+                usage_delta=record.gpus,
+                pool_limit=capacity,
+            )
+        except ConflictError as e:
+            store.log(record.name, now, "admission-deferred", "conflict", str(e))
+            continue
+        store.log(
+            record.name,
+            now,
+            "admitted",
+            admission.reason.value,
+            f"{record.gpus} GPUs reserved in {record.pool} (incarnation {record.incarnation})",
+        )
+        admitted.append({"job": record.name, "incarnation": record.incarnation, "gpus": record.gpus})
+    return admitted
+
+
+def _mark_victims(store: JobsStore, decision: Decision, by_name: dict[str, JobRecord], now: float) -> list[dict]:
+    marked = []
+    for p in decision.preemptions:
+        victim = by_name[p.victim]
+        try:
+            store.transition(
+                victim,
+                victim.with_changes(
+                    status=JobState.PREEMPTING,
+                    preempted_by=p.preemptor,
+                    preempting_since=now,
+                    last_checkpoint_at=victim.last_checkpoint_at,
+                ),
+                expect=[JobState.RUNNING],
+            )
+        except ConflictError as e:
+            store.log(victim.name, now, "preemption-skipped", "conflict", str(e))
+            continue
+        age = "no checkpoint yet" if p.checkpoint_age_s is None else f"last checkpoint {p.checkpoint_age_s:.0f} s old"
+        store.log(
+            victim.name,
+            now,
+            "preemption-started",
+            p.reason.value,
+            f"for {p.preemptor}; {age}; a stop now would lose {p.lost_gpu_seconds:.0f} GPU-seconds",
+            preemptor=p.preemptor,
+            lost_gpu_seconds=p.lost_gpu_seconds,
+            checkpoint_age_s=p.checkpoint_age_s,
+        )
+        store.log(p.preemptor, now, "preempting", "preempts-lower-priority", f"stopping {victim.name} ({victim.gpus} GPUs)")
+        marked.append(
+            {
+                "job": victim.name,
+                "incarnation": victim.incarnation,
+                "preemptor": p.preemptor,
+                "gpus": victim.gpus,
+                "lost_gpu_seconds": round(p.lost_gpu_seconds, 3),
+            }
+        )
+    return marked
+
+
+def _log_shadow(store: JobsStore, decision: Decision, now: float) -> None:
+    for a in decision.admits:
+        store.log(a.job, now, "shadow-admit", a.reason.value, "shadow mode: would admit")
+    for p in decision.preemptions:
+        store.log(p.victim, now, "shadow-preempt", p.reason.value, f"shadow mode: would preempt for {p.preemptor}")
