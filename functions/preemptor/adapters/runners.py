@@ -16,6 +16,7 @@ from ..core.errors import ServiceJobNotFound, ServiceRejected, Throttled
 from ..core.jobs import JobRecord
 
 MANAGED_TAG = "preemptor:managed"
+CHECKPOINT_ENV = "PREEMPTOR_CHECKPOINT_S3_URI"
 _THROTTLING = {"ThrottlingException", "TooManyRequestsException", "Throttling"}
 
 
@@ -139,6 +140,11 @@ class BatchRunner:
         if existing:
             return existing
         request["jobName"] = name
+        # The training helper finds its checkpoint location (and the request marker) here.
+        overrides = request.setdefault("containerOverrides", {})
+        env = [e for e in overrides.get("environment", []) if e.get("name") != CHECKPOINT_ENV]
+        env.append({"name": CHECKPOINT_ENV, "value": record.checkpoint_s3_uri})
+        overrides["environment"] = env
         request["tags"] = {**request.get("tags", {}), **controller_tags(record)}
         request["propagateTags"] = True
         try:

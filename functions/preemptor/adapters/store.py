@@ -7,6 +7,7 @@ it, so capacity is taken and released exactly once, whatever the event order.
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from decimal import Decimal
@@ -24,6 +25,7 @@ EVENT_TTL_S = 7 * 24 * 3600
 _JSON_FIELDS = ("request", "labels")
 _THROTTLING = {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
 
+_LOG_SEQ = itertools.count()
 _ser = TypeSerializer()
 _de = TypeDeserializer()
 
@@ -424,7 +426,8 @@ class JobsStore:
         """Append one entry to a job's decision log (`explain` and the timeline read it)."""
         fields = {
             "pk": f"JOB#{job}",
-            "sk": f"LOG#{at:017.3f}#{uuid.uuid4().hex[:12]}",
+            # The counter keeps entries of one container in order within a millisecond.
+            "sk": f"LOG#{at:017.3f}#{next(_LOG_SEQ):08d}#{uuid.uuid4().hex[:8]}",
             "at": at,
             "job": job,
             "kind": kind,

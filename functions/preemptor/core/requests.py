@@ -5,7 +5,7 @@ CLI builds: who owns the job, how important it is, which GPU pool it runs in, an
 untouched body of the SageMaker `CreateTrainingJob` or Batch `SubmitJob` call the
 controller makes for every incarnation of the job.
 
-Pure: stdlib and pydantic only.
+Pure: stdlib, pydantic and the rest of `core` only.
 """
 
 from __future__ import annotations
@@ -26,13 +26,11 @@ from pydantic import (
     model_validator,
 )
 
-MIN_PRIORITY = 0
-MAX_PRIORITY = 1000
+from preemptor.core.policy import DEFAULT_TIERS, MAX_PRIORITY
 
-#: Named priority tiers. Teams think in tiers; the planner compares integers.
-DEFAULT_TIERS: Mapping[str, int] = MappingProxyType(
-    {"critical": 1000, "high": 500, "medium": 200, "low": 50}
-)
+# Teams think in tier names, the planner compares integers. The tier table is
+# configuration (`Policy.tiers`), so its defaults and the upper bound live in `policy`.
+MIN_PRIORITY = 0
 
 # SageMaker training job names are at most 63 characters and must start with a letter or
 # digit (pattern ^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}). Every incarnation runs as
@@ -57,7 +55,7 @@ REQUIRED_REQUEST_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
 )
 
 _S3_PREFIX = re.compile(r"s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(?P<key>.+)")
-_INTEGER = re.compile(r"[+-]?\d{1,18}")
+_INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
 
 NonEmptyStr = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 PositiveInt = Annotated[int, Field(strict=True, gt=0)]
@@ -142,6 +140,9 @@ def normalize_s3_prefix(uri: str) -> str:
 class JobRequest(BaseModel):
     """A request to run one training job under the scheduler.
 
+    Tier names in `priority` resolve against `DEFAULT_TIERS` unless the configured
+    tiers are given as validation context (`context={"tiers": ...}`).
+
     `request` is the body of the service call (`CreateTrainingJob` for SageMaker,
     `SubmitJob` for Batch) without the job name, which the controller sets per
     incarnation. GPU demand is explicit (`gpus`) or, for SageMaker, counted in
@@ -195,8 +196,11 @@ class JobRequest(BaseModel):
 
     @field_validator("priority", mode="before")
     @classmethod
-    def _resolve_priority(cls, value: object) -> int:
-        return resolve_priority(value)
+    def _resolve_priority(cls, value: object, info: ValidationInfo) -> int:
+        # Callers pass the configured tiers as validation context:
+        # JobRequest.model_validate(data, context={"tiers": policy.tiers}).
+        tiers = (info.context or {}).get("tiers", DEFAULT_TIERS)
+        return resolve_priority(value, tiers)
 
     @field_validator("request")
     @classmethod

@@ -51,7 +51,7 @@ class Intake:
 
     def handle(self, raw: object, now: float) -> IntakeResult:
         try:
-            event = ev.parse_event(raw)
+            event = ev.parse_event(raw, tiers=self.settings.policy.tiers)
         except ev.EventRejected as e:
             self.store.count("rejected_events")
             return IntakeResult("rejected", f"{e.reason}: {e.detail}")
@@ -159,7 +159,7 @@ class Intake:
     def _maybe_adopt(self, event, service: str, run_id: str, status: str, now: float) -> IntakeResult:
         running = status in ("InProgress", "RUNNING")
         try:
-            tags = ev.adoption_tags(event.tags or {})
+            tags = ev.adoption_tags(event.tags or {}, tiers=self.settings.policy.tiers)
         except ev.EventRejected as e:
             self.store.count("rejected_events")
             return IntakeResult("rejected", f"{e.reason}: {e.detail}")

@@ -1,0 +1,105 @@
+"""`preemptor`: the command line.
+
+  preemptor demo [--scenario FILE] [--report FILE]   the controller on emulated AWS
+  preemptor replay-events FILE...                    feed captured events through the intake
+  preemptor plan --snapshot FILE [--policy FILE]     what-if: print the decision as JSON
+  preemptor submit --file JOB.json [--bus NAME]      submit a job to a deployed stack
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="preemptor", description="Priority scheduler with checkpoint-aware preemption")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="replay a scenario on emulated AWS and print the timeline")
+    demo.add_argument("--scenario", type=Path, help="scenario YAML (default: the mission's story)")
+    demo.add_argument("--report", type=Path, help="write the summary as JSON here")
+    demo.add_argument("--quiet", action="store_true", help="print the summary only")
+
+    replay = sub.add_parser("replay-events", help="feed captured EventBridge events through the intake")
+    replay.add_argument("files", nargs="+", type=Path)
+
+    plan = sub.add_parser("plan", help="print the decision for a snapshot, touching nothing")
+    plan.add_argument("--snapshot", type=Path, required=True)
+    plan.add_argument("--policy", type=Path)
+
+    submit = sub.add_parser("submit", help="submit a job request to a deployed stack (EventBridge)")
+    submit.add_argument("--file", type=Path, required=True, help="job request JSON (see the README)")
+    submit.add_argument("--bus", default="default", help="event bus name (default: default)")
+
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        return _demo(args)
+    if args.command == "replay-events":
+        return _replay(args)
+    if args.command == "plan":
+        return _plan(args)
+    if args.command == "submit":
+        return _submit(args)
+    return 2
+
+
+def _demo(args) -> int:
+    from .local import demo
+    from .local.scenario import DEFAULT_SCENARIO, Scenario
+
+    scenario = Scenario.load(args.scenario) if args.scenario else DEFAULT_SCENARIO
+    result = demo.run(scenario)
+    if args.quiet:
+        result.timeline = []
+    demo.print_result(result, sys.stdout)
+    if args.report:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(json.dumps(result.report, indent=2) + "\n")
+        print(f"report written to {args.report}")
+    return 0
+
+
+def _replay(args) -> int:
+    from .local.replay import replay_files
+
+    counts = replay_files(args.files, sys.stdout)
+    print(f"{counts['accepted']} accepted, {counts['ignored']} ignored, {counts['rejected']} rejected, {counts['duplicate']} duplicate")
+    return 0
+
+
+def _plan(args) -> int:
+    from .core.planner import plan
+    from .core.policy import Policy
+    from .core.snapshot_file import load_snapshot
+
+    now, snapshot = load_snapshot(json.loads(args.snapshot.read_text()))
+    policy = Policy(**json.loads(args.policy.read_text())) if args.policy else Policy()
+    print(json.dumps(plan(snapshot, policy, now).to_dict(), indent=2))
+    return 0
+
+
+def _submit(args) -> int:
+    import boto3
+
+    from .core.requests import JobRequest
+
+    request = JobRequest.model_validate_json(args.file.read_text())
+    entry = {
+        "Source": "preemptor",
+        "DetailType": "Job Submitted",
+        "Detail": request.model_dump_json(exclude_none=True),
+        "EventBusName": args.bus,
+    }
+    out = boto3.client("events").put_events(Entries=[entry])
+    if out.get("FailedEntryCount"):
+        print(json.dumps(out["Entries"], indent=2), file=sys.stderr)
+        return 1
+    print(f"submitted {request.name}: event {out['Entries'][0]['EventId']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,594 @@
+"""Turn EventBridge events into the domain events the scheduler acts on.
+
+`parse_event` is the one door through which outside events enter the core. It accepts
+the raw JSON text (or the dict Lambda already decoded) and returns one of:
+
+* a domain event (`TrainingJobStateChanged`, `BatchJobStateChanged`,
+  `SpotInterruptionWarning`, `RebalanceRecommendation`, `JobSubmitted`, `JobCancelled`),
+* `Ignored` for a well-formed event the controller does not act on,
+
+or raises `EventRejected` with a short machine-readable reason. Nothing else escapes:
+intake can log and count a rejection without a catch-all.
+
+The parser is deliberately lenient where AWS's own samples disagree with each other
+(time formats, where the EC2 instance id lives) and strict where a wrong guess would
+make the scheduler act wrongly (job status values, our own job requests).
+
+Pure: stdlib, pydantic and the rest of `core` only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, NoReturn, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from preemptor.core.errors import PreemptorError
+from preemptor.core.policy import DEFAULT_TIERS
+from preemptor.core.requests import (
+    JobRequest,
+    format_validation_errors,
+    resolve_priority,
+    validate_job_name,
+)
+
+PREEMPTOR_SOURCE = "preemptor"
+
+# Resource tags that let the controller adopt a job it did not launch.
+PRIORITY_TAG = "preemptor:priority"
+TEAM_TAG = "preemptor:team"
+POOL_TAG = "preemptor:pool"
+
+
+class TrainingJobStatus(StrEnum):
+    """SageMaker `TrainingJobStatus` values (botocore 1.44.8 service model)."""
+
+    IN_PROGRESS = "InProgress"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    STOPPING = "Stopping"
+    STOPPED = "Stopped"
+    DELETING = "Deleting"
+
+
+class BatchJobStatus(StrEnum):
+    """AWS Batch `JobStatus` values (botocore 1.44.8 service model)."""
+
+    SUBMITTED = "SUBMITTED"
+    PENDING = "PENDING"
+    RUNNABLE = "RUNNABLE"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+
+class EventRejected(PreemptorError):
+    """An event that cannot be understood; intake logs it and drops it.
+
+    Attributes:
+        reason: short machine code for metrics and tests: "invalid-json",
+            "missing-field", "bad-value", "unknown-detail-type" or "bad-request".
+        detail: a human-readable explanation naming the offending field.
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+# --------------------------------------------------------------------------- models
+
+
+class _Event(BaseModel):
+    # strict: the parser builds these from values it already checked, so a coercion
+    # here would only hide a parser bug.
+    model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
+
+    event_id: str
+    time: float | None
+    source: str
+    detail_type: str
+
+
+class TrainingJobStateChanged(_Event):
+    """A SageMaker training job changed status."""
+
+    training_job_name: str
+    status: TrainingJobStatus
+    secondary_status: str | None
+    failure_reason: str | None
+    tags: dict[str, str]
+    instance_type: str | None
+    instance_count: int | None
+    creation_time: float | None
+    start_time: float | None
+    end_time: float | None
+    last_modified: float | None
+    checkpoint_s3_uri: str | None
+
+
+class BatchJobStateChanged(_Event):
+    """An AWS Batch job changed status."""
+
+    job_id: str
+    job_name: str
+    job_queue: str
+    status: BatchJobStatus
+    status_reason: str | None
+    tags: dict[str, str]
+    created_at: float | None
+    started_at: float | None
+    stopped_at: float | None
+    container_instance_arn: str | None
+    attempts: int
+
+
+class SpotInterruptionWarning(_Event):
+    """EC2 will reclaim a Spot instance in about two minutes."""
+
+    instance_id: str
+    instance_action: str
+
+
+class RebalanceRecommendation(_Event):
+    """EC2 signals an elevated risk of interruption for a Spot instance."""
+
+    instance_id: str
+
+
+class JobSubmitted(_Event):
+    """A team asked the controller to run a job (our own event)."""
+
+    request: JobRequest
+
+
+class JobCancelled(_Event):
+    """A team asked the controller to cancel a job (our own event)."""
+
+    name: str
+
+
+class Ignored(_Event):
+    """A well-formed event the controller does not act on; `reason` says why."""
+
+    reason: str
+
+
+DomainEvent = (
+    TrainingJobStateChanged
+    | BatchJobStateChanged
+    | SpotInterruptionWarning
+    | RebalanceRecommendation
+    | JobSubmitted
+    | JobCancelled
+    | Ignored
+)
+
+
+# ------------------------------------------------------------------------ public API
+
+
+def load_event(raw: str | bytes | bytearray | Mapping[str, Any]) -> dict[str, Any]:
+    """Decode an EventBridge event and check its envelope.
+
+    Accepts JSON text or bytes, or an already decoded dict (as Lambda passes it). A
+    repeated JSON key keeps its last value, as EventBridge and most parsers do.
+
+    Checked: `id`, `source` and `detail-type` are non-empty strings, `detail` is an
+    object, `time` (if present) is a timestamp, `resources` (if present) is a list of
+    strings.
+
+    Raises:
+        EventRejected: "invalid-json" (with the error position), "missing-field" or
+            "bad-value".
+    """
+    event = _as_object(raw)
+    _read_envelope(event)
+    return event
+
+
+def parse_event(
+    raw: str | bytes | bytearray | Mapping[str, Any],
+    tiers: Mapping[str, int] = DEFAULT_TIERS,
+) -> DomainEvent:
+    """Parse an EventBridge event into a domain event, or `Ignored`.
+
+    `tiers` are the priority tier names a "Job Submitted" request may use (the
+    configured `Policy.tiers`).
+
+    Events are recognised by the pair (source, detail-type): only AWS can publish
+    under an `aws.*` source, so a custom event cannot pose as a Spot interruption.
+    Unknown detail-types from AWS are ignored (AWS adds event types all the time);
+    unknown detail-types under our own source are rejected, because they can only be
+    a producer bug and ignoring one could silently drop a job submission.
+
+    Raises:
+        EventRejected: the event is malformed; `reason` is one of "invalid-json",
+            "missing-field", "bad-value", "unknown-detail-type", "bad-request".
+    """
+    envelope = _read_envelope(_as_object(raw))
+    parser = _PARSERS.get((envelope.source, envelope.detail_type))
+    if parser is not None:
+        return parser(envelope, _Fields(envelope.detail, "detail"), tiers)
+    if envelope.source == PREEMPTOR_SOURCE:
+        raise EventRejected(
+            "unknown-detail-type",
+            f"source {PREEMPTOR_SOURCE!r} has no detail-type {envelope.detail_type!r}",
+        )
+    return Ignored(**envelope.common(), reason=f"not-handled: {envelope.detail_type}")
+
+
+def adoption_tags(
+    tags: Mapping[str, str], tiers: Mapping[str, int] = DEFAULT_TIERS
+) -> tuple[int, str, str | None] | None:
+    """Read (priority, team, pool) from the preemptor tags of a job we did not launch.
+
+    Returns None unless both `preemptor:priority` and `preemptor:team` are present:
+    a job without them is not under the scheduler. `preemptor:pool` is optional.
+    The priority tag is an integer or a name from `tiers`.
+
+    Raises:
+        EventRejected: "bad-value" when a tag is present but unusable (unknown tier,
+            priority out of range, empty team or pool).
+    """
+    if PRIORITY_TAG not in tags or TEAM_TAG not in tags:
+        return None
+    try:
+        priority = resolve_priority(tags[PRIORITY_TAG], tiers)
+    except ValueError as error:
+        raise EventRejected("bad-value", f"tag {PRIORITY_TAG}: {error}") from error
+    team = _tag_text(tags, TEAM_TAG)
+    pool = _tag_text(tags, POOL_TAG) if POOL_TAG in tags else None
+    return priority, team, pool
+
+
+def parse_timestamp(value: object, where: str = "time") -> float | None:
+    """Epoch seconds from any timestamp shape AWS puts in events.
+
+    Accepted: ISO-8601 strings ("2018-10-06T12:26:13Z"; no offset means UTC), epoch
+    milliseconds as a number (1508781340401) or as a string ("1583831889050").
+    Returns None for null and for documentation placeholders such as
+    "yyyy-mm-ddThh:mm:ssZ" (recognised by having no digit at all): they carry no time,
+    and the controller uses its own clock for decisions anyway.
+
+    Raises:
+        EventRejected: "bad-value" for anything else, naming `where`.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        _bad_value(where, "expected a timestamp", value)
+    if isinstance(value, int | float):
+        return _from_epoch_ms(value, where)
+    if not isinstance(value, str):
+        _bad_value(where, "expected a timestamp", value)
+    text = value.strip()
+    if not any(char.isdigit() for char in text):
+        return None
+    if _EPOCH_MS_TEXT.fullmatch(text):
+        return _from_epoch_ms(float(text), where)
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        _bad_value(where, "expected ISO-8601 or epoch milliseconds", value)
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
+
+
+# ------------------------------------------------------------------------- internals
+
+_EPOCH_MS_TEXT = re.compile(r"[0-9]+(\.[0-9]+)?")
+# 9999-12-31T23:59:59.999Z: beyond that a "millisecond" value is not a time.
+_MAX_EPOCH_MS = 253_402_300_799_999
+_INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
+# The account is optional and the region may be an AZ: NTH samples carry
+# arn:aws:ec2:us-east-1b:instance/i-0b662ef9931388ba0.
+_INSTANCE_ARN = re.compile(r"arn:[^:]+:ec2:[^:]*:(?:[^:]*:)?instance/(?P<id>i-[0-9a-f]{8,17})")
+
+
+_StatusT = TypeVar("_StatusT", bound=StrEnum)
+
+
+@dataclass(frozen=True, slots=True)
+class _Envelope:
+    event_id: str
+    time: float | None
+    source: str
+    detail_type: str
+    detail: dict[str, Any]
+    resources: tuple[str, ...]
+
+    def common(self) -> dict[str, Any]:
+        return {
+            "event_id": self.event_id,
+            "time": self.time,
+            "source": self.source,
+            "detail_type": self.detail_type,
+        }
+
+
+def _as_object(raw: object) -> dict[str, Any]:
+    if isinstance(raw, str | bytes | bytearray):
+        raw = _decode_json(raw)
+    if not isinstance(raw, dict):
+        raise EventRejected(
+            "bad-value", f"an event must be a JSON object, got {type(raw).__name__}"
+        )
+    return raw
+
+
+def _decode_json(text: str | bytes | bytearray) -> Any:
+    try:
+        return json.loads(text, parse_constant=_reject_non_json_constant)
+    except json.JSONDecodeError as error:
+        raise EventRejected(
+            "invalid-json",
+            f"{error.msg}: line {error.lineno} column {error.colno} (char {error.pos})",
+        ) from error
+    except UnicodeDecodeError as error:
+        raise EventRejected("invalid-json", f"not UTF-8 text: {error}") from error
+    except ValueError as error:  # from _reject_non_json_constant
+        raise EventRejected("invalid-json", str(error)) from error
+    except RecursionError as error:
+        raise EventRejected("invalid-json", "nested too deeply") from error
+
+
+def _reject_non_json_constant(name: str) -> NoReturn:
+    # Python's json accepts NaN and Infinity; JSON does not, and no AWS service emits them.
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _read_envelope(event: Mapping[str, Any]) -> _Envelope:
+    fields = _Fields(event, "")
+    resources = fields.optional_list("resources")
+    for index, item in enumerate(resources):
+        if not isinstance(item, str):
+            _bad_value(f"resources[{index}]", "expected a string", item)
+    return _Envelope(
+        event_id=fields.required_str("id"),
+        time=fields.optional_time("time"),
+        source=fields.required_str("source"),
+        detail_type=fields.required_str("detail-type"),
+        detail=fields.required_object("detail"),
+        resources=tuple(resources),
+    )
+
+
+class _Fields:
+    """Typed reads from one JSON object, with errors that name the field's path."""
+
+    def __init__(self, data: Mapping[str, Any], path: str) -> None:
+        self._data = data
+        self._path = path
+
+    def _where(self, key: str) -> str:
+        return f"{self._path}.{key}" if self._path else key
+
+    def required_str(self, key: str) -> str:
+        if key not in self._data:
+            raise EventRejected("missing-field", f"{self._where(key)} is missing")
+        value = self._data[key]
+        if not isinstance(value, str) or not value.strip():
+            _bad_value(self._where(key), "expected a non-empty string", value)
+        return value
+
+    def optional_str(self, key: str) -> str | None:
+        value = self._data.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            _bad_value(self._where(key), "expected a string", value)
+        return value or None
+
+    def optional_int(self, key: str) -> int | None:
+        value = self._data.get(key)
+        if value is None:
+            return None
+        # Some AWS serializers write counts as floats ("DesiredInstanceCount": 1.0).
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            _bad_value(self._where(key), "expected an integer", value)
+        return value
+
+    def optional_time(self, key: str) -> float | None:
+        return parse_timestamp(self._data.get(key), self._where(key))
+
+    def required_object(self, key: str) -> dict[str, Any]:
+        if key not in self._data:
+            raise EventRejected("missing-field", f"{self._where(key)} is missing")
+        value = self._data[key]
+        if not isinstance(value, dict):
+            _bad_value(self._where(key), "expected an object", value)
+        return value
+
+    def optional_object(self, key: str) -> _Fields:
+        """The nested object as `_Fields`; an empty one when absent or null."""
+        value = self._data.get(key)
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            _bad_value(self._where(key), "expected an object", value)
+        return _Fields(value, self._where(key))
+
+    def optional_list(self, key: str) -> list[Any]:
+        value = self._data.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            _bad_value(self._where(key), "expected a list", value)
+        return value
+
+    def tags(self, key: str) -> dict[str, str]:
+        value = self._data.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, dict) or not all(
+            isinstance(name, str) and isinstance(text, str) for name, text in value.items()
+        ):
+            _bad_value(self._where(key), "expected an object of string tags", value)
+        return dict(value)
+
+    def enum(self, key: str, kind: type[_StatusT]) -> _StatusT:
+        value = self.required_str(key)
+        try:
+            return kind(value)
+        except ValueError:
+            allowed = ", ".join(member.value for member in kind)
+            raise EventRejected(
+                "bad-value", f"{self._where(key)}: {value!r} is not one of {allowed}"
+            ) from None
+
+
+def _bad_value(where: str, expected: str, value: object) -> NoReturn:
+    shown = repr(value) if isinstance(value, str | int | float | bool) else type(value).__name__
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    raise EventRejected("bad-value", f"{where}: {expected}, got {shown}")
+
+
+def _from_epoch_ms(value: float, where: str) -> float:
+    # Written as a range check so NaN, infinities and huge ints all fail it.
+    if not 0 <= value <= _MAX_EPOCH_MS:
+        _bad_value(where, "expected epoch milliseconds", value)
+    return value / 1000.0
+
+
+def _tag_text(tags: Mapping[str, str], key: str) -> str:
+    value = tags[key]
+    if not isinstance(value, str) or not value.strip():
+        _bad_value(f"tag {key}", "expected a non-empty string", value)
+    return value.strip()
+
+
+def _instance_id(detail: _Fields, resources: tuple[str, ...]) -> str:
+    # Real events use "instance-id"; the Powertools sample uses "instance_id"; the
+    # resources ARN is the last resort. AWS docs samples pad the id with a space.
+    for key in ("instance-id", "instance_id"):
+        value = detail.optional_str(key)
+        if value is not None:
+            instance_id = value.strip()
+            if not _INSTANCE_ID.fullmatch(instance_id):
+                _bad_value(f"detail.{key}", "expected an EC2 instance id", value)
+            return instance_id
+    for arn in resources:
+        match = _INSTANCE_ARN.fullmatch(arn.strip())
+        if match:
+            return match["id"]
+    raise EventRejected(
+        "missing-field", "no instance id in detail.instance-id or in an EC2 instance ARN"
+    )
+
+
+# --------------------------------------------------------------- one parser per type
+
+
+def _training_job(
+    envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int]
+) -> TrainingJobStateChanged:
+    resources = detail.optional_object("ResourceConfig")
+    return TrainingJobStateChanged(
+        **envelope.common(),
+        training_job_name=detail.required_str("TrainingJobName"),
+        status=detail.enum("TrainingJobStatus", TrainingJobStatus),
+        # Not checked against botocore's SecondaryStatus list: AWS keeps adding values
+        # (Pending, Restarting, ...) and rejecting a terminal-state event for an unknown
+        # secondary status would leave the job's capacity held forever.
+        secondary_status=detail.optional_str("SecondaryStatus"),
+        failure_reason=detail.optional_str("FailureReason"),
+        tags=detail.tags("Tags"),
+        instance_type=resources.optional_str("InstanceType"),
+        instance_count=resources.optional_int("InstanceCount"),
+        creation_time=detail.optional_time("CreationTime"),
+        start_time=detail.optional_time("TrainingStartTime"),
+        end_time=detail.optional_time("TrainingEndTime"),
+        last_modified=detail.optional_time("LastModifiedTime"),
+        checkpoint_s3_uri=detail.optional_object("CheckpointConfig").optional_str("S3Uri"),
+    )
+
+
+def _batch_job(
+    envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int]
+) -> BatchJobStateChanged:
+    return BatchJobStateChanged(
+        **envelope.common(),
+        job_id=detail.required_str("jobId"),
+        job_name=detail.required_str("jobName"),
+        job_queue=detail.required_str("jobQueue"),
+        status=detail.enum("status", BatchJobStatus),
+        status_reason=detail.optional_str("statusReason"),
+        tags=detail.tags("tags"),
+        created_at=detail.optional_time("createdAt"),
+        started_at=detail.optional_time("startedAt"),
+        stopped_at=detail.optional_time("stoppedAt"),
+        container_instance_arn=detail.optional_object("container").optional_str(
+            "containerInstanceArn"
+        ),
+        attempts=len(detail.optional_list("attempts")),
+    )
+
+
+def _spot_interruption(
+    envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int]
+) -> SpotInterruptionWarning:
+    return SpotInterruptionWarning(
+        **envelope.common(),
+        instance_id=_instance_id(detail, envelope.resources),
+        # terminate / stop / hibernate in practice; the EC2 docs sample says "action",
+        # and the warning means the same thing for us whatever the action.
+        instance_action=detail.required_str("instance-action"),
+    )
+
+
+def _rebalance(
+    envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int]
+) -> RebalanceRecommendation:
+    return RebalanceRecommendation(
+        **envelope.common(), instance_id=_instance_id(detail, envelope.resources)
+    )
+
+
+def _job_submitted(
+    envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int]
+) -> JobSubmitted:
+    try:
+        request = JobRequest.model_validate(envelope.detail, context={"tiers": tiers})
+    except ValidationError as error:
+        raise EventRejected("bad-request", format_validation_errors(error)) from error
+    return JobSubmitted(**envelope.common(), request=request)
+
+
+def _job_cancelled(
+    envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int]
+) -> JobCancelled:
+    unexpected = sorted(str(key) for key in envelope.detail if key != "name")
+    if unexpected:
+        raise EventRejected("bad-value", f"detail: unexpected keys {', '.join(unexpected)}")
+    name = detail.required_str("name")
+    try:
+        validate_job_name(name)
+    except ValueError as error:
+        raise EventRejected("bad-value", f"detail.name: {error}") from error
+    return JobCancelled(**envelope.common(), name=name)
+
+
+# Every parser takes the tiers so the table stays uniform; only "Job Submitted" uses them.
+_PARSERS: Mapping[
+    tuple[str, str], Callable[[_Envelope, _Fields, Mapping[str, int]], DomainEvent]
+] = {
+    ("aws.sagemaker", "SageMaker Training Job State Change"): _training_job,
+    ("aws.batch", "Batch Job State Change"): _batch_job,
+    ("aws.ec2", "EC2 Spot Instance Interruption Warning"): _spot_interruption,
+    ("aws.ec2", "EC2 Instance Rebalance Recommendation"): _rebalance,
+    (PREEMPTOR_SOURCE, "Job Submitted"): _job_submitted,
+    (PREEMPTOR_SOURCE, "Job Cancelled"): _job_cancelled,
+}

@@ -1,0 +1,252 @@
+"""`preemptor demo`: the controller on emulated AWS, replaying a scenario in simulated time.
+
+The stack is template.yaml in moto (see `stack.py`), the workloads are the simulated fleet
+(see `fleet.py`), and one simulated clock drives both, so a day passes in seconds. The
+timeline merges what AWS reported (events) with what the controller decided (its decision
+log, the same one `preemptor explain` reads).
+"""
+
+from __future__ import annotations
+
+import calendar
+import itertools
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, TextIO
+
+from ..core.model import JobState
+from .clock import SimClock
+from .fleet import SimulatedFleet
+from .scenario import DEFAULT_SCENARIO, Scenario, submission_event
+from .stack import EmulatedStack, RoutedEvent
+
+START = float(calendar.timegm((2026, 11, 30, 9, 0, 0)))
+TICK_S = 30.0
+STATE_NAMES = {
+    JobState.COMPLETED: "Completed",
+    JobState.FAILED: "Failed",
+    JobState.CANCELLED: "Cancelled",
+    JobState.PENDING: "Pending",
+    JobState.ADMITTED: "Admitted",
+    JobState.RUNNING: "Running",
+    JobState.PREEMPTING: "Preempting",
+}
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    at: float  # seconds since the scenario started
+    source: str  # "aws" (an event), "workload" (the simulated training job) or "controller"
+    job: str
+    what: str
+    why: str
+
+    def render(self) -> str:
+        h, rem = divmod(int(round(self.at)), 3600)
+        m, s = divmod(rem, 60)
+        tag = {"aws": "event ", "workload": "work  "}.get(self.source, "decide")
+        return f"{h:02d}:{m:02d}:{s:02d}  {tag}  {self.job:<24} {self.what:<22} {self.why}"
+
+
+@dataclass
+class DemoResult:
+    timeline: list[TimelineEntry] = field(default_factory=list)
+    report: dict = field(default_factory=dict)
+    alerts: list[str] = field(default_factory=list)
+
+
+def run(scenario: Scenario = DEFAULT_SCENARIO, *, tick_s: float = TICK_S, on_line: Callable[[str], None] | None = None) -> DemoResult:
+    """Replay `scenario` on the emulated stack; returns the timeline and the report."""
+    clock = SimClock(START)
+    parameters = {
+        "PoolsConfig": json.dumps([p.model_dump(exclude_none=True) for p in scenario.pools]),
+        "PolicyConfig": json.dumps(scenario.policy),
+    }
+    result = DemoResult()
+    ids = itertools.count(1)
+    with EmulatedStack(clock, parameters=parameters) as stack:
+        fleet = SimulatedFleet(
+            clock,
+            stack.client("s3"),
+            stack.emit,
+            id_factory=lambda: str(uuid.uuid5(uuid.NAMESPACE_URL, f"preemptor-demo/{next(ids)}")),
+        )
+        try:
+            _create_batch_queues(stack, scenario)
+            _replay(stack, clock, scenario, tick_s, result, on_line)
+        finally:
+            fleet.close()
+        result.timeline += [
+            TimelineEntry(t - START, "workload", name, what.split(":")[0], what)
+            for t, name, what in fleet.history
+            if not what.startswith("periodic") and ("checkpoint" in what or "resumed" in what)
+        ]
+        store = stack.deps().store
+        decisions = [
+            TimelineEntry(e["at"] - START, "controller", e["job"], e["kind"], f"{e['reason']}: {e['detail']}")
+            for e in store.all_history()
+        ]
+        order = {"aws": 0, "workload": 1, "controller": 2}
+        result.timeline = sorted(result.timeline + decisions, key=lambda t: (round(t.at, 3), order[t.source]))
+        result.report = build_report(store, scenario)
+        result.alerts = stack.alerts()
+    return result
+
+
+def _replay(stack: EmulatedStack, clock: SimClock, scenario: Scenario, tick_s: float, result: DemoResult, on_line) -> None:
+    bucket = stack.parameters["CheckpointBucketName"]
+    submissions = sorted(scenario.jobs, key=lambda j: (j.submit_at, j.name))
+    horizon = scenario.horizon or (
+        max(j.submit_at for j in scenario.jobs) + 3 * sum(j.duration for j in scenario.jobs) + 3600
+    )
+    names = {j.name for j in scenario.jobs}
+
+    def on_event(routed: RoutedEvent) -> None:
+        entry = _event_entry(routed, clock.now() - START)
+        if entry:
+            result.timeline.append(entry)
+
+    store = stack.deps().store
+    while True:
+        elapsed = clock.now() - START
+        while submissions and submissions[0].submit_at <= elapsed:
+            job = submissions.pop(0)
+            event = submission_event(job, scenario.pool(job.pool), bucket, clock.now(), stack.region)
+            on_event(stack.put_event(event))
+            stack.pump(on_event)
+        if not submissions and _all_done(store, names):
+            return
+        if elapsed >= horizon:
+            return
+        target = clock.now() + tick_s
+        if submissions:
+            target = min(target, START + submissions[0].submit_at)
+        clock.advance_to(target)
+        stack.pump(on_event)
+
+
+def _all_done(store, names: set[str]) -> bool:
+    jobs = {j.name: j for j in store.all_jobs()}
+    return all(n in jobs and jobs[n].status.is_terminal for n in names)
+
+
+def _event_entry(routed: RoutedEvent, at: float) -> TimelineEntry | None:
+    event = routed.event
+    detail = event.get("detail", {})
+    outcome = routed.results[0] if routed.results else {"outcome": "unrouted", "reason": "no rule matched"}
+    if event.get("detail-type") == "Job Submitted":
+        return TimelineEntry(at, "aws", detail.get("name", "?"), "Job Submitted", f"intake: {outcome['outcome']}")
+    if event.get("source") == "aws.sagemaker":
+        name, status = detail.get("TrainingJobName", "?"), detail.get("TrainingJobStatus")
+        secondary = detail.get("SecondaryStatus")
+        what = f"SageMaker {status}" + (f"/{secondary}" if secondary and secondary != status else "")
+    elif event.get("source") == "aws.batch":
+        name, what = detail.get("jobName", "?"), f"Batch {detail.get('status')}"
+    else:
+        name, what = event.get("detail-type", "?"), "event"
+    return TimelineEntry(at, "aws", name, what, f"intake: {outcome['outcome']} ({outcome['reason']})")
+
+
+def _create_batch_queues(stack: EmulatedStack, scenario: Scenario) -> None:
+    batch = stack.client("batch")
+    role = "arn:aws:iam::123456789012:role/preemptor-batch"
+    for pool in scenario.pools:
+        if pool.service != "batch":
+            continue
+        ce = batch.create_compute_environment(
+            computeEnvironmentName=f"{pool.name}-ce", type="UNMANAGED", state="ENABLED", serviceRole=role
+        )["computeEnvironmentArn"]
+        batch.create_job_queue(
+            jobQueueName=f"{pool.name}-queue",
+            state="ENABLED",
+            priority=1,
+            computeEnvironmentOrder=[{"order": 1, "computeEnvironment": ce}],
+        )
+        batch.register_job_definition(
+            jobDefinitionName=f"{pool.name}-training",
+            type="container",
+            containerProperties={"image": "training:latest", "vcpus": 8, "memory": 65536},
+        )
+
+
+def build_report(store, scenario: Scenario) -> dict:
+    """The summary: per job wait, preemptions and lost work; totals; checkpoint discipline."""
+    records = {r.name: r for r in store.all_jobs()}
+    jobs = []
+    for spec in scenario.jobs:
+        r = records.get(spec.name)
+        if r is None:
+            jobs.append({"name": spec.name, "state": "Rejected", "wait_s": None, "preemptions": 0, "lost_gpu_seconds": 0.0})
+            continue
+        wait = None if r.first_started_at is None else round(r.first_started_at - r.submitted_at, 3)
+        jobs.append(
+            {
+                "name": r.name,
+                "team": r.team,
+                "priority": r.priority,
+                "state": STATE_NAMES[r.status],
+                "wait_s": wait,
+                "preemptions": r.preemptions,
+                "lost_gpu_seconds": round(r.lost_gpu_seconds, 3),
+                "incarnations": r.incarnation,
+            }
+        )
+    history = store.all_history()
+    preemptions = []
+    for entry in history:
+        if entry["kind"] != "requeued" or entry["reason"] != "preempted":
+            continue
+        earlier = [e for e in history if e["job"] == entry["job"] and e["at"] <= entry["at"]]
+        stop = next((e for e in reversed(earlier) if e["kind"] == "stop-requested"), None)
+        confirmed = next((e for e in reversed(earlier) if e["kind"] == "checkpoint-confirmed"), None)
+        preemptions.append(
+            {
+                "victim": entry["job"],
+                "preemptor": entry["extra"].get("preemptor"),
+                "at_s": round(entry["at"] - START, 3),
+                "checkpoint_confirmed_before_stop": bool(confirmed and stop and confirmed["at"] <= stop["at"]),
+                "fresh_checkpoint": entry["extra"].get("fresh_checkpoint"),
+                "lost_gpu_seconds": round(entry["extra"].get("lost_gpu_seconds", 0.0), 3),
+            }
+        )
+    return {
+        "jobs": jobs,
+        "preemptions": sum(j["preemptions"] for j in jobs),
+        "relaunches": sum(1 for e in history if e["kind"] == "relaunched"),
+        "lost_gpu_seconds": round(sum(j["lost_gpu_seconds"] for j in jobs), 3),
+        "stops_without_fresh_checkpoint": sum(r.stops_without_fresh_checkpoint for r in records.values()),
+        "preemption_details": preemptions,
+    }
+
+
+def print_result(result: DemoResult, out: TextIO) -> None:
+    out.write("Timeline (simulated time since the first submission)\n")
+    out.write(f"{'time':<8}  {'':6}  {'job':<24} {'what':<22} why\n")
+    for entry in result.timeline:
+        out.write(entry.render() + "\n")
+    report = result.report
+    out.write("\nSummary\n")
+    for job in report["jobs"]:
+        wait = "never started" if job["wait_s"] is None else f"waited {_duration(job['wait_s'])}"
+        out.write(
+            f"  {job['name']:<24} {job['state']:<10} {wait:<22} preempted {job['preemptions']}x, "
+            f"lost {job['lost_gpu_seconds']:,.0f} GPU-seconds\n"
+        )
+    out.write(
+        f"  preemptions: {report['preemptions']}, relaunches: {report['relaunches']}, "
+        f"lost work: {report['lost_gpu_seconds']:,.0f} GPU-seconds "
+        f"({report['lost_gpu_seconds'] / 3600:,.1f} GPU-hours), "
+        f"stops without a fresh checkpoint: {report['stops_without_fresh_checkpoint']}\n"
+    )
+    for p in report["preemption_details"]:
+        check = "checkpoint confirmed before the stop" if p["checkpoint_confirmed_before_stop"] else "NO fresh checkpoint"
+        out.write(f"  {p['victim']} preempted for {p['preemptor']} at {_duration(p['at_s'])}: {check}\n")
+    out.write(f"  alerts published: {len(result.alerts)}\n")
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"

@@ -1,0 +1,413 @@
+"""The SAM application on emulated AWS: template.yaml loaded into moto, in-process.
+
+`EmulatedStack` reads the real template and creates, in moto, what the controller uses: the
+jobs table with its key schema and index, the checkpoint bucket, the alerts topic (with a
+queue subscribed, so alerts can be read back), the dead-letter queue, one Lambda function per
+`AWS::Serverless::Function` (invoking it runs our handler in-process), every state machine
+from its `DefinitionUri` with its `DefinitionSubstitutions` resolved, and the EventBridge rule
+patterns of every function, used to route events to their targets (moto's `put_events`
+cannot invoke Lambda targets). Nothing here is used on AWS.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import logging
+import os
+import re
+import threading
+import time
+import warnings
+import zipfile
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import boto3
+from moto import mock_aws
+from moto.events.models import EventPattern
+
+from .. import clock as clock_module
+from ..handlers import wiring
+from . import moto_patches
+from .clock import SimClock
+from .executions import wait_for_execution
+
+ROOT = Path(__file__).resolve().parents[3]
+TEMPLATE = ROOT / "template.yaml"
+ACCOUNT = "123456789012"
+
+# Quiet moto and the AWS SDK: they log whole requests and objects.
+for _noisy in ("moto", "botocore", "boto3", "urllib3", "aws_xray_sdk"):
+    logging.getLogger(_noisy).setLevel(logging.WARNING)
+
+
+def load_template(path: Path = TEMPLATE) -> dict:
+    """Parse a CloudFormation/SAM template, short-form intrinsics (!Ref, !Sub...) included."""
+    from cfnlint.decode.cfn_yaml import load
+
+    return load(str(path))
+
+
+@dataclass
+class LambdaContext:
+    """The attributes of the Lambda context object that Powertools reads."""
+
+    function_name: str
+    memory_limit_in_mb: int = 512
+    function_version: str = "$LATEST"
+    invoked_function_arn: str = ""
+    aws_request_id: str = "local"
+    log_group_name: str = ""
+    log_stream_name: str = ""
+
+    @staticmethod
+    def get_remaining_time_in_millis() -> int:
+        return 60_000
+
+
+@dataclass
+class Rule:
+    name: str
+    pattern: EventPattern
+    function: str
+
+
+@dataclass
+class DeployedFunction:
+    name: str
+    arn: str
+    handler: str
+    environment: dict[str, str]
+
+
+@dataclass
+class RoutedEvent:
+    """What happened to one event put on the emulated bus."""
+
+    event: dict
+    results: list[dict] = field(default_factory=list)
+
+    @property
+    def matched(self) -> bool:
+        return bool(self.results)
+
+
+class EmulatedStack:
+    """Deploy template.yaml into moto and run it. Use as a context manager."""
+
+    def __init__(
+        self,
+        clock: SimClock,
+        *,
+        parameters: dict[str, str] | None = None,
+        stack_name: str = "preemptor",
+        region: str = "us-east-1",
+        template_path: Path = TEMPLATE,
+    ):
+        self.clock = clock
+        self.stack_name = stack_name
+        self.region = region
+        self.template_path = template_path
+        self.overrides = parameters or {}
+        self.functions: dict[str, DeployedFunction] = {}
+        self.state_machines: dict[str, str] = {}
+        self.rules: list[Rule] = []
+        self.resources: dict[str, str] = {}
+        self.parameters: dict[str, str] = {}
+        self.outbox: deque[dict] = deque()  # events emitted by the fleet, routed by `pump`
+        self._mock = mock_aws(config=moto_patches.MOTO_CONFIG)
+        self._env_backup: dict[str, str | None] = {}
+        self._lock = threading.RLock()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def __enter__(self) -> "EmulatedStack":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._set_env(
+            {
+                "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing",
+                "AWS_SESSION_TOKEN": "testing",
+                "AWS_DEFAULT_REGION": self.region,
+                "AWS_REGION": self.region,
+                "POWERTOOLS_TRACE_DISABLED": "true",
+                "POWERTOOLS_METRICS_DISABLED": "true",
+                "POWERTOOLS_LOG_LEVEL": "ERROR",
+                "POWERTOOLS_DEV": "false",
+            }
+        )
+        self._mock.start()
+        # Functions that emitted no metric in an invocation say so; locally that is noise.
+        warnings.filterwarnings("ignore", message="No application metrics to publish")
+        clock_module.use_clock(self.clock)
+        moto_patches.install(self.clock, self.invoke_lambda)
+        wiring.reset()
+        self.session = boto3.session.Session(region_name=self.region)
+        self._deploy(load_template(self.template_path))
+        wiring.reset()
+
+    def stop(self) -> None:
+        moto_patches.uninstall()
+        clock_module.use_clock(clock_module.SystemClock())
+        wiring.reset()
+        self._mock.stop()
+        for key, value in self._env_backup.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+    def _set_env(self, values: dict[str, str]) -> None:
+        for key, value in values.items():
+            self._env_backup.setdefault(key, os.environ.get(key))
+            os.environ[key] = value
+
+    def client(self, service: str) -> Any:
+        return self.session.client(service)
+
+    # -- deployment -----------------------------------------------------------------------
+    def _deploy(self, template: dict) -> None:
+        self.parameters = {
+            name: str(spec.get("Default", "")) for name, spec in template.get("Parameters", {}).items()
+        }
+        self.parameters.update(self.overrides)
+        if not self.parameters.get("CheckpointBucketName"):
+            self.parameters["CheckpointBucketName"] = f"{self.stack_name}-checkpoints"
+        resources = template["Resources"]
+        globals_env = template.get("Globals", {}).get("Function", {}).get("Environment", {}).get("Variables", {})
+
+        # Names and ARNs first, so intrinsics resolve whatever the order of creation.
+        for logical, res in resources.items():
+            self.resources[logical] = self._physical_id(logical, res)
+
+        for logical, res in resources.items():
+            kind, props = res["Type"], res.get("Properties", {})
+            if kind == "AWS::DynamoDB::Table":
+                self._create_table(logical, props)
+            elif kind == "AWS::SNS::Topic":
+                self._create_topic(logical)
+            elif kind == "AWS::SQS::Queue":
+                self.client("sqs").create_queue(QueueName=f"{self.stack_name}-{logical}")
+        self.client("s3").create_bucket(Bucket=self.parameters["CheckpointBucketName"])
+
+        role = self.client("iam").create_role(
+            RoleName=f"{self.stack_name}-local-role",
+            AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": []}),
+        )["Role"]["Arn"]
+        functions = {k: v for k, v in resources.items() if v["Type"] == "AWS::Serverless::Function"}
+        shared_env: dict[str, str] = {}
+        for logical, res in functions.items():
+            props = res["Properties"]
+            env = {k: str(self.resolve(v)) for k, v in globals_env.items()}
+            env.update({k: str(self.resolve(v)) for k, v in props.get("Environment", {}).get("Variables", {}).items()})
+            name = self.resources[logical]
+            self.client("lambda").create_function(
+                FunctionName=name,
+                Runtime="python3.11",
+                Role=role,
+                Handler=props["Handler"],
+                Code={"ZipFile": _empty_zip()},
+                Environment={"Variables": env},
+            )
+            self.functions[name] = DeployedFunction(name, self.resolve({"Fn::GetAtt": [logical, "Arn"]}), props["Handler"], env)
+            shared_env.update(env)
+            for event_name, event in props.get("Events", {}).items():
+                if event["Type"] == "EventBridgeRule":
+                    pattern = json.dumps(event["Properties"]["Pattern"])
+                    self.rules.append(Rule(f"{logical}{event_name}", EventPattern.load(pattern), name))
+        # Functions share one process here, so they share one environment: the union of theirs.
+        self._set_env(shared_env)
+
+        sfn = self.client("stepfunctions")
+        for logical, res in resources.items():
+            if res["Type"] != "AWS::Serverless::StateMachine":
+                continue
+            props = res["Properties"]
+            definition = (self.template_path.parent / props["DefinitionUri"]).read_text()
+            subs = {k: str(self.resolve(v)) for k, v in props.get("DefinitionSubstitutions", {}).items()}
+            definition = re.sub(r"\$\{(\w+)\}", lambda m: subs[m.group(1)], definition)
+            arn = sfn.create_state_machine(name=self.resources[logical].rsplit(":", 1)[-1], definition=definition, roleArn=role)[
+                "stateMachineArn"
+            ]
+            self.state_machines[logical] = arn
+
+    def _physical_id(self, logical: str, res: dict) -> str:
+        kind, props = res["Type"], res.get("Properties", {})
+        if kind == "AWS::Serverless::StateMachine":
+            name = self.resolve(props["Name"]) if "Name" in props else f"{self.stack_name}-{logical}"
+            return f"arn:aws:states:{self.region}:{ACCOUNT}:stateMachine:{name}"
+        if kind == "AWS::SNS::Topic":
+            return f"arn:aws:sns:{self.region}:{ACCOUNT}:{self.stack_name}-{logical}"
+        return f"{self.stack_name}-{logical}"
+
+    def _create_table(self, logical: str, props: dict) -> None:
+        kwargs = {
+            "TableName": self.resources[logical],
+            "KeySchema": props["KeySchema"],
+            "AttributeDefinitions": props["AttributeDefinitions"],
+            "BillingMode": props.get("BillingMode", "PAY_PER_REQUEST"),
+        }
+        if props.get("GlobalSecondaryIndexes"):
+            kwargs["GlobalSecondaryIndexes"] = props["GlobalSecondaryIndexes"]
+        self.client("dynamodb").create_table(**kwargs)
+
+    def _create_topic(self, logical: str) -> None:
+        sns, sqs = self.client("sns"), self.client("sqs")
+        arn = sns.create_topic(Name=f"{self.stack_name}-{logical}")["TopicArn"]
+        queue = sqs.create_queue(QueueName=f"{self.stack_name}-{logical}-inbox")["QueueUrl"]
+        queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        sns.subscribe(TopicArn=arn, Protocol="sqs", Endpoint=queue_arn, Attributes={"RawMessageDelivery": "true"})
+        self.resources[f"{logical}#inbox"] = queue
+
+    # -- intrinsics -----------------------------------------------------------------------
+    def resolve(self, value: Any) -> Any:
+        """Resolve the intrinsic functions the template uses, against this emulated stack."""
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list):
+            return [self.resolve(v) for v in value]
+        if not isinstance(value, dict) or len(value) != 1:
+            return value
+        (fn, arg), = value.items()
+        if fn == "Ref":
+            return self._ref(arg)
+        if fn == "Fn::GetAtt":
+            logical, attr = arg if isinstance(arg, list) else arg.split(".", 1)
+            return self._get_att(logical, attr)
+        if fn == "Fn::Sub":
+            return self._sub(arg)
+        if fn == "Fn::If":
+            return self.resolve(arg[1])  # conditions only toggle optional extras locally
+        return value
+
+    def _ref(self, name: str) -> str:
+        pseudo = {
+            "AWS::StackName": self.stack_name,
+            "AWS::Region": self.region,
+            "AWS::AccountId": ACCOUNT,
+            "AWS::Partition": "aws",
+        }
+        if name in pseudo:
+            return pseudo[name]
+        if name in self.parameters:
+            return self.parameters[name]
+        return self.resources[name]
+
+    def _get_att(self, logical: str, attr: str) -> str:
+        physical = self.resources[logical]
+        if attr == "Arn":
+            if logical in self.functions or physical in self.functions:
+                return f"arn:aws:lambda:{self.region}:{ACCOUNT}:function:{physical}"
+            if physical.startswith("arn:"):
+                return physical
+            return f"arn:aws:{_service_of(logical)}:{self.region}:{ACCOUNT}:{physical}"
+        if attr == "TopicName":
+            return physical.rsplit(":", 1)[-1]
+        return physical
+
+    def _sub(self, template: Any) -> str:
+        text, variables = (template, {}) if isinstance(template, str) else (template[0], template[1])
+
+        def replace(match: re.Match) -> str:
+            name = match.group(1)
+            if name in variables:
+                return str(self.resolve(variables[name]))
+            if "." in name:
+                logical, attr = name.split(".", 1)
+                return self._get_att(logical, attr)
+            return self._ref(name)
+
+        return re.sub(r"\$\{([\w:.]+)\}", replace, text)
+
+    # -- running ---------------------------------------------------------------------------
+    def invoke_lambda(self, function_name: str, event: dict) -> Any:
+        """Run a function's handler in-process (moto's Lambda calls this)."""
+        fn = self.functions[function_name.rsplit(":", 1)[-1]]
+        module_name, attr = fn.handler.rsplit(".", 1)
+        handler: Callable = getattr(importlib.import_module(module_name), attr)
+        return handler(event, LambdaContext(function_name=fn.name, invoked_function_arn=fn.arn))
+
+    def put_event(self, event: dict) -> RoutedEvent:
+        """Deliver an event to every function whose EventBridge rule matches it."""
+        routed = RoutedEvent(event)
+        for rule in self.rules:
+            if rule.pattern.matches_event(event):
+                routed.results.append(self.invoke_lambda(rule.function, event))
+        return routed
+
+    def emit(self, event: dict) -> None:
+        """Queue an event from the simulated fleet; `pump` routes it."""
+        self.outbox.append(event)
+
+    def pump(self, on_event: Callable[[RoutedEvent], None] | None = None) -> int:
+        """Route queued events and let the workflows they start finish; repeat until quiet."""
+        handled = 0
+        while True:
+            self.drain()
+            if not self.outbox:
+                return handled
+            routed = self.put_event(self.outbox.popleft())
+            handled += 1
+            if on_event:
+                on_event(routed)
+
+    def drain(self, timeout_s: float = 120.0) -> None:
+        """Wait until no workflow execution is running (executions run in moto's threads)."""
+        sfn = self.client("stepfunctions")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            running = [
+                e["executionArn"]
+                for arn in self.state_machines.values()
+                for e in sfn.list_executions(stateMachineArn=arn, statusFilter="RUNNING")["executions"]
+            ]
+            if not running:
+                return
+            for arn in running:
+                wait_for_execution(sfn, arn, timeout_s=max(1.0, deadline - time.monotonic()))
+
+    def executions(self, logical: str) -> list[dict]:
+        sfn = self.client("stepfunctions")
+        return sfn.list_executions(stateMachineArn=self.state_machines[logical])["executions"]
+
+    def alerts(self) -> list[str]:
+        """Messages published to the alerts topic so far (read back through its queue)."""
+        sqs = self.client("sqs")
+        out = []
+        while True:
+            messages = sqs.receive_message(
+                QueueUrl=self.resources["AlertsTopic#inbox"], MaxNumberOfMessages=10
+            ).get("Messages", [])
+            if not messages:
+                return out
+            for m in messages:
+                out.append(m["Body"])
+                sqs.delete_message(QueueUrl=self.resources["AlertsTopic#inbox"], ReceiptHandle=m["ReceiptHandle"])
+
+    def deps(self) -> wiring.Deps:
+        """The same settings and adapters the functions use."""
+        return wiring.deps()
+
+
+def _service_of(logical: str) -> str:
+    if "Queue" in logical:
+        return "sqs"
+    if "Table" in logical:
+        return "dynamodb"
+    return "local"
+
+
+def _empty_zip() -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("handler.py", "# the local runtime runs the preemptor package in-process\n")
+    return buf.getvalue()
