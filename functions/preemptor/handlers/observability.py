@@ -1,7 +1,17 @@
 """Powertools logger, tracer and metrics shared by every function (service name from env)."""
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics import MetricUnit, single_metric
 
 logger = Logger()
 tracer = Tracer()
 metrics = Metrics()
+
+
+def emit_oldest_waits(oldest_wait_s: dict[str, float]) -> None:
+    """`OldestPendingWaitSeconds` per tier: the high-priority-wait alarms read it."""
+    for tier, seconds in oldest_wait_s.items():
+        with single_metric(
+            name="OldestPendingWaitSeconds", unit=MetricUnit.Seconds, value=seconds, namespace=metrics.namespace
+        ) as metric:
+            metric.add_dimension(name="Tier", value=tier)

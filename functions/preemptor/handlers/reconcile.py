@@ -5,7 +5,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from .. import clock
 from ..service.reconcile import reconcile
-from .observability import logger, metrics, tracer
+from .observability import emit_oldest_waits, logger, metrics, tracer
 from .wiring import deps
 
 
@@ -15,6 +15,7 @@ from .wiring import deps
 def handler(event: dict, context: LambdaContext) -> dict:
     d = deps()
     result = reconcile(store=d.store, runners=d.runners, workflows=d.workflows, settings=d.settings, now=clock.CLOCK.now())
+    emit_oldest_waits(result["oldest_wait_s"])
     metrics.add_metric(name="ReconcileRepairs", unit=MetricUnit.Count, value=len(result["repairs"]))
     if result["repairs"]:
         logger.warning("reconcile repaired drift", extra=result)

@@ -5,7 +5,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from .. import clock
 from ..service import scheduling
-from .observability import logger, metrics, tracer
+from .observability import emit_oldest_waits, logger, metrics, tracer
 from .wiring import deps
 
 
@@ -24,7 +24,7 @@ def plan(event: dict, context: LambdaContext) -> dict:
         now=clock.CLOCK.now(),
     )
     logger.info("planned", extra=result.to_dict())
-    metrics.add_dimension(name="Pool", value=result.pool)
+    emit_oldest_waits(result.oldest_wait_s)
     metrics.add_metric(name="Admissions", unit=MetricUnit.Count, value=len(result.admits))
     metrics.add_metric(name="Preemptions", unit=MetricUnit.Count, value=len(result.preemptions))
     metrics.add_metric(

@@ -108,14 +108,17 @@ def _replay(stack: EmulatedStack, clock: SimClock, scenario: Scenario, tick_s: f
             result.timeline.append(entry)
 
     store = stack.deps().store
+    changed = True
     while True:
         elapsed = clock.now() - START
         while submissions and submissions[0].submit_at <= elapsed:
             job = submissions.pop(0)
             event = submission_event(job, scenario.pool(job.pool), bucket, clock.now(), stack.region)
             on_event(stack.put_event(event))
-            stack.pump(on_event)
-        if not submissions and _all_done(store, names):
+            stack.drain()
+            changed = True
+        # Job states change only through events, so the table needs a look only after some.
+        if changed and not submissions and _all_done(store, names):
             return
         if elapsed >= horizon:
             return
@@ -123,7 +126,7 @@ def _replay(stack: EmulatedStack, clock: SimClock, scenario: Scenario, tick_s: f
         if submissions:
             target = min(target, START + submissions[0].submit_at)
         clock.advance_to(target)
-        stack.pump(on_event)
+        changed = stack.pump(on_event) > 0
 
 
 def _all_done(store, names: set[str]) -> bool:
@@ -150,10 +153,14 @@ def _event_entry(routed: RoutedEvent, at: float) -> TimelineEntry | None:
 
 def _create_batch_queues(stack: EmulatedStack, scenario: Scenario) -> None:
     batch = stack.client("batch")
-    role = "arn:aws:iam::123456789012:role/preemptor-batch"
-    for pool in scenario.pools:
-        if pool.service != "batch":
-            continue
+    batch_pools = [p for p in scenario.pools if p.service == "batch"]
+    if not batch_pools:
+        return
+    role = stack.client("iam").create_role(
+        RoleName="preemptor-local-batch",
+        AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": []}),
+    )["Role"]["Arn"]
+    for pool in batch_pools:
         ce = batch.create_compute_environment(
             computeEnvironmentName=f"{pool.name}-ce", type="UNMANAGED", state="ENABLED", serviceRole=role
         )["computeEnvironmentArn"]
@@ -221,12 +228,14 @@ def build_report(store, scenario: Scenario) -> dict:
 
 
 def print_result(result: DemoResult, out: TextIO) -> None:
-    out.write("Timeline (simulated time since the first submission)\n")
-    out.write(f"{'time':<8}  {'':6}  {'job':<24} {'what':<22} why\n")
-    for entry in result.timeline:
-        out.write(entry.render() + "\n")
+    if result.timeline:
+        out.write("Timeline (simulated time since the first submission)\n")
+        out.write(f"{'time':<8}  {'':6}  {'job':<24} {'what':<22} why\n")
+        for entry in result.timeline:
+            out.write(entry.render() + "\n")
+        out.write("\n")
     report = result.report
-    out.write("\nSummary\n")
+    out.write("Summary\n")
     for job in report["jobs"]:
         wait = "never started" if job["wait_s"] is None else f"waited {_duration(job['wait_s'])}"
         out.write(

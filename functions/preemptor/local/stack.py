@@ -349,16 +349,16 @@ class EmulatedStack:
         self.outbox.append(event)
 
     def pump(self, on_event: Callable[[RoutedEvent], None] | None = None) -> int:
-        """Route queued events and let the workflows they start finish; repeat until quiet."""
+        """Route queued events one by one, letting the workflows each one starts finish
+        before the next (the fleet queues new events meanwhile); returns how many."""
         handled = 0
-        while True:
-            self.drain()
-            if not self.outbox:
-                return handled
+        while self.outbox:
             routed = self.put_event(self.outbox.popleft())
+            self.drain()
             handled += 1
             if on_event:
                 on_event(routed)
+        return handled
 
     def drain(self, timeout_s: float = 120.0) -> None:
         """Wait until no workflow execution is running (executions run in moto's threads)."""

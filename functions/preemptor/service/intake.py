@@ -35,6 +35,17 @@ class IntakeResult:
         return {"outcome": self.outcome, "reason": self.reason, "job": self.job, "workflow": self.workflow}
 
 
+MAX_EVENT_AGE_S = 3600  # the rules' MaximumEventAgeInSeconds
+
+
+def _submission_time(event_time: float | None, now: float) -> float:
+    """When the job was submitted: the event's time, unless it is missing, in the future, or
+    older than EventBridge would still deliver (a replayed sample), then the time of receipt."""
+    if event_time is None or not now - MAX_EVENT_AGE_S <= event_time <= now:
+        return now
+    return event_time
+
+
 class Intake:
     def __init__(
         self,
@@ -95,7 +106,7 @@ class Intake:
             gpus=req.gpu_demand(pool.gpus_per_instance),
             request=req.request,
             checkpoint_s3_uri=req.checkpoint_s3_uri,
-            submitted_at=event.time if event.time is not None else now,
+            submitted_at=_submission_time(event.time, now),
             sla_s=req.sla_s,
             labels=dict(req.labels),
         )

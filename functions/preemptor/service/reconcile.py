@@ -10,6 +10,7 @@ from ..config import Settings
 from ..core.errors import ServiceJobNotFound
 from ..core.model import JobState
 from . import actions
+from .scheduling import oldest_wait_by_tier
 
 STUCK_PREEMPTION_S = 3 * 3600
 
@@ -18,6 +19,7 @@ def reconcile(
     *, store: JobsStore, runners: dict[str, Runner], workflows: WorkflowStarter, settings: Settings, now: float
 ) -> dict:
     repairs: list[dict] = []
+    oldest: dict[str, float] = {}
     for pool in settings.pools:
         store.ensure_pool(pool.name, pool.capacity_gpus)
         for record in store.active(pool.name):
@@ -30,9 +32,12 @@ def reconcile(
         if stored != used:
             store.set_pool_usage(pool.name, used)
             repairs.append({"pool": pool.name, "repair": "usage", "from": stored, "to": used})
-        if store.pending(pool.name, 1):
+        pending = store.pending(pool.name, settings.pending_window)
+        for tier, wait in oldest_wait_by_tier(pending, settings.policy, now).items():
+            oldest[tier] = max(oldest.get(tier, 0.0), wait)
+        if pending:
             workflows.start("schedule", execution_name("reconcile", pool.name, f"{int(now)}"), {"pool": pool.name})
-    return {"repairs": repairs}
+    return {"repairs": repairs, "oldest_wait_s": oldest}
 
 
 def _check_run(store: JobsStore, runners: dict[str, Runner], record, now: float) -> dict | None:

@@ -7,7 +7,7 @@ cannot oversubscribe the pool or stop a job twice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..adapters.checkpoints import CheckpointStore
 from ..adapters.store import JobsStore
@@ -15,6 +15,7 @@ from ..config import Mode, Settings
 from ..core.errors import ConflictError
 from ..core.jobs import JobRecord
 from ..core.model import Decision, JobState, Pool, Snapshot
+from ..core.policy import Policy
 from ..core.planner import plan
 
 LEASE_TTL_S = 3 * 3600  # longer than the slowest preemption (checkpoint wait + stop wait)
@@ -31,6 +32,7 @@ class CycleResult:
     preemptions: list[dict]
     waiting: list[dict]
     settings: dict
+    oldest_wait_s: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -43,7 +45,17 @@ class CycleResult:
             "settings": self.settings,
             "has_admits": bool(self.admits),
             "has_preemptions": bool(self.preemptions),
+            "oldest_wait_s": self.oldest_wait_s,
         }
+
+
+def oldest_wait_by_tier(pending: list[JobRecord], policy: Policy, now: float) -> dict[str, float]:
+    """How long the oldest pending job of each tier has waited (the alarm's metric)."""
+    oldest: dict[str, float] = {}
+    for job in pending:
+        tier = policy.tier_of(job.priority)
+        oldest[tier] = max(oldest.get(tier, 0.0), now - job.submitted_at)
+    return oldest
 
 
 def build_snapshot(pool: Pool, pending: list[JobRecord], active: list[JobRecord]) -> Snapshot:
@@ -83,15 +95,16 @@ def plan_cycle(
         for e in decision.explanations
         if e.verdict.value in ("wait", "skip")
     ]
+    waits = oldest_wait_by_tier(pending, settings.policy, now)
     if settings.mode is Mode.SHADOW:
         _log_shadow(store, decision, now)
-        return CycleResult(pool_name, owner, True, [], [], waiting, workflow_settings)
+        return CycleResult(pool_name, owner, True, [], [], waiting, workflow_settings, waits)
 
     by_name = {r.name: r for r in pending + active}
     admits = _reserve_admissions(store, decision, by_name, pool_cfg.capacity_gpus, now)
     preemptions = _mark_victims(store, decision, by_name, now)
     store.remember_waits(pool_name, waiting, now)
-    return CycleResult(pool_name, owner, True, admits, preemptions, waiting, workflow_settings)
+    return CycleResult(pool_name, owner, True, admits, preemptions, waiting, workflow_settings, waits)
 
 
 def finish_cycle(*, store: JobsStore, pool_name: str, owner: str) -> dict:

@@ -1,0 +1,85 @@
+"""The emulated stack for tests: template.yaml in moto, the simulated fleet, one clock."""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+from preemptor.config import PoolConfig
+from preemptor.core.jobs import JobRecord
+from preemptor.local.clock import SimClock
+from preemptor.local.demo import START
+from preemptor.local.fleet import SimulatedFleet
+from preemptor.local.scenario import ScenarioJob, submission_event
+from preemptor.local.stack import EmulatedStack, RoutedEvent
+
+P5 = PoolConfig(name="p5", service="sagemaker", instance_type="ml.p5.48xlarge", instances=8, gpus_per_instance=8)
+
+
+@dataclass
+class Emulation:
+    stack: EmulatedStack
+    clock: SimClock
+    fleet: SimulatedFleet
+    pools: list[PoolConfig]
+
+    @property
+    def store(self):
+        return self.stack.deps().store
+
+    @property
+    def elapsed(self) -> float:
+        return self.clock.now() - START
+
+    def submit(self, **job) -> dict:
+        """Submit a job (ScenarioJob fields; submit_at defaults to now) through the bus."""
+        job.setdefault("submit_at", self.elapsed)
+        spec = ScenarioJob(**job)
+        pool = next(p for p in self.pools if p.name == spec.pool)
+        event = submission_event(spec, pool, self.stack.parameters["CheckpointBucketName"], self.clock.now(), self.stack.region)
+        routed = self.stack.put_event(event)
+        self.stack.drain()
+        return routed.results[0]
+
+    def put(self, event: dict) -> RoutedEvent:
+        routed = self.stack.put_event(event)
+        self.stack.drain()
+        return routed
+
+    def advance(self, seconds: float, step: float = 30.0) -> None:
+        """Let simulated time pass, routing every event the fleet emits on the way."""
+        end = self.clock.now() + seconds
+        while self.clock.now() < end:
+            self.clock.advance_to(min(end, self.clock.now() + step))
+            self.stack.pump()
+
+    def job(self, name: str) -> JobRecord:
+        return self.store.require(name)
+
+    def kinds(self, name: str) -> list[str]:
+        return [e["kind"] for e in self.store.history(name)]
+
+    def states_visited(self, execution_arn: str) -> list[str]:
+        sfn = self.stack.client("stepfunctions")
+        events = sfn.get_execution_history(executionArn=execution_arn, maxResults=1000)["events"]
+        return [e["stateEnteredEventDetails"]["name"] for e in events if "stateEnteredEventDetails" in e]
+
+    def executions(self, logical: str) -> list[dict]:
+        return self.stack.executions(logical)
+
+
+@contextmanager
+def emulation(pools: list[PoolConfig] = (P5,), policy: dict | None = None, **fleet_options) -> Iterator[Emulation]:
+    clock = SimClock(START)
+    parameters = {
+        "PoolsConfig": json.dumps([p.model_dump(exclude_none=True) for p in pools]),
+        "PolicyConfig": json.dumps(policy or {}),
+    }
+    with EmulatedStack(clock, parameters=parameters) as stack:
+        fleet = SimulatedFleet(clock, stack.client("s3"), stack.emit, **fleet_options)
+        try:
+            yield Emulation(stack, clock, fleet, list(pools))
+        finally:
+            fleet.close()

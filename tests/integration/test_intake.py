@@ -1,0 +1,103 @@
+"""Intake on the emulated stack, fed with the real event samples in events/."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+from emulation import emulation
+from eventfiles import all_event_files, load_raw
+
+from preemptor.handlers import intake
+from preemptor.core.model import JobState
+from preemptor.local.stack import LambdaContext
+
+CONTEXT = LambdaContext(function_name="intake")
+
+
+def test_rejections_are_counted():
+    with emulation() as env:
+        before = env.store.counters().get("rejected_events", 0)
+        for path in all_event_files():
+            if path.parent.name == "malformed":
+                intake.handler(path.read_text(), CONTEXT)
+        assert env.store.counters()["rejected_events"] == before + 7
+
+
+def test_unmanaged_training_job_is_ignored():
+    with emulation() as env:
+        event = json.loads(load_raw("sagemaker/amazon-sagemaker-developer-g__sagemaker-training-job-state-change__8a0a8aaf.json"))
+        result = env.put(event).results[0]
+        assert result["outcome"] == "ignored" and "not managed" in result["reason"]
+
+
+def test_tagged_job_started_outside_is_adopted_once():
+    with emulation() as env:
+        event = json.loads(load_raw("sagemaker/constructed__sagemaker-training-job-state-change__inprogress-tagged.json"))
+        # When its InProgress event arrives (twice: EventBridge delivers at least once)
+        first = env.put(event).results[0]
+        second = env.put(event).results[0]
+        # Then it is adopted once and counted against the pool
+        assert first["outcome"] == "accepted" and first["reason"] == "adopted"
+        assert second["outcome"] == "duplicate"
+        job = env.job(first["job"])
+        assert job.adopted and job.status is JobState.RUNNING and job.priority == 500
+        assert env.store.pool("p5")["used_gpus"] == job.gpus
+
+
+def test_submission_sample_is_accepted_and_launched_and_resubmission_is_a_duplicate():
+    with emulation() as env:
+        event = json.loads(load_raw("preemptor/job-submitted-sagemaker.json"))
+        assert env.put(event).results[0]["outcome"] == "accepted"
+        assert env.job("llm-pretrain-7b").status is JobState.RUNNING
+        again = copy.deepcopy(event)
+        again["id"] = "another-delivery-of-the-same-job"
+        result = env.put(again).results[0]
+        assert result["outcome"] == "duplicate"
+        # Exactly one SageMaker training job exists for it
+        jobs = env.stack.client("sagemaker").list_training_jobs()["TrainingJobSummaries"]
+        assert [j["TrainingJobName"] for j in jobs] == ["llm-pretrain-7b"]
+
+
+def test_submission_to_an_unknown_pool_is_rejected_with_a_reason():
+    with emulation() as env:
+        event = json.loads(load_raw("preemptor/job-submitted-sagemaker.json"))
+        event["detail"]["pool"] = "nowhere"
+        result = env.put(event).results[0]
+        assert result["outcome"] == "rejected" and "nowhere" in result["reason"]
+
+
+def test_cancel_of_a_pending_job():
+    with emulation() as env:
+        env.submit(name="big", team="a", priority=500, pool="p5", instances=8, duration=3600)
+        env.submit(name="waiting", team="a", priority=200, pool="p5", instances=8, duration=3600)
+        cancel = json.loads(load_raw("preemptor/job-cancelled.json"))
+        cancel["detail"]["name"] = "waiting"
+        assert env.put(cancel).results[0]["reason"] == "cancelled-pending"
+        assert env.job("waiting").status is JobState.CANCELLED
+
+
+def test_cancel_of_a_running_job_stops_it_and_frees_its_gpus():
+    with emulation() as env:
+        env.submit(name="running", team="a", priority=200, pool="p5", instances=8, duration=3600)
+        env.advance(300)
+        cancel = json.loads(load_raw("preemptor/job-cancelled.json"))
+        cancel["detail"]["name"] = "running"
+        assert env.put(cancel).results[0]["reason"] == "stopping-for-cancel"
+        env.advance(300)
+        job = env.job("running")
+        assert job.status is JobState.CANCELLED and job.outcome_reason == "cancelled"
+        assert env.store.pool("p5")["used_gpus"] == 0
+
+
+def test_stale_events_of_an_old_incarnation_are_ignored():
+    with emulation() as env:
+        env.submit(name="low", team="a", priority=50, pool="p5", instances=8, duration=7200, checkpoint_every=300)
+        env.advance(600)
+        env.submit(name="high", team="b", priority=1000, pool="p5", instances=8, duration=600)
+        env.advance(300)
+        # The Stopped event of the preempted first run arrived after the requeue
+        assert env.job("low").incarnation == 2
+        history = env.store.history("low")
+        assert "requeued" in [e["kind"] for e in history]
+        assert env.store.pool("p5")["used_gpus"] == 64

@@ -1,0 +1,129 @@
+"""The job-ended and spot-interruption workflows executed on moto."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+from emulation import emulation
+from eventfiles import load_raw
+
+from preemptor.config import PoolConfig
+from preemptor.core.model import JobState
+
+G5 = PoolConfig(name="g5", service="batch", gpus=32)
+
+
+def _batch_queue(env) -> None:
+    batch, iam = env.stack.client("batch"), env.stack.client("iam")
+    role = iam.create_role(RoleName="batch", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    ce = batch.create_compute_environment(
+        computeEnvironmentName="g5-ce", type="UNMANAGED", state="ENABLED", serviceRole=role
+    )["computeEnvironmentArn"]
+    batch.create_job_queue(
+        jobQueueName="g5-queue", state="ENABLED", priority=1, computeEnvironmentOrder=[{"order": 1, "computeEnvironment": ce}]
+    )
+    batch.register_job_definition(
+        jobDefinitionName="g5-training", type="container", containerProperties={"image": "x", "vcpus": 1, "memory": 512}
+    )
+
+
+def test_completion_frees_capacity_and_schedules_the_next_job():
+    with emulation() as env:
+        # Given a job holding the whole pool and one waiting behind it (equal priority)
+        env.submit(name="first", team="a", priority=200, pool="p5", instances=8, duration=1200)
+        env.submit(name="second", team="b", priority=200, pool="p5", instances=8, duration=1200)
+        assert env.job("second").status is JobState.PENDING
+        # When the first completes
+        env.advance(1500)
+        # Then the job-ended workflow recorded it, freed its GPUs and scheduled the pool
+        ended = [e for e in env.executions("JobEndedStateMachine") if e["status"] == "SUCCEEDED"]
+        assert ended
+        states = env.states_visited(ended[0]["executionArn"])
+        assert states == ["Record the outcome", "Was it a failure?", "Were GPUs freed?", "Schedule the pool"]
+        assert env.job("first").status is JobState.COMPLETED
+        assert env.job("second").status is JobState.RUNNING
+
+
+def test_a_duplicate_end_event_frees_nothing_twice():
+    with emulation() as env:
+        env.submit(name="only", team="a", priority=200, pool="p5", instances=8, duration=600)
+        env.advance(900)
+        assert env.job("only").status is JobState.COMPLETED
+        # When the same run's end is reported again under a new event id (EventBridge redelivery)
+        start = env.stack.state_machines["JobEndedStateMachine"]
+        sfn = env.stack.client("stepfunctions")
+        arn = sfn.start_execution(
+            stateMachineArn=start,
+            name="duplicate-end",
+            input=json.dumps({"job": "only", "incarnation": 1, "outcome": "completed", "reason": "dup", "pool": "p5"}),
+        )["executionArn"]
+        env.stack.drain()
+        # Then the workflow stops at "Nothing freed" and usage stays at zero
+        assert env.states_visited(arn)[-1] == "Nothing freed"
+        assert env.store.pool("p5")["used_gpus"] == 0
+
+
+def test_failed_run_is_alerted():
+    with emulation() as env:
+        env.submit(name="doomed", team="a", priority=200, pool="p5", instances=2, duration=600)
+        sfn = env.stack.client("stepfunctions")
+        arn = sfn.start_execution(
+            stateMachineArn=env.stack.state_machines["JobEndedStateMachine"],
+            name="failed-run",
+            input=json.dumps(
+                {"job": "doomed", "incarnation": 1, "outcome": "failed", "reason": "CapacityError: Unable to provision", "pool": "p5"}
+            ),
+        )["executionArn"]
+        env.stack.drain()
+        assert "Alert on the failure" in env.states_visited(arn)
+        assert env.job("doomed").status is JobState.FAILED
+        assert any("CapacityError" in a for a in env.stack.alerts())
+
+
+def _spot_warning(instance_id: str) -> dict:
+    event = json.loads(load_raw("ec2/aws-node-termination-handler__ec2-spot-instance-interruption-warning__ce65580d.json"))
+    event = copy.deepcopy(event)
+    event["id"] = "spot-warning-1"
+    event["detail"]["instance-id"] = instance_id
+    event["resources"] = [f"arn:aws:ec2:us-east-1b:instance/{instance_id}"]
+    return event
+
+
+def test_spot_warning_checkpoints_stops_and_requeues_the_job():
+    with emulation(pools=[G5]) as env:
+        _batch_queue(env)
+        # Given a Batch job running on a spot instance the controller knows
+        env.submit(name="spotty", team="a", priority=200, pool="g5", gpus=16, duration=7200, checkpoint_every=1800)
+        env.advance(600)
+        job = env.job("spotty")
+        env.store.put_instance_alias("i-0b662ef9931388ba0", job.name, job.incarnation)
+        # When EC2 warns that the instance will be interrupted
+        routed = env.put(_spot_warning("i-0b662ef9931388ba0"))
+        assert routed.results[0]["outcome"] == "accepted"
+        # Then a checkpoint was requested and written before the stop, and the job was requeued
+        run = env.executions("SpotInterruptionStateMachine")[0]
+        assert run["status"] == "SUCCEEDED"
+        states = env.states_visited(run["executionArn"])
+        assert states.index("Ask for a checkpoint first") < states.index("Stop the run") < states.index("Requeue the job")
+        assert "Stop with a fresh checkpoint" in states
+        kinds = env.kinds("spotty")
+        assert kinds.index("checkpoint-confirmed") < kinds.index("stop-requested") < kinds.index("requeued")
+        # And the pool was scheduled again: the job is relaunched as its next incarnation
+        env.advance(120)
+        job = env.job("spotty")
+        assert job.incarnation == 2 and job.status is JobState.RUNNING and job.run_name == "spotty-r2"
+
+
+def test_rebalance_recommendation_only_asks_for_a_checkpoint():
+    with emulation(pools=[G5]) as env:
+        _batch_queue(env)
+        env.submit(name="steady", team="a", priority=200, pool="g5", gpus=8, duration=7200, checkpoint_every=1800)
+        env.advance(300)
+        env.store.put_instance_alias("i-1234567890abcdef0", "steady", 1)
+        event = json.loads(load_raw("ec2/amazon-ec2-user-guide__ec2-instance-rebalance-recommendation__b45f8b2a.json"))
+        env.put(event)
+        run = env.executions("SpotInterruptionStateMachine")[0]
+        assert env.states_visited(run["executionArn"])[-1] == "Checkpoint requested only"
+        assert env.job("steady").status is JobState.RUNNING and env.job("steady").incarnation == 1
+        assert "checkpoint-requested" in env.kinds("steady")

@@ -1,0 +1,91 @@
+"""Scenario files replayed by the demo runner: the whole controller loop on emulated AWS."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from preemptor.local import demo
+from preemptor.local.scenario import DEFAULT_SCENARIO, Scenario
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "examples" / "scenarios"
+
+
+def _jobs(report: dict) -> dict[str, dict]:
+    return {j["name"]: j for j in report["jobs"]}
+
+
+@pytest.fixture(scope="module")
+def mission():
+    return demo.run(DEFAULT_SCENARIO)
+
+
+def test_mission_story_exactly_one_preemption_after_a_confirmed_checkpoint(mission):
+    report = mission.report
+    assert report["preemptions"] == 1
+    [p] = report["preemption_details"]
+    assert p["victim"] == "experiment" and p["preemptor"] == "production-finetune"
+    assert p["checkpoint_confirmed_before_stop"] and p["fresh_checkpoint"]
+    assert report["stops_without_fresh_checkpoint"] == 0
+
+
+def test_mission_story_production_waits_only_for_checkpoint_stop_and_start(mission):
+    jobs = _jobs(mission.report)
+    policy_bound = 600 + 30  # the checkpoint wait limit (default) + one poll
+    stop_bound = 120 + 30  # SageMaker's stop grace + one poll of the run state
+    assert jobs["production-finetune"]["wait_s"] <= policy_bound + stop_bound
+
+
+def test_mission_story_experiment_resumes_from_its_checkpoint_and_completes(mission):
+    jobs = _jobs(mission.report)
+    assert jobs["experiment"]["state"] == "Completed" and jobs["production-finetune"]["state"] == "Completed"
+    assert jobs["experiment"]["incarnations"] == 2
+    assert mission.report["relaunches"] == 1
+    resumed = [t for t in mission.timeline if t.job == "experiment-r2" and "resumed at progress" in t.why]
+    assert resumed and "progress 0s" not in resumed[0].why
+    # Lost work is at most one checkpoint interval on all 512 GPUs
+    assert 0 < jobs["experiment"]["lost_gpu_seconds"] <= 300 * 512
+
+
+def test_timeline_reads_in_time_order_with_reasons(mission):
+    times = [t.at for t in mission.timeline]
+    assert times == sorted(times)
+    decisions = [t for t in mission.timeline if t.source == "controller"]
+    assert all(t.why for t in decisions)
+    kinds = [t.what for t in decisions if t.job == "experiment"]
+    assert kinds.index("preemption-started") < kinds.index("checkpoint-confirmed") < kinds.index("stop-requested")
+
+
+def test_victim_is_the_job_whose_stop_loses_least():
+    report = demo.run(Scenario.load(SCENARIOS / "least-loss-victim.yaml")).report
+    jobs = _jobs(report)
+    assert [p["victim"] for p in report["preemption_details"]] == ["frequent-checkpoints"]
+    assert jobs["rare-checkpoints"]["preemptions"] == 0
+    assert all(j["state"] == "Completed" for j in jobs.values())
+
+
+def test_equal_priority_never_preempts():
+    report = demo.run(Scenario.load(SCENARIOS / "equal-priority.yaml")).report
+    jobs = _jobs(report)
+    assert report["preemptions"] == 0
+    # The third job waited for the first to finish (3600 s of work after it started)
+    assert jobs["third"]["wait_s"] >= 3600 - 600
+    assert all(j["state"] == "Completed" for j in jobs.values())
+
+
+def test_cascade_victims_resume_in_priority_order_and_all_complete():
+    result = demo.run(Scenario.load(SCENARIOS / "cascade.yaml"))
+    jobs = _jobs(result.report)
+    victims = [(p["victim"], p["preemptor"]) for p in result.report["preemption_details"]]
+    assert victims == [("sweep", "finetune"), ("finetune", "incident-fix")]
+    relaunches = [t.job for t in result.timeline if t.source == "controller" and t.what == "relaunched"]
+    assert relaunches == ["finetune", "sweep"]
+    assert all(j["state"] == "Completed" for j in jobs.values())
+
+
+def test_batch_pool_uses_the_same_protocol():
+    report = demo.run(Scenario.load(SCENARIOS / "batch-pool.yaml")).report
+    [p] = report["preemption_details"]
+    assert p["victim"] == "batch-sweep" and p["checkpoint_confirmed_before_stop"]
+    assert all(j["state"] == "Completed" for j in report["jobs"])

@@ -1,0 +1,107 @@
+"""The schedule workflow (statemachines/schedule.asl.json) executed on moto."""
+
+from __future__ import annotations
+
+from emulation import emulation
+
+from preemptor.core.model import JobState
+from preemptor.local.scenario import ScenarioJob, submission_event
+
+
+def _last_schedule(env) -> dict:
+    done = [e for e in env.executions("ScheduleStateMachine") if e["status"] != "RUNNING"]
+    return max(done, key=lambda e: e["startDate"])
+
+
+def test_admits_and_launches_into_free_capacity():
+    with emulation() as env:
+        # When a job is submitted into an empty pool
+        result = env.submit(name="train", team="research", priority=50, pool="p5", instances=4, duration=3600)
+        # Then intake accepted it and the schedule workflow launched it
+        assert result["outcome"] == "accepted"
+        job = env.job("train")
+        assert job.status is JobState.RUNNING and job.run_name == "train"
+        run = _last_schedule(env)
+        assert run["status"] == "SUCCEEDED"
+        states = env.states_visited(run["executionArn"])
+        assert states[:4] == ["Start counting cycles", "Plan the pool", "Did we get the pool?", "Any jobs to launch?"]
+        assert "Launch the job" in states and "Preempt the victims" not in states
+        assert env.store.pool("p5")["used_gpus"] == 32
+
+
+def test_preempts_after_a_fresh_checkpoint_then_launches_the_preemptor():
+    with emulation() as env:
+        # Given a low job holding the whole pool, with a checkpoint every 5 minutes
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
+        env.advance(600)
+        # When a critical job arrives
+        env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1800)
+        # Then the sweep was stopped only after its checkpoint was confirmed, and requeued
+        run = _last_schedule(env)
+        states = env.states_visited(run["executionArn"])
+        assert run["status"] == "SUCCEEDED"
+        assert states.index("Confirm the checkpoint") < states.index("Stop the run") < states.index("Requeue the job")
+        assert "Stop without a fresh checkpoint" not in states
+        sweep = env.job("sweep")
+        assert sweep.status is JobState.PENDING and sweep.incarnation == 2 and sweep.preemptions == 1
+        assert sweep.stops_without_fresh_checkpoint == 0
+        kinds = env.kinds("sweep")
+        assert kinds.index("checkpoint-confirmed") < kinds.index("stop-requested") < kinds.index("requeued")
+        # And the preemptor was launched in the same execution, after planning again
+        assert env.job("prod").status is JobState.RUNNING
+        assert states.count("Plan the pool") == 2
+        # And the owners were told before the stop
+        alerts = env.stack.alerts()
+        assert any('"victim"' not in a and "sweep" in a for a in alerts)
+
+
+def test_checkpoint_timeout_stops_anyway_and_records_it():
+    # Given a policy that waits only 20 s for a checkpoint, and workloads that need 60 s to write one
+    policy = {"checkpoint_max_age_s": 60, "checkpoint_poll_s": 10, "checkpoint_wait_max_s": 20}
+    with emulation(policy=policy, checkpoint_write_s=60) as env:
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200)
+        env.advance(600)
+        env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1800)
+        run = _last_schedule(env)
+        states = env.states_visited(run["executionArn"])
+        # Then the victim is stopped without a fresh checkpoint, and that is counted
+        assert "Stop without a fresh checkpoint" in states
+        sweep = env.job("sweep")
+        assert sweep.stops_without_fresh_checkpoint == 1 and sweep.status is JobState.PENDING
+        assert sweep.lost_gpu_seconds > 0
+        assert env.job("prod").status is JobState.RUNNING
+
+
+def test_checkpoint_timeout_spares_the_victim_when_policy_says_so():
+    policy = {
+        "checkpoint_max_age_s": 60,
+        "checkpoint_poll_s": 10,
+        "checkpoint_wait_max_s": 20,
+        "on_checkpoint_timeout": "spare",
+    }
+    with emulation(policy=policy, checkpoint_write_s=60) as env:
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200)
+        env.advance(600)
+        env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1800)
+        run = _last_schedule(env)
+        assert "Spare the victim" in env.states_visited(run["executionArn"])
+        # Then the victim keeps running under its first incarnation and nothing was stopped
+        sweep = env.job("sweep")
+        assert sweep.incarnation == 1 and sweep.preemptions == 0
+        assert "stop-requested" not in env.kinds("sweep")
+        assert env.job("prod").status is JobState.PENDING or env.job("prod").status is JobState.RUNNING
+
+
+def test_two_concurrent_cycles_never_oversubscribe_the_pool():
+    with emulation() as env:
+        # Given many jobs submitted at once (each submission starts a schedule execution)
+        bucket = env.stack.parameters["CheckpointBucketName"]
+        for i in range(6):
+            job = ScenarioJob(name=f"j{i}", team="t", priority=50, pool="p5", instances=3, submit_at=0, duration=3600)
+            env.stack.put_event(submission_event(job, env.pools[0], bucket, env.clock.now(), env.stack.region))
+        env.stack.drain()
+        # Then only what fits was admitted (2 x 24 GPUs of 64), each job at most once
+        running = [j for j in env.store.all_jobs() if j.status.holds_capacity]
+        assert sum(j.gpus for j in running) <= 64
+        assert len(running) == 2
+        assert env.store.pool("p5")["used_gpus"] == sum(j.gpus for j in running)
