@@ -1,5 +1,7 @@
 """Powertools logger, tracer and metrics shared by every function (service name from env)."""
 
+import os
+
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
 
@@ -9,7 +11,13 @@ metrics = Metrics()
 
 
 def emit_oldest_waits(oldest_wait_s: dict[str, float]) -> None:
-    """`OldestPendingWaitSeconds` per tier: the high-priority-wait alarms read it."""
+    """`OldestPendingWaitSeconds` per tier: the high-priority-wait alarms read it.
+
+    One EMF blob per tier (a blob carries one value per dimension). `single_metric` does
+    not honour POWERTOOLS_METRICS_DISABLED, which the local runtime sets, so check it here.
+    """
+    if os.environ.get("POWERTOOLS_METRICS_DISABLED", "").lower() == "true":
+        return
     for tier, seconds in oldest_wait_s.items():
         with single_metric(
             name="OldestPendingWaitSeconds", unit=MetricUnit.Seconds, value=seconds, namespace=metrics.namespace

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import re
+import sys
 import threading
 import time
 import warnings
@@ -154,17 +155,30 @@ class EmulatedStack:
         self.session = boto3.session.Session(region_name=self.region)
         self._deploy(load_template(self.template_path))
         wiring.reset()
+        self._quiet_function_logs()
+
+    def _quiet_function_logs(self) -> None:
+        """Function logs go to stderr at the stack's LogLevel (ERROR unless overridden), so
+        the CLI's own output stays readable; on AWS they go to CloudWatch Logs."""
+        from ..handlers.observability import logger
+
+        logger.setLevel(self.parameters["LogLevel"])
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler):
+                handler.setStream(_CurrentStderr())
 
     def stop(self) -> None:
-        moto_patches.uninstall()
-        clock_module.use_clock(clock_module.SystemClock())
-        wiring.reset()
-        self._mock.stop()
-        for key, value in self._env_backup.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        try:
+            moto_patches.uninstall()
+            clock_module.use_clock(clock_module.SystemClock())
+            wiring.reset()
+        finally:
+            self._mock.stop()
+            for key, value in self._env_backup.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
     def _set_env(self, values: dict[str, str]) -> None:
         for key, value in values.items():
@@ -179,6 +193,7 @@ class EmulatedStack:
         self.parameters = {
             name: str(spec.get("Default", "")) for name, spec in template.get("Parameters", {}).items()
         }
+        self.parameters["LogLevel"] = "ERROR"
         self.parameters.update(self.overrides)
         if not self.parameters.get("CheckpointBucketName"):
             self.parameters["CheckpointBucketName"] = f"{self.stack_name}-checkpoints"
@@ -396,6 +411,16 @@ class EmulatedStack:
     def deps(self) -> wiring.Deps:
         """The same settings and adapters the functions use."""
         return wiring.deps()
+
+
+class _CurrentStderr:
+    """Whatever `sys.stderr` is at the time of writing (test runners swap it per test)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def _service_of(logical: str) -> str:

@@ -1,0 +1,593 @@
+"""The simulated GPU workloads behind moto's SageMaker training jobs and Batch jobs.
+
+Each job created through moto (with `moto_patches` installed) becomes a simulated training
+process. Its workload comes from the request's environment (see "Simulated workload" in
+docs/architecture.md): `PREEMPTOR_SIM_DURATION_S` seconds of work (default: endless) and a
+checkpoint every `PREEMPTOR_SIM_CHECKPOINT_EVERY_S` seconds of work (default: none). Optional:
+`PREEMPTOR_SIM_CHECKPOINT_ON_STOP` ("true"/"false") overrides the fleet's `checkpoint_on_stop`,
+and `PREEMPTOR_CHECKPOINT_S3_URI` gives a Batch job its checkpoint location (a SageMaker job
+uses `CheckpointConfig.S3Uri`).
+
+Life of a job, all in simulated time:
+- created/submitted: SageMaker `InProgress`/`Starting`; Batch `RUNNABLE`.
+- after the startup delay: SageMaker `InProgress`/`Training`; Batch `STARTING` then `RUNNING`.
+  Work resumes from the newest checkpoint under the checkpoint prefix (`{"progress_s": ...}`).
+- every `checkpoint_every_s` of work (at multiples of it): writes
+  `<prefix>/ckpt-<progress:010d>.json` = `{"progress_s", "job"}`.
+- a checkpoint request (`<prefix>/_preemptor/checkpoint-request.json`, `{"requested_at"}`)
+  newer than the last checkpoint: a checkpoint `checkpoint_write_s` after the request (unless a
+  periodic one got there first).
+- work done: SageMaker `Completed`; Batch `SUCCEEDED`.
+- StopTrainingJob / TerminateJob: the job keeps working for the grace period (SIGTERM to
+  SIGKILL), writes a checkpoint `checkpoint_write_s` into it if `checkpoint_on_stop`, then
+  ends `Stopped` / `FAILED` with the terminate reason. A job that has not started yet ends at once.
+
+Every status change is sent to `emit` as an EventBridge event of the real shape. Events are
+queued when moto reports a change and delivered when the clock next advances (or on
+`process_due()`), as EventBridge delivers after the API call has returned.
+
+The fleet moves only when the SimClock advances: it processes every transition due up to the
+new time, in time order, each with the clock pinned to the transition's own time (so S3
+`LastModified` and event times are the moment it happened). It polls checkpoint requests at the
+start of each advance and after every status change it emits.
+"""
+
+from __future__ import annotations
+
+import calendar
+import datetime as dt
+import heapq
+import itertools
+import json
+import math
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from preemptor.local import moto_patches
+from preemptor.local.clock import SimClock
+
+SAGEMAKER = "sagemaker"
+BATCH = "batch"
+
+ENV_DURATION = "PREEMPTOR_SIM_DURATION_S"
+ENV_CHECKPOINT_EVERY = "PREEMPTOR_SIM_CHECKPOINT_EVERY_S"
+ENV_CHECKPOINT_ON_STOP = "PREEMPTOR_SIM_CHECKPOINT_ON_STOP"
+ENV_CHECKPOINT_URI = "PREEMPTOR_CHECKPOINT_S3_URI"
+
+CHECKPOINT_REQUEST_KEY = "_preemptor/checkpoint-request.json"
+_BATCH_EXIT_REASON = "Essential container in task exited"
+
+# Fields of CreateTrainingJob that real "SageMaker Training Job State Change" events repeat.
+_SAGEMAKER_DETAIL_FIELDS = (
+    "HyperParameters",
+    "AlgorithmSpecification",
+    "RoleArn",
+    "InputDataConfig",
+    "OutputDataConfig",
+    "ResourceConfig",
+    "VpcConfig",
+    "StoppingCondition",
+    "CheckpointConfig",
+    "Environment",
+    "RetryStrategy",
+)
+# What the AWS sample events carry for these when the request left them out.
+_SAGEMAKER_DETAIL_DEFAULTS: dict[str, Any] = {"HyperParameters": {}, "InputDataConfig": [], "VpcConfig": {}}
+
+Emit = Callable[[dict], None]
+
+
+@dataclass(frozen=True)
+class FleetJob:
+    """What the fleet knows about one simulated job (a snapshot)."""
+
+    service: str
+    name: str
+    job_id: str
+    status: str
+    progress_s: float
+    duration_s: float
+    last_checkpoint_at: float | None
+
+
+@dataclass
+class _Job:
+    service: str
+    name: str
+    job_id: str
+    arn: str
+    request: dict
+    duration_s: float
+    checkpoint_every_s: float | None
+    checkpoint_on_stop: bool
+    bucket: str | None
+    prefix: str | None
+    created_at: float
+    start_at: float
+    phase: str = "starting"  # starting | running | ended
+    status: str = ""
+    work_started_at: float | None = None
+    progress_at_start: float = 0.0
+    final_progress: float | None = None
+    last_checkpoint_at: float | None = None
+    stop_requested_at: float | None = None
+    stop_reason: str | None = None
+    request_etag: str | None = None
+    handled_request_at: float | None = None
+
+    def progress(self, t: float) -> float:
+        if self.final_progress is not None:
+            return self.final_progress
+        if self.work_started_at is None:
+            return self.progress_at_start
+        return min(self.duration_s, self.progress_at_start + max(0.0, t - self.work_started_at))
+
+    def time_at_progress(self, progress: float) -> float:
+        assert self.work_started_at is not None
+        return self.work_started_at + (progress - self.progress_at_start)
+
+
+@dataclass(order=True)
+class _Transition:
+    at: float
+    seq: int
+    job_key: str = field(compare=False)
+    kind: str = field(compare=False)
+    payload: Any = field(compare=False, default=None)
+
+
+class SimulatedFleet:
+    """Simulated SageMaker and Batch workloads driven by a SimClock (see the module docstring)."""
+
+    def __init__(
+        self,
+        clock: SimClock,
+        s3_client: Any,
+        emit: Emit,
+        *,
+        sagemaker_startup_s: float = 120.0,
+        batch_startup_s: float = 30.0,
+        sagemaker_stop_grace_s: float = 120.0,
+        batch_stop_grace_s: float = 30.0,
+        checkpoint_write_s: float = 60.0,
+        checkpoint_on_stop: bool = False,
+        id_factory: Callable[[], str] | None = None,
+    ) -> None:
+        self._clock = clock
+        self._s3 = s3_client
+        self._emit = emit
+        self._startup_s = {SAGEMAKER: sagemaker_startup_s, BATCH: batch_startup_s}
+        self._stop_grace_s = {SAGEMAKER: sagemaker_stop_grace_s, BATCH: batch_stop_grace_s}
+        self._checkpoint_write_s = checkpoint_write_s
+        self._checkpoint_on_stop = checkpoint_on_stop
+        self._new_id = id_factory or (lambda: str(uuid.uuid4()))
+        self._lock = threading.RLock()
+        self._jobs: dict[str, _Job] = {}
+        self._queue: list[_Transition] = []
+        self._seq = itertools.count()
+        self.history: list[tuple[float, str, str]] = []
+        self._unsubscribe = [
+            clock.on_advance(self._on_advance),
+            moto_patches.on_training_job_created(self._on_training_job_created),
+            moto_patches.on_training_job_stop_requested(self._on_training_job_stop_requested),
+            moto_patches.on_batch_job_submitted(self._on_batch_job_submitted),
+            moto_patches.on_batch_job_terminate_requested(self._on_batch_job_terminate_requested),
+        ]
+
+    # ------------------------------------------------------------------ public
+
+    def close(self) -> None:
+        """Stop listening to the clock and to moto."""
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        self._unsubscribe = []
+
+    def running(self) -> list[FleetJob]:
+        """Jobs that hold capacity: created/submitted and not yet ended, oldest first."""
+        with self._lock:
+            return [self._view(job) for job in self._jobs.values() if job.phase != "ended"]
+
+    def jobs(self) -> list[FleetJob]:
+        """Every job the fleet has seen, oldest first."""
+        with self._lock:
+            return [self._view(job) for job in self._jobs.values()]
+
+    def job(self, name_or_id: str) -> FleetJob:
+        """The newest job whose SageMaker name, Batch job name or Batch job id matches."""
+        with self._lock:
+            for job in reversed(list(self._jobs.values())):
+                if name_or_id in (job.name, job.job_id):
+                    return self._view(job)
+        raise KeyError(name_or_id)
+
+    def process_due(self) -> None:
+        """Deliver everything due at the clock's current time without advancing it."""
+        self._process(self._clock.now())
+
+    # ------------------------------------------------------------------ moto listeners
+
+    def _on_training_job_created(self, name: str, request: dict) -> None:
+        now = self._clock.now()
+        environment = request.get("Environment") or {}
+        checkpoint_uri = (request.get("CheckpointConfig") or {}).get("S3Uri") or environment.get(
+            ENV_CHECKPOINT_URI
+        )
+        description = moto_patches.get_training_job(name)
+        job = self._new_job(
+            SAGEMAKER, name, name, description["TrainingJobArn"], request, environment, checkpoint_uri, now
+        )
+        job.status = "InProgress/Starting"
+        with self._lock:
+            self._jobs[_key(SAGEMAKER, name)] = job
+            self._record(now, job, "created: InProgress/Starting")
+            self._schedule(now, job, "emit", self._sagemaker_event(job))
+            self._schedule(job.start_at, job, "start")
+
+    def _on_training_job_stop_requested(self, name: str) -> None:
+        now = self._clock.now()
+        with self._lock:
+            job = self._jobs.get(_key(SAGEMAKER, name))
+            if job is None or job.phase == "ended":
+                return
+            job.stop_requested_at = now
+            job.status = "Stopping/Stopping"
+            self._record(now, job, "stop requested: Stopping/Stopping")
+            self._schedule(now, job, "emit", self._sagemaker_event(job))
+            self._schedule_stop(job, now)
+
+    def _on_batch_job_submitted(self, job_id: str, request: dict) -> None:
+        now = self._clock.now()
+        description = moto_patches.get_batch_job(job_id)
+        environment = {
+            item["name"]: item["value"]
+            for item in (description.get("container") or {}).get("environment", [])
+        }
+        job = self._new_job(
+            BATCH,
+            request["jobName"],
+            job_id,
+            description["jobArn"],
+            request,
+            environment,
+            environment.get(ENV_CHECKPOINT_URI),
+            now,
+        )
+        with self._lock:
+            self._jobs[_key(BATCH, job_id)] = job
+            moto_patches.set_batch_job_status(job_id, "RUNNABLE")
+            job.status = "RUNNABLE"
+            self._record(now, job, "submitted: RUNNABLE")
+            self._schedule(now, job, "emit", self._batch_event(job))
+            self._schedule(job.start_at, job, "start")
+
+    def _on_batch_job_terminate_requested(self, job_id: str, reason: str) -> None:
+        now = self._clock.now()
+        with self._lock:
+            job = self._jobs.get(_key(BATCH, job_id))
+            if job is None or job.phase == "ended":
+                return
+            job.stop_requested_at = now
+            job.stop_reason = reason
+            self._record(now, job, f"terminate requested: {reason}")
+            self._schedule_stop(job, now)
+
+    # ------------------------------------------------------------------ scheduling
+
+    def _new_job(
+        self,
+        service: str,
+        name: str,
+        job_id: str,
+        arn: str,
+        request: dict,
+        environment: dict,
+        checkpoint_uri: str | None,
+        now: float,
+    ) -> _Job:
+        bucket, prefix = _split_s3_uri(checkpoint_uri) if checkpoint_uri else (None, None)
+        every = _float_or_none(environment.get(ENV_CHECKPOINT_EVERY))
+        duration = _float_or_none(environment.get(ENV_DURATION))
+        on_stop = environment.get(ENV_CHECKPOINT_ON_STOP)
+        return _Job(
+            service=service,
+            name=name,
+            job_id=job_id,
+            arn=arn,
+            request=request,
+            duration_s=math.inf if duration is None else duration,
+            checkpoint_every_s=every if every and every > 0 else None,
+            checkpoint_on_stop=(
+                on_stop.strip().lower() == "true" if on_stop is not None else self._checkpoint_on_stop
+            ),
+            bucket=bucket,
+            prefix=prefix,
+            created_at=now,
+            start_at=now + self._startup_s[service],
+        )
+
+    def _schedule(self, at: float, job: _Job, kind: str, payload: Any = None) -> None:
+        heapq.heappush(
+            self._queue, _Transition(at, next(self._seq), _key(job.service, job.job_id), kind, payload)
+        )
+
+    def _schedule_stop(self, job: _Job, now: float) -> None:
+        if job.phase == "starting":
+            self._schedule(now, job, "stopped")
+            return
+        grace = self._stop_grace_s[job.service]
+        if job.checkpoint_on_stop and job.bucket is not None:
+            self._schedule(now + min(self._checkpoint_write_s, grace), job, "stop_checkpoint")
+        self._schedule(now + grace, job, "stopped")
+
+    def _schedule_work(self, job: _Job) -> None:
+        """After the job started: its next periodic checkpoint, and its completion."""
+        assert job.work_started_at is not None
+        if job.duration_s != math.inf:
+            self._schedule(job.time_at_progress(job.duration_s), job, "complete")
+        self._schedule_next_checkpoint(job, job.progress_at_start)
+
+    def _schedule_next_checkpoint(self, job: _Job, progress: float) -> None:
+        every = job.checkpoint_every_s
+        if every is None or job.bucket is None:
+            return
+        target = (math.floor(progress / every + 1e-9) + 1) * every
+        if target < job.duration_s:
+            self._schedule(job.time_at_progress(target), job, "checkpoint", target)
+
+    # ------------------------------------------------------------------ processing
+
+    def _on_advance(self, _old: float, new: float) -> None:
+        self._process(new)
+
+    def _process(self, up_to: float) -> None:
+        with self._lock:
+            self._poll_checkpoint_requests()
+            while self._queue and self._queue[0].at <= up_to:
+                transition = heapq.heappop(self._queue)
+                job = self._jobs[transition.job_key]
+                with self._clock.pinned(transition.at):
+                    emitted = self._apply(job, transition)
+                if emitted:
+                    self._poll_checkpoint_requests()
+
+    def _apply(self, job: _Job, transition: _Transition) -> bool:
+        """Carry out one transition; True if it emitted an event."""
+        t, kind = transition.at, transition.kind
+        if kind == "emit":
+            self._emit(transition.payload)
+            return True
+        if job.phase == "ended":
+            return False
+        if kind == "start":
+            return self._start(job, t)
+        if kind == "checkpoint":
+            self._write_checkpoint(job, t, "periodic checkpoint")
+            self._schedule_next_checkpoint(job, transition.payload)
+            return False
+        if kind == "requested_checkpoint":
+            requested_at = transition.payload
+            if job.last_checkpoint_at is None or job.last_checkpoint_at < requested_at:
+                self._write_checkpoint(job, t, "requested checkpoint")
+            return False
+        if kind == "stop_checkpoint":
+            self._write_checkpoint(job, t, "checkpoint on SIGTERM")
+            return False
+        if kind == "complete":
+            return self._end(job, t, completed=job.stop_requested_at is None)
+        if kind == "stopped":
+            return self._end(job, t, completed=False)
+        raise ValueError(f"unknown fleet transition {kind!r}")
+
+    def _start(self, job: _Job, t: float) -> bool:
+        if job.stop_requested_at is not None and job.phase == "starting":
+            return False  # the stop already ended it (scheduled at the request)
+        progress, checkpoint_at = self._newest_checkpoint(job)
+        job.phase = "running"
+        job.work_started_at = t
+        job.progress_at_start = min(progress, job.duration_s)
+        if checkpoint_at is not None:
+            job.last_checkpoint_at = checkpoint_at
+        resumed = f", resumed at progress {job.progress_at_start:g}s" if progress else ""
+        if job.service == SAGEMAKER:
+            moto_patches.set_training_job_status(job.name, "InProgress", "Training")
+            job.status = "InProgress/Training"
+            self._record(t, job, f"started: InProgress/Training{resumed}")
+            self._emit(self._sagemaker_event(job))
+        else:
+            for status in ("STARTING", "RUNNING"):
+                moto_patches.set_batch_job_status(job.job_id, status)
+                job.status = status
+                self._emit(self._batch_event(job))
+            self._record(t, job, f"started: RUNNING{resumed}")
+        self._schedule_work(job)
+        return True
+
+    def _end(self, job: _Job, t: float, completed: bool) -> bool:
+        job.final_progress = job.progress(t)
+        job.phase = "ended"
+        if job.service == SAGEMAKER:
+            status = "Completed" if completed else "Stopped"
+            moto_patches.set_training_job_status(job.name, status, status)
+            job.status = f"{status}/{status}"
+            self._record(t, job, f"{status} at progress {job.final_progress:g}s")
+            self._emit(self._sagemaker_event(job))
+        else:
+            status = "SUCCEEDED" if completed else "FAILED"
+            reason = _BATCH_EXIT_REASON if completed else job.stop_reason
+            moto_patches.set_batch_job_status(job.job_id, status, reason)
+            job.status = status
+            self._record(t, job, f"{status} ({reason}) at progress {job.final_progress:g}s")
+            self._emit(self._batch_event(job))
+        return True
+
+    # ------------------------------------------------------------------ S3
+
+    def _write_checkpoint(self, job: _Job, t: float, why: str) -> None:
+        if job.bucket is None:
+            return
+        progress = job.progress(t)
+        name = f"ckpt-{int(progress):010d}.json"
+        key = f"{job.prefix}/{name}" if job.prefix else name
+        body = json.dumps({"progress_s": progress, "job": job.name})
+        self._s3.put_object(Bucket=job.bucket, Key=key, Body=body.encode("utf-8"))
+        job.last_checkpoint_at = t
+        self._record(t, job, f"{why}: {key}")
+
+    def _newest_checkpoint(self, job: _Job) -> tuple[float, float | None]:
+        """(progress, LastModified epoch) of the newest checkpoint under the prefix, or (0, None)."""
+        if job.bucket is None:
+            return 0.0, None
+        prefix = f"{job.prefix}/" if job.prefix else ""
+        newest: dict | None = None
+        paginator = self._s3.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=job.bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                if obj["Key"][len(prefix) :].startswith("_preemptor/"):
+                    continue
+                if newest is None or (obj["LastModified"], obj["Key"]) > (
+                    newest["LastModified"],
+                    newest["Key"],
+                ):
+                    newest = obj
+        if newest is None:
+            return 0.0, None
+        body = self._s3.get_object(Bucket=job.bucket, Key=newest["Key"])["Body"].read()
+        try:
+            progress = float(json.loads(body)["progress_s"])
+        except (ValueError, KeyError, TypeError):
+            progress = 0.0  # not one of ours: start from scratch, as a real script would fail to
+        return progress, newest["LastModified"].timestamp()
+
+    def _poll_checkpoint_requests(self) -> None:
+        for job in self._jobs.values():
+            if job.phase == "ended" or job.bucket is None:
+                continue
+            requested_at = self._read_checkpoint_request(job)
+            if requested_at is None or requested_at == job.handled_request_at:
+                continue
+            if job.last_checkpoint_at is not None and requested_at <= job.last_checkpoint_at:
+                continue
+            job.handled_request_at = requested_at
+            begins = max(requested_at, job.start_at)
+            self._schedule(begins + self._checkpoint_write_s, job, "requested_checkpoint", requested_at)
+            self._record(requested_at, job, "checkpoint requested")
+
+    def _read_checkpoint_request(self, job: _Job) -> float | None:
+        key = f"{job.prefix}/{CHECKPOINT_REQUEST_KEY}" if job.prefix else CHECKPOINT_REQUEST_KEY
+        try:
+            head = self._s3.head_object(Bucket=job.bucket, Key=key)
+        except ClientError as error:
+            if error.response["Error"]["Code"] in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
+        if head["ETag"] == job.request_etag:
+            return job.handled_request_at
+        job.request_etag = head["ETag"]
+        modified = head["LastModified"].timestamp()
+        try:
+            body = json.loads(self._s3.get_object(Bucket=job.bucket, Key=key)["Body"].read())
+            return float(body["requested_at"])
+        except (ValueError, KeyError, TypeError):
+            return modified
+
+    # ------------------------------------------------------------------ events
+
+    def _envelope(self, job: _Job, detail_type: str, source: str, detail: dict) -> dict:
+        _, _, _, region, account, _ = job.arn.split(":", 5)
+        return {
+            "version": "0",
+            "id": self._new_id(),
+            "detail-type": detail_type,
+            "source": source,
+            "account": account,
+            "time": _iso_z(self._clock.now()),
+            "region": region,
+            "resources": [job.arn],
+            "detail": detail,
+        }
+
+    def _sagemaker_event(self, job: _Job) -> dict:
+        described = moto_patches.get_training_job(job.name)
+        detail: dict[str, Any] = {
+            "TrainingJobName": job.name,
+            "TrainingJobArn": job.arn,
+            "TrainingJobStatus": described["TrainingJobStatus"],
+            "SecondaryStatus": described["SecondaryStatus"],
+        }
+        for name in _SAGEMAKER_DETAIL_FIELDS:
+            value = job.request.get(name, _SAGEMAKER_DETAIL_DEFAULTS.get(name))
+            if value is not None:
+                detail[name] = json.loads(json.dumps(value))
+        for name in ("CreationTime", "TrainingStartTime", "TrainingEndTime", "LastModifiedTime"):
+            if described.get(name) is not None:
+                detail[name] = _epoch_ms(described[name])
+        detail["SecondaryStatusTransitions"] = [
+            {
+                key: _epoch_ms(value) if isinstance(value, dt.datetime) else value
+                for key, value in transition.items()
+            }
+            for transition in described.get("SecondaryStatusTransitions") or []
+        ]
+        if described.get("FailureReason"):
+            detail["FailureReason"] = described["FailureReason"]
+        detail["Tags"] = {tag["Key"]: tag["Value"] for tag in job.request.get("Tags") or []}
+        return self._envelope(job, "SageMaker Training Job State Change", "aws.sagemaker", detail)
+
+    def _batch_event(self, job: _Job) -> dict:
+        detail = json.loads(json.dumps(moto_patches.get_batch_job(job.job_id), default=str))
+        if job.work_started_at is None:
+            detail.pop("startedAt", None)  # moto reports 1970 for a job that never started
+        detail.setdefault("attempts", [])
+        detail.setdefault("tags", {})
+        detail.setdefault("propagateTags", False)
+        detail.setdefault("platformCapabilities", [])
+        return self._envelope(job, "Batch Job State Change", "aws.batch", detail)
+
+    # ------------------------------------------------------------------ misc
+
+    def _record(self, t: float, job: _Job, what: str) -> None:
+        self.history.append((t, job.name, what))
+
+    def _view(self, job: _Job) -> FleetJob:
+        return FleetJob(
+            service=job.service,
+            name=job.name,
+            job_id=job.job_id,
+            status=job.status,
+            progress_s=job.progress(self._clock.now()),
+            duration_s=job.duration_s,
+            last_checkpoint_at=job.last_checkpoint_at,
+        )
+
+
+def _key(service: str, job_id: str) -> str:
+    return f"{service}:{job_id}"
+
+
+def _split_s3_uri(uri: str) -> tuple[str, str]:
+    if not uri.startswith("s3://"):
+        raise ValueError(f"not an S3 URI: {uri!r}")
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
+    return bucket, prefix.strip("/")
+
+
+def _float_or_none(value: Any) -> float | None:
+    if value is None or value == "":
+        return None
+    return float(value)
+
+
+def _iso_z(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _epoch_ms(value: dt.datetime) -> int:
+    """moto's SageMaker keeps naive UTC datetimes; boto3 returns aware ones."""
+    if value.tzinfo is None:
+        return calendar.timegm(value.timetuple()) * 1000 + value.microsecond // 1000
+    return int(round(value.timestamp() * 1000))

@@ -1,0 +1,923 @@
+"""The emulated AWS: simulated clock, moto patches and simulated fleet.
+
+Each test runs in its own `mock_aws(config=MOTO_CONFIG)` with the patches installed on a fresh
+SimClock. Nothing sleeps for real: simulated waits advance the SimClock, and executions are
+awaited with `wait_for_execution` (which only polls moto's execution thread).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import itertools
+import json
+import logging
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+from moto import mock_aws
+
+from preemptor import clock as clock_module
+from preemptor.local import moto_patches
+from preemptor.local.clock import SimClock
+from preemptor.local.executions import wait_for_execution
+from preemptor.local.fleet import SimulatedFleet
+
+START = 1_700_000_000.0  # 2023-11-14T22:13:20Z
+REGION = "us-east-1"
+BUCKET = "preemptor-test-checkpoints"
+EVENT_SAMPLES = Path("/work/shared/data/events")
+SAGEMAKER_SAMPLE = (
+    EVENT_SAMPLES
+    / "sagemaker/amazon-sagemaker-developer-g__sagemaker-training-job-state-change__8a0a8aaf.json"
+)
+BATCH_SAMPLE = EVENT_SAMPLES / "batch/aws-batch-user-guide__batch-job-state-change__e31f552e.json"
+
+
+class CheckpointNotReady(Exception):
+    """Stands in for the domain error a handler raises while a victim has no fresh checkpoint."""
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@dataclass
+class Emulation:
+    clock: SimClock
+    handlers: dict[str, Callable[[dict], Any]]
+    role_arn: str
+    events: list[dict] = field(default_factory=list)
+
+    def client(self, service: str) -> Any:
+        return boto3.client(service, region_name=REGION)
+
+    def fleet(self, **kwargs: Any) -> SimulatedFleet:
+        ids = (f"event-{n}" for n in itertools.count(1))
+        return SimulatedFleet(
+            self.clock, self.client("s3"), self.events.append, id_factory=lambda: next(ids), **kwargs
+        )
+
+
+@pytest.fixture
+def emulation(monkeypatch: pytest.MonkeyPatch) -> Iterator[Emulation]:
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+    }.items():
+        monkeypatch.setenv(name, value)
+    clock = SimClock(START)
+    handlers: dict[str, Callable[[dict], Any]] = {}
+
+    def invoke(function_name: str, event: dict) -> Any:
+        return handlers[function_name](event)
+
+    moto_patches.install(clock, invoke)
+    previous_clock = clock_module.use_clock(clock)
+    try:
+        with mock_aws(config=moto_patches.MOTO_CONFIG):
+            iam = boto3.client("iam", region_name=REGION)
+            role = iam.create_role(RoleName="preemptor-test", AssumeRolePolicyDocument="{}")
+            boto3.client("s3", region_name=REGION).create_bucket(Bucket=BUCKET)
+            yield Emulation(clock, handlers, role["Role"]["Arn"])
+    finally:
+        clock_module.use_clock(previous_clock)
+        moto_patches.uninstall()
+
+
+def _dummy_zip() -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("app.py", "def handler(event, context):\n    raise RuntimeError('not run')\n")
+    return buffer.getvalue()
+
+
+def create_function(env: Emulation, name: str, handler: Callable[[dict], Any]) -> str:
+    env.handlers[name] = handler
+    created = env.client("lambda").create_function(
+        FunctionName=name,
+        Runtime="python3.11",
+        Role=env.role_arn,
+        Handler=f"preemptor.handlers.{name}.handler",
+        Code={"ZipFile": _dummy_zip()},
+    )
+    return created["FunctionArn"]
+
+
+def run_state_machine(env: Emulation, name: str, definition: dict, payload: dict | None = None) -> dict:
+    sfn = env.client("stepfunctions")
+    arn = sfn.create_state_machine(
+        name=name, roleArn=env.role_arn, definition=json.dumps(definition)
+    )["stateMachineArn"]
+    started = sfn.start_execution(
+        stateMachineArn=arn, name=f"{name}-run-1", input=json.dumps(payload or {})
+    )
+    return wait_for_execution(sfn, started["executionArn"])
+
+
+def history(env: Emulation, description: dict) -> list[dict]:
+    return env.client("stepfunctions").get_execution_history(
+        executionArn=description["executionArn"]
+    )["events"]
+
+
+def create_training_job(env: Emulation, name: str, environment: dict[str, str], prefix: str) -> str:
+    return env.client("sagemaker").create_training_job(
+        TrainingJobName=name,
+        AlgorithmSpecification={"TrainingImage": "123.dkr.ecr/train:1", "TrainingInputMode": "File"},
+        RoleArn=env.role_arn,
+        OutputDataConfig={"S3OutputPath": f"s3://{BUCKET}/output"},
+        ResourceConfig={"InstanceType": "ml.p5.48xlarge", "InstanceCount": 1, "VolumeSizeInGB": 100},
+        StoppingCondition={"MaxRuntimeInSeconds": 86_400},
+        Environment=environment,
+        CheckpointConfig={"S3Uri": f"s3://{BUCKET}/{prefix}"},
+        Tags=[{"Key": "preemptor:team", "Value": "vision"}],
+    )["TrainingJobArn"]
+
+
+def checkpoints(env: Emulation, prefix: str) -> list[tuple[str, float]]:
+    """(key, LastModified epoch) of the checkpoint objects under `prefix`, by key."""
+    listing = env.client("s3").list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/")
+    return sorted(
+        (obj["Key"], obj["LastModified"].timestamp())
+        for obj in listing.get("Contents", [])
+        if "/_preemptor/" not in obj["Key"]
+    )
+
+
+def request_checkpoint(env: Emulation, prefix: str) -> None:
+    env.client("s3").put_object(
+        Bucket=BUCKET,
+        Key=f"{prefix}/_preemptor/checkpoint-request.json",
+        Body=json.dumps({"requested_at": env.clock.now(), "reason": "preemption"}).encode(),
+    )
+
+
+def batch_queue(env: Emulation) -> tuple[str, str]:
+    """What moto's Batch needs before SubmitJob: compute environment, queue, job definition."""
+    batch = env.client("batch")
+    compute = batch.create_compute_environment(
+        computeEnvironmentName="gpu-ce", type="UNMANAGED", state="ENABLED", serviceRole=env.role_arn
+    )
+    queue = batch.create_job_queue(
+        jobQueueName="gpu-queue",
+        state="ENABLED",
+        priority=1,
+        computeEnvironmentOrder=[{"order": 1, "computeEnvironment": compute["computeEnvironmentArn"]}],
+    )
+    definition = batch.register_job_definition(
+        jobDefinitionName="trainer",
+        type="container",
+        containerProperties={"image": "trainer:1", "vcpus": 8, "memory": 65_536},
+    )
+    return queue["jobQueueArn"], definition["jobDefinitionArn"]
+
+
+def sample_keys(path: Path) -> tuple[set[str], set[str]]:
+    sample = json.loads(path.read_text())
+    return set(sample), set(sample["detail"])
+
+
+def at(offset: float) -> str:
+    return datetime.fromtimestamp(START + offset, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --------------------------------------------------------------------------- clock
+
+
+def test_sim_clock_only_moves_forward_and_notifies_listeners_in_order() -> None:
+    # Given a clock with two listeners
+    clock = SimClock(START)
+    calls: list[tuple[str, float, float]] = []
+    clock.on_advance(lambda old, new: calls.append(("first", old, new)))
+    clock.on_advance(lambda old, new: calls.append(("second", old, new)))
+
+    # When it advances, is asked to go back, then advances by a duration
+    clock.advance_to(START + 10)
+    clock.advance_to(START + 5)
+    clock.advance(2.5)
+
+    # Then time never went back and each move was reported to both, in registration order
+    assert clock.now() == START + 12.5
+    assert calls == [
+        ("first", START, START + 10),
+        ("second", START, START + 10),
+        ("first", START + 10, START + 12.5),
+        ("second", START + 10, START + 12.5),
+    ]
+
+
+def test_pinned_clock_reports_the_pinned_time_in_this_thread_only() -> None:
+    # Given a clock at +100
+    clock = SimClock(START + 100)
+
+    # When a block runs pinned to +40
+    with clock.pinned(START + 40):
+        inside = clock.now()
+
+    # Then the block saw +40 and the clock is back at +100 afterwards
+    assert (inside, clock.now()) == (START + 40, START + 100)
+
+
+def test_use_clock_replaces_the_process_clock() -> None:
+    # Given the process clock
+    sim = SimClock(START)
+
+    # When the local runtime installs a SimClock
+    previous = clock_module.use_clock(sim)
+    try:
+        # Then handlers reading preemptor.clock.CLOCK get simulated time
+        assert clock_module.CLOCK.now() == START
+    finally:
+        clock_module.use_clock(previous)
+    assert isinstance(clock_module.CLOCK, clock_module.SystemClock)
+
+
+# --------------------------------------------------------------------------- patches: lifecycle
+
+
+def test_install_is_idempotent_and_uninstall_restores_moto() -> None:
+    # Given pristine moto
+    from moto.awslambda_simple.models import LambdaSimpleBackend
+    from moto.sagemaker.models import SageMakerModelBackend
+    from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
+
+    original_invoke = LambdaSimpleBackend.invoke
+    assert not hasattr(SageMakerModelBackend, "stop_training_job")
+
+    # When the patches are installed twice
+    moto_patches.install(SimClock(START), lambda name, event: None)
+    moto_patches.install(SimClock(START), lambda name, event: None)
+    try:
+        # Then they are in place once, and moto's step-by-step logging is quiet
+        assert LambdaSimpleBackend.invoke is not original_invoke
+        assert hasattr(SageMakerModelBackend, "stop_training_job")
+        assert logging.getLogger("moto.stepfunctions").getEffectiveLevel() >= logging.WARNING
+    finally:
+        moto_patches.uninstall()
+        moto_patches.uninstall()
+
+    # And uninstall puts moto back as it was
+    assert LambdaSimpleBackend.invoke is original_invoke
+    assert not hasattr(SageMakerModelBackend, "stop_training_job")
+    assert retrier_decl.time.sleep.__module__ == "time"
+
+
+def test_patches_refuse_an_unpinned_moto_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given another moto release
+    import moto
+
+    monkeypatch.setattr(moto, "__version__", "5.3.0")
+    spec = importlib.util.spec_from_file_location("moto_patches_copy", moto_patches.__file__)
+    module = importlib.util.module_from_spec(spec)
+
+    # When the patch module is imported, Then it refuses with a clear error
+    with pytest.raises(RuntimeError, match="moto 5.2.5"):
+        spec.loader.exec_module(module)
+
+
+# --------------------------------------------------------------------------- patches: Step Functions
+
+
+def test_an_hour_long_wait_advances_the_sim_clock_instead_of_sleeping(
+    emulation: Emulation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a workflow that waits an hour, then until a timestamp two hours after the start,
+    # and moto's real waiting made unusable
+    from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_function import (
+        WaitFunction,
+    )
+
+    def real_wait(*_args: Any, **_kwargs: Any) -> None:
+        raise AssertionError("a Wait state waited for real")
+
+    monkeypatch.setattr(WaitFunction, "_wait_interval", real_wait)
+    definition = {
+        "StartAt": "Wait an hour",
+        "States": {
+            "Wait an hour": {"Type": "Wait", "Seconds": 3600, "Next": "Wait for the deadline"},
+            "Wait for the deadline": {"Type": "Wait", "TimestampPath": "$.deadline", "End": True},
+        },
+    }
+
+    # When it runs
+    result = run_state_machine(emulation, "waits", definition, {"deadline": at(7200)})
+
+    # Then it succeeded and simulated time moved by exactly those waits
+    assert result["status"] == "SUCCEEDED"
+    assert emulation.clock.now() == START + 7200
+
+
+def test_a_lambda_task_runs_the_in_process_handler_for_both_resource_forms(
+    emulation: Emulation,
+) -> None:
+    # Given a Lambda function created in moto (dummy zip, Handler string) backed by a callable
+    seen: list[dict] = []
+
+    def handler(event: dict) -> dict:
+        seen.append(event)
+        return {"doubled": event["n"] * 2}
+
+    function_arn = create_function(emulation, "double", handler)
+    definition = {
+        "StartAt": "Plain ARN",
+        "States": {
+            "Plain ARN": {
+                "Type": "Task",
+                "Resource": function_arn,
+                "ResultPath": "$.plain",
+                "Next": "Invoke",
+            },
+            "Invoke": {
+                "Type": "Task",
+                "Resource": "arn:aws:states:::lambda:invoke",
+                "Parameters": {"FunctionName": function_arn, "Payload": {"n.$": "$.plain.doubled"}},
+                "ResultSelector": {"doubled.$": "$.Payload.doubled"},
+                "ResultPath": "$.invoked",
+                "End": True,
+            },
+        },
+    }
+
+    # When a workflow calls it through a plain function ARN and through lambda:invoke
+    result = run_state_machine(emulation, "lambda-forms", definition, {"n": 3})
+
+    # Then our callable ran in-process for both, with the task's payload
+    assert result["status"] == "SUCCEEDED"
+    assert seen == [{"n": 3}, {"n": 6}]
+    assert json.loads(result["output"])["invoked"] == {"doubled": 12}
+    configuration = emulation.client("lambda").get_function(FunctionName="double")["Configuration"]
+    assert configuration["Handler"] == "preemptor.handlers.double.handler"
+
+
+@pytest.mark.parametrize(
+    "resource_form", ["plain function ARN", "lambda:invoke"], ids=["plain-arn", "lambda-invoke"]
+)
+def test_retry_on_a_lambda_error_named_by_its_class_advances_the_sim_clock(
+    emulation: Emulation, resource_form: str
+) -> None:
+    # Given a handler that raises CheckpointNotReady twice, then succeeds
+    calls: list[float] = []
+
+    def handler(event: dict) -> dict:
+        calls.append(emulation.clock.now())
+        if len(calls) < 3:
+            raise CheckpointNotReady("victim has no fresh checkpoint yet")
+        return {"ready": True}
+
+    function_arn = create_function(emulation, "confirm", handler)
+    task: dict[str, Any] = (
+        {"Resource": function_arn}
+        if resource_form == "plain function ARN"
+        else {
+            "Resource": "arn:aws:states:::lambda:invoke",
+            "Parameters": {"FunctionName": function_arn, "Payload.$": "$"},
+            "OutputPath": "$.Payload",
+        }
+    )
+    definition = {
+        "StartAt": "Confirm checkpoint",
+        "States": {
+            "Confirm checkpoint": {
+                "Type": "Task",
+                **task,
+                "Retry": [
+                    {
+                        "ErrorEquals": ["CheckpointNotReady"],
+                        "IntervalSeconds": 30,
+                        "BackoffRate": 2.0,
+                        "MaxAttempts": 3,
+                    }
+                ],
+                "End": True,
+            }
+        },
+    }
+
+    # When the workflow runs
+    result = run_state_machine(emulation, "retry", definition)
+
+    # Then Step Functions saw the error under the class name and retried after 30 s and 60 s
+    # of simulated time
+    assert result["status"] == "SUCCEEDED"
+    assert json.loads(result["output"]) == {"ready": True}
+    assert calls == [START, START + 30, START + 90]
+    errors = [
+        details["error"]
+        for event in history(emulation, result)
+        for key, details in event.items()
+        if key in ("lambdaFunctionFailedEventDetails", "taskFailedEventDetails")
+    ]
+    assert errors == ["CheckpointNotReady", "CheckpointNotReady"]
+
+
+def test_catch_routes_a_lambda_error_by_class_name(emulation: Emulation) -> None:
+    # Given a task whose handler always raises CheckpointNotReady, caught by name
+    def handler(event: dict) -> dict:
+        raise CheckpointNotReady("still writing")
+
+    function_arn = create_function(emulation, "confirm", handler)
+    definition = {
+        "StartAt": "Confirm checkpoint",
+        "States": {
+            "Confirm checkpoint": {
+                "Type": "Task",
+                "Resource": "arn:aws:states:::lambda:invoke",
+                "Parameters": {"FunctionName": function_arn, "Payload.$": "$"},
+                "Retry": [{"ErrorEquals": ["States.Timeout"], "MaxAttempts": 1}],
+                "Catch": [
+                    {
+                        "ErrorEquals": ["CheckpointNotReady"],
+                        "ResultPath": "$.error",
+                        "Next": "Pick another victim",
+                    }
+                ],
+                "End": True,
+            },
+            "Pick another victim": {"Type": "Pass", "End": True},
+        },
+    }
+
+    # When the workflow runs
+    result = run_state_machine(emulation, "catch", definition)
+
+    # Then the Catch on the class name took it
+    assert result["status"] == "SUCCEEDED"
+    error = json.loads(result["output"])["error"]
+    assert error["Error"] == "CheckpointNotReady"
+    assert json.loads(error["Cause"])["errorMessage"] == "still writing"
+
+
+def test_start_execution_sns_publish_map_and_choice_tasks_run(emulation: Emulation) -> None:
+    # Given a child workflow, an alerts topic with a queue subscribed, and a parent workflow
+    # that maps over jobs, chooses, starts the child (fire and forget) and publishes an alert
+    sfn, sns, sqs = (emulation.client(name) for name in ("stepfunctions", "sns", "sqs"))
+    child = sfn.create_state_machine(
+        name="child",
+        roleArn=emulation.role_arn,
+        definition=json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Pass", "End": True}}}),
+    )["stateMachineArn"]
+    topic = sns.create_topic(Name="alerts")["TopicArn"]
+    queue_url = sqs.create_queue(QueueName="alerts-inbox")["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn)
+    definition = {
+        "StartAt": "Each job",
+        "States": {
+            "Each job": {
+                "Type": "Map",
+                "ItemsPath": "$.jobs",
+                "ItemProcessor": {
+                    "ProcessorConfig": {"Mode": "INLINE"},
+                    "StartAt": "Name it",
+                    "States": {"Name it": {"Type": "Pass", "Parameters": {"job.$": "$"}, "End": True}},
+                },
+                "ResultPath": "$.mapped",
+                "Next": "Anything to do?",
+            },
+            "Anything to do?": {
+                "Type": "Choice",
+                "Choices": [{"Variable": "$.jobs[0]", "IsPresent": True, "Next": "Start the child"}],
+                "Default": "Nothing",
+            },
+            "Nothing": {"Type": "Fail", "Error": "Nothing"},
+            "Start the child": {
+                "Type": "Task",
+                "Resource": "arn:aws:states:::states:startExecution",
+                "Parameters": {
+                    "StateMachineArn": child,
+                    "Name": "child-run-1",
+                    "Input": {"jobs.$": "$.jobs"},
+                },
+                "ResultPath": "$.child",
+                "Next": "Alert",
+            },
+            "Alert": {
+                "Type": "Task",
+                "Resource": "arn:aws:states:::sns:publish",
+                "Parameters": {"TopicArn": topic, "Message": {"preempted.$": "$.jobs[0]"}},
+                "ResultPath": "$.alert",
+                "End": True,
+            },
+        },
+    }
+
+    # When the parent runs
+    result = run_state_machine(emulation, "parent", definition, {"jobs": ["a", "b"]})
+
+    # Then every state worked: the map, the choice, the child start (PascalCase result, as on
+    # AWS) and the alert
+    assert result["status"] == "SUCCEEDED", result.get("cause")
+    output = json.loads(result["output"])
+    assert output["mapped"] == [{"job": "a"}, {"job": "b"}]
+    assert output["child"]["ExecutionArn"].endswith(":child:child-run-1")
+    assert "MessageId" in output["alert"]
+    child_run = wait_for_execution(sfn, output["child"]["ExecutionArn"])
+    assert json.loads(child_run["input"]) == {"jobs": ["a", "b"]}
+    message = sqs.receive_message(QueueUrl=queue_url)["Messages"][0]
+    assert json.loads(json.loads(message["Body"])["Message"]) == {"preempted": "a"}
+
+
+def test_aws_sdk_task_parameters_are_mapped_from_pascal_case(emulation: Emulation) -> None:
+    # Given a workflow writing a checkpoint request through aws-sdk:s3:putObject
+    definition = {
+        "StartAt": "Request checkpoint",
+        "States": {
+            "Request checkpoint": {
+                "Type": "Task",
+                "Resource": "arn:aws:states:::aws-sdk:s3:putObject",
+                "Parameters": {
+                    "Bucket": BUCKET,
+                    "Key": "jobs/a/_preemptor/checkpoint-request.json",
+                    "Body": {"requested_at.$": "$.now"},
+                },
+                "End": True,
+            }
+        },
+    }
+
+    # When it runs
+    result = run_state_machine(emulation, "sdk", definition, {"now": START})
+
+    # Then the object holds the JSON body
+    assert result["status"] == "SUCCEEDED", result.get("cause")
+    body = emulation.client("s3").get_object(Bucket=BUCKET, Key="jobs/a/_preemptor/checkpoint-request.json")
+    assert json.loads(body["Body"].read()) == {"requested_at": START}
+
+
+def test_aws_sdk_task_errors_are_named_like_aws(emulation: Emulation) -> None:
+    # Given aws-sdk tasks that fail: a missing S3 object, stopping an unknown training job
+    def failing(resource: str, parameters: dict, next_state: str) -> dict:
+        return {
+            "Type": "Task",
+            "Resource": f"arn:aws:states:::aws-sdk:{resource}",
+            "Parameters": parameters,
+            "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": f"$.{next_state}", "Next": next_state}],
+            "Next": next_state,
+        }
+
+    definition = {
+        "StartAt": "s3",
+        "States": {
+            "s3": failing("s3:getObject", {"Bucket": BUCKET, "Key": "missing.json"}, "sagemaker"),
+            "sagemaker": failing("sagemaker:stopTrainingJob", {"TrainingJobName": "missing"}, "done"),
+            "done": {"Type": "Pass", "End": True},
+        },
+    }
+
+    # When it runs
+    result = run_state_machine(emulation, "sdk-errors", definition)
+
+    # Then the errors carry AWS's ServiceName.ErrorNameException names
+    output = json.loads(result["output"])
+    assert output["sagemaker"]["Error"] == "S3.NoSuchKeyException"
+    assert output["done"]["Error"] == "SageMaker.SageMakerException"
+
+
+# --------------------------------------------------------------------------- patches: SageMaker, S3
+
+
+def test_stop_training_job_works_through_boto3(emulation: Emulation) -> None:
+    # Given a training job created through boto3
+    sagemaker = emulation.client("sagemaker")
+    arn = create_training_job(emulation, "train-a", {"PREEMPTOR_SIM_DURATION_S": "600"}, "jobs/a")
+    created = sagemaker.describe_training_job(TrainingJobName="train-a")
+
+    # When it is stopped, and then stopped again
+    emulation.clock.advance(45)
+    sagemaker.stop_training_job(TrainingJobName="train-a")
+    stopping = sagemaker.describe_training_job(TrainingJobName="train-a")
+    with pytest.raises(ClientError) as second_stop:
+        sagemaker.stop_training_job(TrainingJobName="train-a")
+
+    # Then it was InProgress from the SimClock with the request's Environment and checkpoints,
+    # became Stopping, and a second stop is refused as on AWS
+    assert (created["TrainingJobStatus"], created["SecondaryStatus"]) == ("InProgress", "Starting")
+    assert created["CreationTime"].timestamp() == START
+    assert created["Environment"] == {"PREEMPTOR_SIM_DURATION_S": "600"}
+    assert created["CheckpointConfig"] == {"S3Uri": f"s3://{BUCKET}/jobs/a"}
+    assert (stopping["TrainingJobStatus"], stopping["SecondaryStatus"]) == ("Stopping", "Stopping")
+    assert stopping["LastModifiedTime"].timestamp() == START + 45
+    assert second_stop.value.response["Error"]["Code"] == "ValidationException"
+    tags = sagemaker.list_tags(ResourceArn=arn)["Tags"]
+    assert tags == [{"Key": "preemptor:team", "Value": "vision"}]
+
+
+def test_stopping_an_unknown_training_job_is_a_validation_error(emulation: Emulation) -> None:
+    # Given no training job, When one is stopped, Then SageMaker says ValidationException
+    with pytest.raises(ClientError) as error:
+        emulation.client("sagemaker").stop_training_job(TrainingJobName="nope")
+    assert error.value.response["Error"]["Code"] == "ValidationException"
+
+
+def test_s3_last_modified_follows_the_sim_clock(emulation: Emulation) -> None:
+    # Given the SimClock at the start
+    s3 = emulation.client("s3")
+
+    # When objects are written before and after the clock advances
+    s3.put_object(Bucket=BUCKET, Key="a.json", Body=b"{}")
+    emulation.clock.advance(90)
+    s3.put_object(Bucket=BUCKET, Key="b.json", Body=b"{}")
+
+    # Then their LastModified are the simulated times of the writes
+    assert s3.head_object(Bucket=BUCKET, Key="a.json")["LastModified"].timestamp() == START
+    assert s3.head_object(Bucket=BUCKET, Key="b.json")["LastModified"].timestamp() == START + 90
+
+
+# --------------------------------------------------------------------------- fleet: SageMaker
+
+
+def test_a_training_job_checkpoints_at_its_interval_of_work(emulation: Emulation) -> None:
+    # Given a job of 600 s of work that checkpoints every 100 s, after 120 s of provisioning
+    fleet = emulation.fleet()
+    create_training_job(
+        emulation,
+        "train-a",
+        {"PREEMPTOR_SIM_DURATION_S": "600", "PREEMPTOR_SIM_CHECKPOINT_EVERY_S": "100"},
+        "jobs/a",
+    )
+
+    # When 120 + 350 s pass in one step
+    emulation.clock.advance(470)
+
+    # Then three checkpoints exist, each stamped with the moment it was written
+    assert checkpoints(emulation, "jobs/a") == [
+        ("jobs/a/ckpt-0000000100.json", START + 220),
+        ("jobs/a/ckpt-0000000200.json", START + 320),
+        ("jobs/a/ckpt-0000000300.json", START + 420),
+    ]
+    body = emulation.client("s3").get_object(Bucket=BUCKET, Key="jobs/a/ckpt-0000000200.json")
+    assert json.loads(body["Body"].read()) == {"progress_s": 200.0, "job": "train-a"}
+    assert fleet.job("train-a").progress_s == 350
+    # And the job reported Starting, then Training, in real EventBridge shape
+    assert [(e["time"], e["detail"]["SecondaryStatus"]) for e in emulation.events] == [
+        (at(0), "Starting"),
+        (at(120), "Training"),
+    ]
+
+
+def test_a_training_job_event_has_the_real_event_shape(emulation: Emulation) -> None:
+    # Given a job that has started
+    emulation.fleet()
+    arn = create_training_job(emulation, "train-a", {"PREEMPTOR_SIM_DURATION_S": "600"}, "jobs/a")
+
+    # When its Training event is emitted
+    emulation.clock.advance(120)
+    event = emulation.events[-1]
+
+    # Then it has the envelope and detail fields of the AWS sample
+    envelope, detail = sample_keys(SAGEMAKER_SAMPLE)
+    assert set(event) == envelope
+    assert detail - {"TrainingEndTime"} <= set(event["detail"])
+    assert event["id"] == "event-2"
+    assert (event["source"], event["detail-type"]) == ("aws.sagemaker", "SageMaker Training Job State Change")
+    assert (event["account"], event["region"], event["resources"]) == ("123456789012", REGION, [arn])
+    assert event["detail"]["TrainingJobArn"] == arn
+    assert event["detail"]["CreationTime"] == int(START * 1000)
+    assert event["detail"]["TrainingStartTime"] == int((START + 120) * 1000)
+    assert event["detail"]["Tags"] == {"preemptor:team": "vision"}
+    assert event["detail"]["CheckpointConfig"] == {"S3Uri": f"s3://{BUCKET}/jobs/a"}
+
+
+def test_a_training_job_honours_a_checkpoint_request(emulation: Emulation) -> None:
+    # Given a running job whose own checkpoints are 1000 s of work apart
+    fleet = emulation.fleet()
+    create_training_job(
+        emulation,
+        "train-a",
+        {"PREEMPTOR_SIM_DURATION_S": "5000", "PREEMPTOR_SIM_CHECKPOINT_EVERY_S": "1000"},
+        "jobs/a",
+    )
+    emulation.clock.advance(320)
+
+    # When the controller asks for a checkpoint and a minute and a half passes
+    request_checkpoint(emulation, "jobs/a")
+    emulation.clock.advance(90)
+
+    # Then the job wrote one, checkpoint_write_s (60 s) after the request
+    assert checkpoints(emulation, "jobs/a") == [("jobs/a/ckpt-0000000260.json", START + 380)]
+    assert fleet.job("train-a").last_checkpoint_at == START + 380
+
+
+def test_a_training_job_completes_after_its_duration(emulation: Emulation) -> None:
+    # Given a job of 300 s of work
+    fleet = emulation.fleet()
+    create_training_job(emulation, "train-a", {"PREEMPTOR_SIM_DURATION_S": "300"}, "jobs/a")
+
+    # When an hour passes
+    emulation.clock.advance(3600)
+
+    # Then it completed after 120 s of startup and 300 s of work, and holds no capacity
+    described = emulation.client("sagemaker").describe_training_job(TrainingJobName="train-a")
+    assert (described["TrainingJobStatus"], described["SecondaryStatus"]) == ("Completed", "Completed")
+    assert described["TrainingEndTime"].timestamp() == START + 420
+    completed = emulation.events[-1]
+    assert (completed["time"], completed["detail"]["TrainingJobStatus"]) == (at(420), "Completed")
+    assert completed["detail"]["TrainingEndTime"] == int((START + 420) * 1000)
+    assert fleet.running() == []
+
+
+def test_a_stopped_training_job_resumes_from_its_checkpoint_in_its_next_incarnation(
+    emulation: Emulation,
+) -> None:
+    # Given a job of 1000 s of work checkpointing every 100 s, stopped at 250 s of work
+    fleet = emulation.fleet()
+    workload = {"PREEMPTOR_SIM_DURATION_S": "1000", "PREEMPTOR_SIM_CHECKPOINT_EVERY_S": "100"}
+    create_training_job(emulation, "train-a-r1", workload, "jobs/a")
+    emulation.clock.advance(120 + 250)
+    emulation.client("sagemaker").stop_training_job(TrainingJobName="train-a-r1")
+
+    # When the stop has run its 120 s grace and a new incarnation gets the same checkpoints
+    emulation.clock.advance(120)
+    stopped = emulation.client("sagemaker").describe_training_job(TrainingJobName="train-a-r1")
+    create_training_job(emulation, "train-a-r2", workload, "jobs/a")
+    emulation.clock.advance(120)
+
+    # Then the first ended Stopped at the end of the grace, having worked through it (its last
+    # checkpoint is at 300 s of work) ...
+    assert (stopped["TrainingJobStatus"], stopped["TrainingEndTime"].timestamp()) == ("Stopped", START + 490)
+    assert [e["detail"]["TrainingJobStatus"] for e in emulation.events[:4]] == [
+        "InProgress",
+        "InProgress",
+        "Stopping",
+        "Stopped",
+    ]
+    assert checkpoints(emulation, "jobs/a")[-1] == ("jobs/a/ckpt-0000000300.json", START + 420)
+    # ... and the second resumed from 300 s of work, so it completes 700 s after it started
+    assert fleet.job("train-a-r2").progress_s == 300
+    emulation.clock.advance(700)
+    described = emulation.client("sagemaker").describe_training_job(TrainingJobName="train-a-r2")
+    assert (described["TrainingJobStatus"], described["TrainingEndTime"].timestamp()) == (
+        "Completed",
+        START + 490 + 120 + 700,
+    )
+
+
+def test_a_training_job_that_handles_sigterm_checkpoints_during_the_grace(emulation: Emulation) -> None:
+    # Given a running job whose script checkpoints on SIGTERM (no periodic checkpoints)
+    emulation.fleet()
+    create_training_job(
+        emulation,
+        "train-a",
+        {"PREEMPTOR_SIM_DURATION_S": "1000", "PREEMPTOR_SIM_CHECKPOINT_ON_STOP": "true"},
+        "jobs/a",
+    )
+    emulation.clock.advance(120 + 200)
+
+    # When it is stopped and the grace passes
+    emulation.client("sagemaker").stop_training_job(TrainingJobName="train-a")
+    emulation.clock.advance(120)
+
+    # Then it wrote one checkpoint 60 s into the grace
+    assert checkpoints(emulation, "jobs/a") == [("jobs/a/ckpt-0000000260.json", START + 380)]
+
+
+def test_a_training_job_stopped_before_it_started_stops_at_once(emulation: Emulation) -> None:
+    # Given a job still provisioning
+    fleet = emulation.fleet()
+    create_training_job(emulation, "train-a", {"PREEMPTOR_SIM_DURATION_S": "1000"}, "jobs/a")
+    emulation.clock.advance(30)
+
+    # When it is stopped and the clock moves on
+    emulation.client("sagemaker").stop_training_job(TrainingJobName="train-a")
+    emulation.clock.advance(1)
+
+    # Then it stopped at the request, without ever training
+    described = emulation.client("sagemaker").describe_training_job(TrainingJobName="train-a")
+    assert described["TrainingJobStatus"] == "Stopped"
+    assert described["TrainingEndTime"].timestamp() == START + 30
+    assert [e["detail"]["SecondaryStatus"] for e in emulation.events] == ["Starting", "Stopping", "Stopped"]
+    assert fleet.running() == []
+
+
+# --------------------------------------------------------------------------- fleet: Batch
+
+
+def submit_batch_job(env: Emulation, queue: str, definition: str, environment: dict[str, str]) -> str:
+    return env.client("batch").submit_job(
+        jobName="train-b",
+        jobQueue=queue,
+        jobDefinition=definition,
+        containerOverrides={"environment": [{"name": k, "value": v} for k, v in environment.items()]},
+        tags={"preemptor:team": "nlp"},
+    )["jobId"]
+
+
+def test_a_terminated_batch_job_fails_after_the_grace_with_the_reason(emulation: Emulation) -> None:
+    # Given a running Batch job (30 s startup) that checkpoints every 100 s of work
+    fleet = emulation.fleet()
+    queue, definition = batch_queue(emulation)
+    job_id = submit_batch_job(
+        emulation,
+        queue,
+        definition,
+        {
+            "PREEMPTOR_SIM_DURATION_S": "1000",
+            "PREEMPTOR_SIM_CHECKPOINT_EVERY_S": "100",
+            "PREEMPTOR_CHECKPOINT_S3_URI": f"s3://{BUCKET}/jobs/b",
+        },
+    )
+    emulation.clock.advance(30 + 150)
+    batch = emulation.client("batch")
+
+    # When it is terminated
+    batch.terminate_job(jobId=job_id, reason="Preempted by train-critical")
+    emulation.clock.advance(29)
+    still_running = batch.describe_jobs(jobs=[job_id])["jobs"][0]
+    emulation.clock.advance(1)
+    failed = batch.describe_jobs(jobs=[job_id])["jobs"][0]
+
+    # Then it kept running for the 30 s grace, then FAILED with the terminate reason
+    assert still_running["status"] == "RUNNING"
+    assert (failed["status"], failed["statusReason"]) == ("FAILED", "Preempted by train-critical")
+    assert failed["stoppedAt"] == int((START + 210) * 1000)
+    assert checkpoints(emulation, "jobs/b") == [("jobs/b/ckpt-0000000100.json", START + 130)]
+    assert fleet.running() == []
+    assert [(e["time"], e["detail"]["status"]) for e in emulation.events] == [
+        (at(0), "RUNNABLE"),
+        (at(30), "STARTING"),
+        (at(30), "RUNNING"),
+        (at(210), "FAILED"),
+    ]
+    # And the events have the real Batch shape
+    envelope, detail = sample_keys(BATCH_SAMPLE)
+    event = emulation.events[-1]
+    assert set(event) == envelope
+    assert detail - {"retryStrategy"} <= set(event["detail"])
+    assert (event["source"], event["detail-type"]) == ("aws.batch", "Batch Job State Change")
+    assert event["detail"]["statusReason"] == "Preempted by train-critical"
+    assert event["detail"]["tags"] == {"preemptor:team": "nlp"}
+    assert event["detail"]["createdAt"] == int(START * 1000)
+
+
+def test_a_batch_sync_task_finishes_when_the_simulated_job_succeeds(emulation: Emulation) -> None:
+    # Given a workflow that submits a Batch job of 120 s of work and waits for it (.sync)
+    emulation.fleet()
+    queue, definition = batch_queue(emulation)
+    workflow = {
+        "StartAt": "Run",
+        "States": {
+            "Run": {
+                "Type": "Task",
+                "Resource": "arn:aws:states:::batch:submitJob.sync",
+                "Parameters": {
+                    "JobName": "train-b",
+                    "JobQueue": queue,
+                    "JobDefinition": definition,
+                    "ContainerOverrides": {
+                        "Environment": [{"Name": "PREEMPTOR_SIM_DURATION_S", "Value": "120"}]
+                    },
+                },
+                "End": True,
+            }
+        },
+    }
+
+    # When it runs
+    result = run_state_machine(emulation, "batch-sync", workflow)
+
+    # Then it succeeded once the job did (30 s startup + 120 s work), polling in simulated time
+    assert result["status"] == "SUCCEEDED", result.get("cause")
+    assert json.loads(result["output"])["Status"] == "SUCCEEDED"
+    assert START + 150 <= emulation.clock.now() < START + 150 + moto_patches.SYNC_POLL_SIM_S
+
+
+def test_a_task_timeout_counts_in_simulated_time(emulation: Emulation) -> None:
+    # Given a callback task with a 300 s timeout whose owner never answers, while 600 s of
+    # simulated time pass (the notification handler advances the clock, as the demo driver would)
+    def notify_owner(event: dict) -> dict:
+        emulation.clock.advance(600)
+        return {"sent": True}
+
+    function_arn = create_function(emulation, "notify-owner", notify_owner)
+    definition = {
+        "StartAt": "Ask the owner",
+        "States": {
+            "Ask the owner": {
+                "Type": "Task",
+                "Resource": "arn:aws:states:::lambda:invoke.waitForTaskToken",
+                "Parameters": {"FunctionName": function_arn, "Payload": {"token.$": "$$.Task.Token"}},
+                "TimeoutSeconds": 300,
+                "Catch": [{"ErrorEquals": ["States.Timeout"], "ResultPath": "$.error", "Next": "Go ahead"}],
+                "End": True,
+            },
+            "Go ahead": {"Type": "Pass", "End": True},
+        },
+    }
+
+    # When it runs
+    result = run_state_machine(emulation, "timeout", definition)
+
+    # Then the task timed out at once, its deadline being past in simulated time
+    assert result["status"] == "SUCCEEDED", result.get("cause")
+    assert json.loads(result["output"])["error"]["Error"] == "States.Timeout"
+    assert emulation.clock.now() == START + 600
