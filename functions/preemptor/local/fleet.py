@@ -470,6 +470,10 @@ class SimulatedFleet:
             requested_at = self._read_checkpoint_request(job)
             if requested_at is None or requested_at == job.handled_request_at:
                 continue
+            if requested_at < job.created_at:
+                # Left over from an earlier run of the job (the one that was preempted).
+                job.handled_request_at = requested_at
+                continue
             if job.last_checkpoint_at is not None and requested_at <= job.last_checkpoint_at:
                 continue
             job.handled_request_at = requested_at
