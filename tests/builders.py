@@ -1,10 +1,11 @@
-"""Fluent builders for jobs and snapshots in tests."""
+"""Fluent builders for jobs, snapshots and policies in tests."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from preemptor.core.model import PendingJob, Pool, RunningJob, Snapshot
+from preemptor.core.model import PastPreemption, PendingJob, Pool, RunningJob, Snapshot, TeamUsage
+from preemptor.core.policy import Policy
 
 
 def pending(name: str, priority: int = 50, gpus: int = 8, **kw) -> PendingJob:
@@ -24,6 +25,8 @@ class SnapshotBuilder:
         self._pools = [Pool(pool, gpus)]
         self._running: list[RunningJob] = []
         self._pending: list[PendingJob] = []
+        self._usage: list[TeamUsage] = []
+        self._history: list[PastPreemption] = []
 
     def pool(self, name: str, gpus: int) -> "SnapshotBuilder":
         self._pools.append(Pool(name, gpus))
@@ -37,12 +40,35 @@ class SnapshotBuilder:
         self._pending.extend(jobs)
         return self
 
+    def usage(self, team: str, gpu_seconds: float, at: float) -> "SnapshotBuilder":
+        """Decayed GPU-seconds of `team`'s ended runs, as of `at`."""
+        self._usage.append(TeamUsage(team, gpu_seconds, at))
+        return self
+
+    def preempted(self, at: float, gpus: int = 8, lost_gpu_seconds: float = 0.0, pool: str = "p5") -> "SnapshotBuilder":
+        """A past preemption in the budget window."""
+        self._history.append(PastPreemption(pool, at, gpus, lost_gpu_seconds))
+        return self
+
     def build(self) -> Snapshot:
-        return Snapshot(tuple(self._pools), tuple(self._running), tuple(self._pending))
+        return Snapshot(
+            tuple(self._pools), tuple(self._running), tuple(self._pending), tuple(self._usage), tuple(self._history)
+        )
 
 
 def snapshot(gpus: int = 64) -> SnapshotBuilder:
     return SnapshotBuilder(gpus)
 
 
-__all__ = ["pending", "running", "snapshot", "replace"]
+def policy(**knobs) -> Policy:
+    """A policy with aging and fair share off unless asked for, so tests see one knob at a time."""
+    knobs.setdefault("aging", {"rate_per_hour": 0, "starving_after_s": None})
+    knobs.setdefault("fair_share", {"enabled": False})
+    return Policy(**knobs)
+
+
+def quota(team: str, nominal: int, borrowing: int | None = None, lending: int | None = None, tier: str | None = None) -> dict:
+    return {"team": team, "tier": tier, "nominal_gpus": nominal, "borrowing_limit": borrowing, "lending_limit": lending}
+
+
+__all__ = ["pending", "policy", "quota", "running", "snapshot", "replace"]

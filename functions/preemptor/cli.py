@@ -3,7 +3,11 @@
   preemptor demo [--scenario FILE] [--report FILE]   the controller on emulated AWS
   preemptor replay-events FILE...                    feed captured events through the intake
   preemptor plan --snapshot FILE [--policy FILE]     what-if: print the decision as JSON
+  preemptor explain JOB --snapshot FILE [--policy FILE] [--history FILE] [--json]
+                                                     why a job waits, or who preempted it
   preemptor submit --file JOB.json [--bus NAME]      submit a job to a deployed stack
+  preemptor sim --trace CSV --gpus N --policy NAME|FILE [--json]
+                                                     replay a job trace (docs/simulator.md)
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--scenario", type=Path, help="scenario YAML (default: the mission's story)")
     demo.add_argument("--report", type=Path, help="write the summary as JSON here")
     demo.add_argument("--quiet", action="store_true", help="print the summary only")
+    demo.add_argument(
+        "--explain", action="append", default=[], metavar="JOB", help="after the run, explain JOB (repeatable)"
+    )
 
     replay = sub.add_parser("replay-events", help="feed captured EventBridge events through the intake")
     replay.add_argument("files", nargs="+", type=Path)
@@ -30,9 +37,23 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--snapshot", type=Path, required=True)
     plan.add_argument("--policy", type=Path)
 
+    explain = sub.add_parser("explain", help="why a job waits, runs, or was preempted (from a snapshot)")
+    explain.add_argument("job")
+    source = explain.add_mutually_exclusive_group(required=True)
+    source.add_argument("--snapshot", type=Path, help="snapshot JSON (the `plan` format)")
+    source.add_argument("--stack", help="a deployed stack: read its jobs table and configuration")
+    explain.add_argument("--policy", type=Path, help="policy JSON (default: the documented defaults)")
+    explain.add_argument("--history", type=Path, help="the job's decision log as a JSON list of entries")
+    explain.add_argument("--json", action="store_true", help="print the structured answer as JSON")
+
     submit = sub.add_parser("submit", help="submit a job request to a deployed stack (EventBridge)")
     submit.add_argument("--file", type=Path, required=True, help="job request JSON (see the README)")
     submit.add_argument("--bus", default="default", help="event bus name (default: default)")
+
+    sim = sub.add_parser("sim", help="replay a job trace through our policy or a competitor's (docs/simulator.md)")
+    from .sim.command import add_arguments as add_sim_arguments
+
+    add_sim_arguments(sim)
 
     args = parser.parse_args(argv)
     if args.command == "demo":
@@ -41,8 +62,12 @@ def main(argv: list[str] | None = None) -> int:
         return _replay(args)
     if args.command == "plan":
         return _plan(args)
+    if args.command == "explain":
+        return _explain(args)
     if args.command == "submit":
         return _submit(args)
+    if args.command == "sim":
+        return _sim(args)
     return 2
 
 
@@ -51,7 +76,7 @@ def _demo(args) -> int:
     from .local.scenario import DEFAULT_SCENARIO, Scenario
 
     scenario = Scenario.load(args.scenario) if args.scenario else DEFAULT_SCENARIO
-    result = demo.run(scenario)
+    result = demo.run(scenario, explain=args.explain)
     if args.quiet:
         result.timeline = []
     demo.print_result(result, sys.stdout)
@@ -75,10 +100,55 @@ def _plan(args) -> int:
     from .core.policy import Policy
     from .core.snapshot_file import load_snapshot
 
-    now, snapshot = load_snapshot(json.loads(args.snapshot.read_text()))
     policy = Policy(**json.loads(args.policy.read_text())) if args.policy else Policy()
+    now, snapshot = load_snapshot(json.loads(args.snapshot.read_text()), policy.tiers)
     print(json.dumps(plan(snapshot, policy, now).to_dict(), indent=2))
     return 0
+
+
+def _explain(args) -> int:
+    """Explain from a snapshot file (offline), or from a deployed stack's live state."""
+    if args.stack:
+        return _explain_stack(args)
+    from .core.explain import explain_job
+    from .core.planner import plan
+    from .core.policy import Policy
+    from .core.snapshot_file import load_snapshot
+
+    policy = Policy(**json.loads(args.policy.read_text())) if args.policy else Policy()
+    now, snapshot = load_snapshot(json.loads(args.snapshot.read_text()), policy.tiers)
+    history = json.loads(args.history.read_text()) if args.history else None
+    answer = explain_job(args.job, plan(snapshot, policy, now), snapshot, policy, now, history)
+    print(json.dumps(answer, indent=2) if args.json else answer["text"])
+    return 0 if answer["status"] != "unknown" else 1
+
+
+def _explain_stack(args) -> int:
+    import time
+
+    import boto3
+
+    from .adapters.checkpoints import CheckpointStore
+    from .adapters.store import JobsStore
+    from .config import Settings
+    from .service.scheduling import explain
+
+    stack = boto3.client("cloudformation").describe_stacks(StackName=args.stack)["Stacks"][0]
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+    params = {p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])}
+    settings = Settings.from_env(
+        {
+            "JOBS_TABLE": outputs["JobsTableName"],
+            "POOLS_CONFIG": params.get("PoolsConfig", "[]"),
+            "POLICY_CONFIG": args.policy.read_text() if args.policy else params.get("PolicyConfig", "{}"),
+        }
+    )
+    store = JobsStore(settings.jobs_table, boto3.client("dynamodb"))
+    answer = explain(
+        store=store, checkpoints=CheckpointStore(boto3.client("s3")), settings=settings, job=args.job, now=time.time()
+    )
+    print(json.dumps(answer, indent=2, default=str) if args.json else answer["text"])
+    return 0 if answer["status"] != "unknown" else 1
 
 
 def _submit(args) -> int:
@@ -99,6 +169,12 @@ def _submit(args) -> int:
         return 1
     print(f"submitted {request.name}: event {out['Entries'][0]['EventId']}")
     return 0
+
+
+def _sim(args) -> int:
+    from .sim.command import run
+
+    return run(args)
 
 
 if __name__ == "__main__":

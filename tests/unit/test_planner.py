@@ -8,10 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from builders import pending, running, snapshot
-from preemptor.core.model import Reason, Verdict
+from builders import pending, policy as make_policy, quota, running, snapshot
+from preemptor.core.jobs import JobRecord
+from preemptor.core.model import JobState, PreemptionRule, Reason, Snapshot, TeamUsage, Verdict, run_usage
 from preemptor.core.planner import plan
-from preemptor.core.policy import Policy, PreemptionMode
+from preemptor.core.policy import MaxPreemptionsAction, Policy, PreemptionMode, ReclaimMode
+from preemptor.core.requests import JobRequest
+from preemptor.core.snapshot_file import load_snapshot
 
 NOW = 10_000.0
 DEFAULT = Policy()
@@ -267,3 +270,374 @@ def test_victim_set_is_minimal(snap, policy, need, priority):
     if chosen:
         assert available + sum(chosen) >= need
         assert all(available + sum(chosen) - g < need for g in chosen)
+
+
+# -- victim selection with quotas, overhead and fill-back -------------------------------------
+@pytest.mark.parametrize(
+    "victims_running, expected",
+    [
+        pytest.param(
+            [running("a", 50, 8, last_checkpoint_at=NOW - 10, restart_overhead_s=600), running("b", 50, 8, last_checkpoint_at=NOW - 300)],
+            ["b"],
+            id="restart-overhead-counts-as-work-lost",
+        ),
+        pytest.param(
+            [running("own", 50, 8, team="a", started_at=0), running("borrower", 200, 8, team="b", started_at=0)],
+            ["borrower"],
+            id="borrowed-before-lower-priority",
+        ),
+    ],
+)
+def test_victim_order_with_quotas(victims_running, expected):
+    # Given quotas a:8, b:0 (b runs on borrowed capacity), a full 16-GPU pool and an 8-GPU critical job of team a
+    p = make_policy(quotas=[quota("a", 8), quota("b", 0)])
+    snap = snapshot(16).running(*victims_running).pending(pending("crit", 1000, 8, team="a", submitted_at=NOW)).build()
+    # When planning, then the victim comes first in the documented order
+    assert victims(plan(snap, p, NOW)) == expected
+
+
+def test_preemption_records_rule_cost_and_borrowing():
+    # Given team b borrowing above its zero quota, and team a within its nominal quota
+    p = make_policy(quotas=[quota("a", 8), quota("b", 0)])
+    snap = snapshot(8).running(running("b-run", 1000, 8, team="b", last_checkpoint_at=NOW - 30, restart_overhead_s=60)).pending(
+        pending("a-job", 50, 8, team="a")
+    ).build()
+    # When planning
+    (p0,) = plan(snap, p, NOW).preemptions
+    # Then the low job reclaims its quota from the critical borrower, and the cost is recorded
+    assert (p0.victim, p0.rule, p0.reason, p0.borrowed) == ("b-run", PreemptionRule.RECLAIM_BORROWED, Reason.BORROWED_CAPACITY_RECLAIMED, True)
+    assert (p0.lost_gpu_seconds, p0.cost_gpu_seconds) == (8 * 30, 8 * 90)
+
+
+def test_decision_lists_the_candidates_it_considered():
+    # Given a victim it may stop, one it may not (same priority) and one protected by minimum runtime
+    p = make_policy(min_runtime_s=600)
+    snap = snapshot(24).running(
+        running("cheap", 50, 8, started_at=0), running("peer", 1000, 8, started_at=0), running("young", 50, 8, started_at=NOW - 10)
+    ).pending(pending("crit", 1000, 8)).build()
+    lines = plan(snap, p, NOW).explanations
+    # Then each appears with the rule applied to it
+    by_job = {(e.job, e.verdict, e.reason) for e in lines}
+    assert ("cheap", Verdict.PREEMPT, Reason.LOWER_PRIORITY_VICTIM) in by_job
+    assert ("young", Verdict.SPARE, Reason.MIN_RUNTIME_PROTECTED) in by_job
+    assert ("crit", Verdict.WAIT, Reason.PREEMPTS_LOWER_PRIORITY) in by_job
+
+
+def test_fill_back_reports_the_dropped_victim():
+    snap = snapshot(40).running(
+        running("small", 50, 8, last_checkpoint_at=NOW - 10), running("big", 50, 32, last_checkpoint_at=NOW - 20)
+    ).pending(pending("crit", 1000, 32, submitted_at=NOW)).build()
+    lines = plan(snap, DEFAULT, NOW).explanations
+    assert any(e.job == "small" and e.reason is Reason.NOT_NEEDED and e.for_job == "crit" for e in lines)
+
+
+def test_pools_are_planned_independently():
+    # Given two pools, each with a victim and a critical job
+    snap = snapshot(8).pool("p4", 8).running(running("v5", 50, 8), running("v4", 50, 8, pool="p4")).pending(
+        pending("c5", 1000, 8), pending("c4", 1000, 8, pool="p4")
+    ).build()
+    decision = plan(snap, DEFAULT, NOW)
+    assert sorted((x.victim, x.preemptor) for x in decision.preemptions) == [("v4", "c4"), ("v5", "c5")]
+
+
+def test_to_dict_shape_is_stable():
+    snap = snapshot(8).running(running("a", 50, 8, last_checkpoint_at=NOW - 10)).pending(pending("x", 1000, 8)).build()
+    out = plan(snap, DEFAULT, NOW).to_dict()
+    assert set(out) == {"admit", "preempt", "fail", "explanations"}
+    assert out["preempt"][0] == {
+        "victim": "a", "preemptor": "x", "pool": "p5", "gpus": 8, "reason": "lower-priority-victim", "rule": "lower-priority",
+        "borrowed": False, "lost_gpu_seconds": 80.0, "cost_gpu_seconds": 80.0, "checkpoint_age_s": 10.0, "checkpoint_fresh": True,
+    }
+
+
+def test_the_issue_example_snapshot():
+    # Given the snapshot of the issue (64 GPUs, 32 running, 32 wanted)
+    doc = {
+        "now": 10000,
+        "pools": [{"name": "p5", "gpus": 64}],
+        "running": [{"name": "a", "team": "t1", "priority": 50, "pool": "p5", "gpus": 32, "started_at": 1000, "last_checkpoint_at": 9990}],
+        "pending": [{"name": "x", "team": "t2", "priority": 1000, "pool": "p5", "gpus": 32, "submitted_at": 9900}],
+    }
+    now, snap = load_snapshot(doc)
+    out = plan(snap, Policy(), now).to_dict()
+    # Then x fits the free half; nothing is stopped
+    assert out["admit"] == ["x"] and out["preempt"] == []
+    # And with the whole pool wanted, a is preempted
+    doc["pending"][0]["gpus"] = 64
+    now, snap = load_snapshot(doc)
+    out = plan(snap, Policy(), now).to_dict()
+    assert out["admit"] == [] and [(p["victim"], p["preemptor"]) for p in out["preempt"]] == [("a", "x")]
+
+
+def test_snapshot_file_reads_every_optional_field():
+    doc = {
+        "now": 500,
+        "pools": [{"name": "p5", "gpus": 64}],
+        "running": [{"name": "a", "priority": "low", "pool": "p5", "gpus": 8, "started_at": 0, "sla_s": 60, "spot": True,
+                     "expected_duration_s": 900, "work_done_s": 100, "progress": 0.5, "restart_overhead_s": 30, "stopping": True}],
+        "pending": [{"name": "x", "priority": "high", "pool": "p5", "gpus": 8, "submitted_at": 1, "pending_since": 400,
+                     "sla_s": 3600, "spot": False, "expected_duration_s": 60, "restart_overhead_s": 5, "preemptions": 2}],
+        "usage": {"t1": 1000, "t2": {"gpu_seconds": 50, "at": 100}},
+        "preemption_history": [{"pool": "p5", "at": 450, "gpus": 8, "lost_gpu_seconds": 80}],
+    }
+    now, snap = load_snapshot(doc)
+    (a,), (x,) = snap.running, snap.pending
+    assert (a.priority, a.spot, a.sla_s, a.expected_duration_s, a.work_done_s, a.progress, a.restart_overhead_s, a.stopping) == (
+        50, True, 60, 900, 100, 0.5, 30, True)
+    assert (x.priority, x.pending_since, x.sla_s, x.expected_duration_s, x.restart_overhead_s, x.preemptions) == (500, 400, 3600, 60, 5, 2)
+    assert snap.usage == (TeamUsage("t1", 1000, 500), TeamUsage("t2", 50, 100))
+    assert snap.preemption_history[0].lost_gpu_seconds == 80
+
+
+def test_job_record_maps_policy_fields_into_planner_inputs():
+    record = JobRecord(
+        name="j", team="t", priority=200, pool="p5", service="batch", gpus=8, request={}, checkpoint_s3_uri="s3://b/p",
+        submitted_at=10, status=JobState.RUNNING, started_at=20, sla_s=3600, expected_duration_s=7200, restart_overhead_s=90,
+        spot=True, work_done_s=600, pending_since=15,
+    )
+    p, r = record.as_pending(), record.as_running()
+    assert (p.sla_s, p.spot, p.expected_duration_s, p.restart_overhead_s, p.pending_since) == (3600, True, 7200, 90, 15)
+    assert (r.sla_s, r.spot, r.expected_duration_s, r.restart_overhead_s, r.work_done_s) == (3600, True, 7200, 90, 600)
+
+
+def test_job_request_accepts_policy_fields():
+    body = {"name": "j", "team": "t", "priority": "high", "pool": "p5", "service": "batch", "gpus": 8,
+            "request": {"jobQueue": "q", "jobDefinition": "d"}, "checkpoint_s3_uri": "s3://bucket-1/ckpt",
+            "expected_duration_s": 3600, "restart_overhead_s": 120, "spot": True}
+    req = JobRequest.model_validate(body)
+    assert (req.expected_duration_s, req.restart_overhead_s, req.spot) == (3600, 120, True)
+    assert JobRequest.model_validate({k: v for k, v in body.items() if k not in ("expected_duration_s", "restart_overhead_s", "spot")}).spot is False
+
+
+def test_team_usage_decays_and_folds_runs():
+    u = TeamUsage("t", 1000.0, 0.0)
+    assert u.decayed(3600, 3600) == pytest.approx(500.0)
+    folded = u.with_run(8, 0, 3600, 3600)
+    assert folded.at == 3600 and folded.gpu_seconds == pytest.approx(500 + run_usage(8, 0, 3600, 3600))
+    # a run's decayed usage is below its raw GPU-seconds and approaches it for short runs
+    assert run_usage(8, 0, 3600, 3600) < 8 * 3600
+    assert run_usage(8, 0, 1, 1e9) == pytest.approx(8.0)
+
+
+# -- properties over random snapshots and policies ---------------------------------------------
+TEAMS = ["a", "b", "c"]
+H = 3600.0
+
+
+@st.composite
+def rich_snapshots(draw, max_pending: int = 8):
+    """Pools mostly full of running jobs with every optional field, and pending jobs that want in."""
+    pools = draw(st.lists(st.sampled_from([("p5", 16), ("p5", 32), ("p5", 64), ("p4", 16)]), min_size=1, max_size=2, unique_by=lambda p: p[0]))
+    builder = snapshot()
+    builder._pools = []
+    for name, gpus in pools:
+        builder.pool(name, gpus)
+    recent = st.one_of(st.floats(NOW - 900, NOW), st.floats(0, NOW))
+    for pool_name, capacity in pools:
+        used = 0
+        for i in range(draw(st.integers(0, 10))):
+            g = min(draw(gpu_sizes), capacity - used)
+            if g <= 0:
+                break
+            used += g
+            has_estimate = draw(st.booleans())
+            builder.running(
+                running(
+                    f"{pool_name}-r{i}",
+                    draw(priorities),
+                    g,
+                    pool=pool_name,
+                    team=draw(st.sampled_from(TEAMS)),
+                    started_at=draw(recent),
+                    last_checkpoint_at=draw(st.one_of(st.none(), st.floats(0, NOW))),
+                    stopping=draw(st.sampled_from([False, False, False, True])),
+                    preemptions=draw(st.sampled_from([0, 0, 1, 3])),
+                    sla_s=draw(st.sampled_from([None, 600, 7200])),
+                    spot=draw(st.sampled_from([False, False, True])),
+                    expected_duration_s=draw(st.sampled_from([1000, 20_000])) if has_estimate else None,
+                    work_done_s=draw(st.sampled_from([0, 500])),
+                    progress=draw(st.one_of(st.none(), st.floats(0, 1))),
+                    restart_overhead_s=draw(st.sampled_from([0, 60, 900])),
+                )
+            )
+    names = [p for p, _ in pools]
+    for i in range(draw(st.integers(0, max_pending))):
+        builder.pending(
+            pending(
+                f"p{i}",
+                draw(priorities),
+                draw(gpu_sizes),
+                pool=draw(st.sampled_from(names * 4 + ["nope"])),
+                team=draw(st.sampled_from(TEAMS)),
+                submitted_at=draw(recent),
+                preemptions=draw(st.sampled_from([0, 0, 1, 3])),
+                sla_s=draw(st.sampled_from([None, 600, 7200])),
+                spot=draw(st.sampled_from([False, False, True])),
+                pending_since=draw(st.one_of(st.none(), st.floats(NOW - 1000, NOW))),
+            )
+        )
+    for team in draw(st.lists(st.sampled_from(TEAMS), unique=True)):
+        builder.usage(team, draw(st.floats(0, 1e7)), draw(st.floats(0, NOW)))
+    for _ in range(draw(st.integers(0, 3))):
+        builder.preempted(draw(st.floats(NOW - 2 * H, NOW)), 8, draw(st.floats(0, 1e5)), pool=draw(st.sampled_from(names)))
+    return builder.build()
+
+
+def _knobs(draw) -> dict:
+    quotas = []
+    if draw(st.booleans()):
+        for team in draw(st.lists(st.sampled_from(TEAMS), unique=True, min_size=1)):
+            nominal = draw(st.sampled_from([0, 8, 16]))
+            quotas.append(quota(team, nominal, draw(st.sampled_from([None, 0, 8])), draw(st.sampled_from([None, 0, nominal]))))
+    return {
+        "within_team": draw(st.sampled_from(list(PreemptionMode))),
+        "across_teams": draw(st.sampled_from(list(PreemptionMode))),
+        "reclaim_within_pool": draw(st.sampled_from(list(ReclaimMode))),
+        "quotas": quotas,
+        "min_runtime_s": draw(st.sampled_from([0, 0, 300, 5000])),
+        "near_completion": {"remaining_s": draw(st.sampled_from([None, 600])), "progress": draw(st.sampled_from([None, 0.8]))},
+        "max_preemptions": draw(st.sampled_from([None, None, 0, 2])),
+        "on_max_preemptions": draw(st.sampled_from(list(MaxPreemptionsAction))),
+        "budget": draw(st.sampled_from([None, None, {"max_preemptions": 1}, {"max_preemptions": 3}, {"max_gpu_hours": 10.0}])),
+        "preemption_delay_s": draw(st.sampled_from([0, 0, 300])),
+        "tier_max_sla_s": draw(st.sampled_from([{}, {"critical": H}])),
+        "spot_max_priority": draw(st.sampled_from(["lowest", None, "medium"])),
+        "aging": {"rate_per_hour": draw(st.sampled_from([0, 10, 500])), "cap": draw(st.sampled_from(["below-next-tier", "none"])),
+                  "starving_after_s": draw(st.sampled_from([None, 3600]))},
+        "fair_share": {"enabled": draw(st.booleans()), "half_life_s": draw(st.sampled_from([600, 604800]))},
+    }
+
+
+@st.composite
+def rich_policies(draw):
+    knobs = _knobs(draw)
+    if draw(st.booleans()):
+        knobs["pools"] = {"p4": {k: v for k, v in _knobs(draw).items() if draw(st.booleans())}}
+    return Policy(**knobs)
+
+
+def claimed(job, p: Policy) -> int:
+    """Test oracle of the cost rules: SLA caps, then the spot cap."""
+    knobs = p.for_pool(job.pool)
+    c = job.priority
+    for tier, limit in sorted(knobs.tier_max_sla_s.items(), key=lambda kv: -p.tiers[kv[0]]):
+        value = p.tiers[tier]
+        if c >= value and (job.sla_s is None or job.sla_s > limit):
+            c = max([t for t in p.tiers.values() if t < value], default=max(0, value - 1))
+    cap = p.priority_value(knobs.spot_max_priority)
+    if job.spot and cap is not None:
+        c = min(c, cap)
+    return c
+
+
+def _protected(v, knobs, now) -> bool:
+    if knobs.max_preemptions is not None and knobs.on_max_preemptions is MaxPreemptionsAction.PROTECT and v.preemptions >= knobs.max_preemptions:
+        return True
+    if now - v.started_at < knobs.min_runtime_s:
+        return True
+    remaining = v.remaining_s(now)
+    if knobs.near_completion.remaining_s is not None and remaining is not None and 0 <= remaining < knobs.near_completion.remaining_s:
+        return True
+    progress = v.progress_at(now)
+    return knobs.near_completion.progress is not None and progress is not None and knobs.near_completion.progress < progress <= 1
+
+
+@settings(max_examples=400, deadline=None)
+@given(rich_snapshots(), rich_policies())
+def test_rich_properties(snap, p):
+    before, policy_before = copy.deepcopy(snap), copy.deepcopy(p)
+    decision = plan(snap, p, NOW)
+    # same input, same output; the input is not mutated
+    assert decision == plan(snap, p, NOW)
+    assert snap == before and p == policy_before
+    by_name = {j.name: j for j in snap.running}
+    pend = {j.name: j for j in snap.pending}
+    for pool in snap.pools:
+        knobs = p.for_pool(pool.name)
+        # capacity is never exceeded
+        held = sum(j.gpus for j in snap.running if j.pool == pool.name)
+        assert held + sum(a.gpus for a in decision.admits if a.pool == pool.name) <= pool.gpus
+        # the budget is never exceeded by new preemptions
+        new = [x for x in decision.preemptions if x.pool == pool.name]
+        if knobs.budget is not None and knobs.budget.max_preemptions is not None and new:
+            window = [h for h in snap.preemption_history if h.pool == pool.name and NOW - knobs.budget.window_s < h.at <= NOW]
+            assert len(window) + len(new) <= knobs.budget.max_preemptions
+        # quotas: a team admitted in this pool stays under nominal + borrowing limit
+        for q in knobs.quotas:
+            taken = [a for a in decision.admits if a.pool == pool.name and pend[a.job].team == q.team]
+            if taken and q.borrowing_limit is not None:
+                used = sum(j.gpus for j in snap.running if j.pool == pool.name and j.team == q.team and not j.stopping)
+                freed = sum(x.gpus for x in new if by_name[x.victim].team == q.team)
+                assert used - freed + sum(a.gpus for a in taken) <= q.nominal_gpus + q.borrowing_limit
+    for x in decision.preemptions:
+        victim, preemptor = by_name[x.victim], pend[x.preemptor]
+        knobs = p.for_pool(victim.pool)
+        pv, pj = claimed(victim, p), claimed(preemptor, p)
+        assert victim.pool == preemptor.pool == x.pool
+        # never a job already stopping, protected, or within its minimum runtime / near completion
+        assert not victim.stopping and not _protected(victim, knobs, NOW)
+        # the delay was served
+        assert NOW - preemptor.waiting_since() >= knobs.preemption_delay_s
+        if x.rule is PreemptionRule.RECLAIM_BORROWED:
+            assert knobs.quotas and victim.team != preemptor.team and x.borrowed
+            assert knobs.reclaim_within_pool is not ReclaimMode.NEVER
+            if knobs.reclaim_within_pool is ReclaimMode.LOWER_PRIORITY:
+                assert pv < pj
+            continue
+        mode = knobs.within_team if victim.team == preemptor.team else knobs.across_teams
+        assert mode is not PreemptionMode.NEVER
+        if knobs.quotas and victim.team != preemptor.team:
+            assert x.borrowed  # other teams' work within their nominal quota is guaranteed
+        # no victim of equal or higher priority under LowerPriority
+        if mode is PreemptionMode.LOWER_PRIORITY:
+            assert pv < pj and x.rule is PreemptionRule.LOWER_PRIORITY
+        else:
+            assert pv < pj or (pv == pj and victim.started_at > preemptor.submitted_at)
+    # every victim is named once; failures are exactly the jobs over their preemption limit
+    assert len(victims(decision)) == len(set(victims(decision)))
+    for f in decision.failures:
+        knobs = p.for_pool(f.pool)
+        assert knobs.on_max_preemptions is MaxPreemptionsAction.FAIL and pend[f.job].preemptions >= knobs.max_preemptions
+    assert not {f.job for f in decision.failures} & set(admitted(decision))
+    # every pending job gets exactly one verdict of its own
+    own = [e.job for e in decision.explanations if e.for_job is None and e.verdict in (Verdict.ADMIT, Verdict.WAIT, Verdict.SKIP, Verdict.FAIL)]
+    assert sorted(own) == sorted(pend)
+
+
+def _fits_oracle(snap: Snapshot, p: Policy, job, victim_names: list[str]) -> bool:
+    """Does `job` fit once `victim_names` stop? Physical capacity, quota ceiling and lending limits."""
+    pool = next(x for x in snap.pools if x.name == job.pool)
+    knobs = p.for_pool(pool.name)
+    jobs = [j for j in snap.running if j.pool == pool.name]
+    stopped = {n for n in victim_names}
+    physical = pool.gpus - sum(j.gpus for j in jobs) + sum(j.gpus for j in jobs if j.stopping or j.name in stopped)
+    if job.gpus > physical:
+        return False
+    if not knobs.quotas:
+        return True
+    quotas = {q.team: q for q in knobs.quotas}
+    used = {t: sum(j.gpus for j in jobs if j.team == t and not j.stopping and j.name not in stopped) for t in {j.team for j in jobs} | set(quotas) | {job.team}}
+    own = quotas.get(job.team)
+    if own is not None and used[job.team] + job.gpus > own.ceiling:
+        return False
+    kept = sum(max(0, q.kept - used[t]) for t, q in quotas.items() if t != job.team)
+    return job.gpus <= physical - kept
+
+
+@settings(max_examples=400, deadline=None)
+@given(rich_snapshots(max_pending=0), rich_policies(), gpu_sizes, priorities, st.sampled_from(TEAMS))
+def test_rich_victim_set_is_minimal(snap, p, need, priority, team):
+    # Given exactly one pending job, with quotas per team (no tiers)
+    job = pending("x", priority, need, team=team, pool=snap.pools[0].name, submitted_at=0)
+    snap = Snapshot(snap.pools, snap.running, (job,), snap.usage, snap.preemption_history)
+    decision = plan(snap, p, NOW)
+    chosen = victims(decision)
+    if chosen:
+        # Then the victims are enough, and dropping any one of them leaves the job not fitting
+        assert _fits_oracle(snap, p, job, chosen)
+        for v in chosen:
+            assert not _fits_oracle(snap, p, job, [c for c in chosen if c != v])
+        # And the job did not fit without preempting
+        assert not _fits_oracle(snap, p, job, [])
+    if admitted(decision) == ["x"]:
+        assert _fits_oracle(snap, p, job, [])

@@ -89,7 +89,18 @@ def test_checkpoint_timeout_spares_the_victim_when_policy_says_so():
         sweep = env.job("sweep")
         assert sweep.incarnation == 1 and sweep.preemptions == 0
         assert "stop-requested" not in env.kinds("sweep")
-        assert env.job("prod").status is JobState.PENDING or env.job("prod").status is JobState.RUNNING
+        # And the critical job waits: the spared victim is protected for a checkpoint wait
+        assert env.job("prod").status is JobState.PENDING
+        assert env.job("sweep").spared_until > env.clock.now()
+        assert "preemption-cancelled" in env.kinds("sweep")
+        # When the protection has run out and the scheduled reconcile starts the next cycle
+        env.advance(60)
+        env.stack.invoke_lambda("preemptor-ReconcileFunction", {})
+        env.stack.drain()
+        # Then the checkpoint asked for meanwhile is fresh: the victim is stopped with it
+        sweep = env.job("sweep")
+        assert sweep.preemptions == 1 and sweep.stops_without_fresh_checkpoint == 0
+        assert env.job("prod").status is JobState.RUNNING
 
 
 def test_two_concurrent_cycles_never_oversubscribe_the_pool():

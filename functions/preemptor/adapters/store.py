@@ -18,7 +18,7 @@ from botocore.exceptions import ClientError
 
 from ..core.errors import CapacityExhausted, ConflictError, JobNotFound, Throttled
 from ..core.jobs import JobRecord
-from ..core.model import JobState
+from ..core.model import JobState, PastPreemption, TeamUsage
 
 GSI = "ByPoolStatus"
 EVENT_TTL_S = 7 * 24 * 3600
@@ -388,6 +388,80 @@ class JobsStore:
             )
         except ConflictError:
             pass
+
+    # -- fair share and the preemption budget (per pool, bounded reads) -------------------
+    def team_usage(self, pool: str) -> list[TeamUsage]:
+        """Decayed GPU usage of each team's ended runs in the pool (one item per team)."""
+        out = self._call(
+            "query",
+            TableName=self.table,
+            KeyConditionExpression="pk = :p AND begins_with(sk, :u)",
+            ExpressionAttributeValues={":p": {"S": f"POOL#{pool}"}, ":u": {"S": "USAGE#"}},
+            ConsistentRead=True,
+        )
+        items = [_unmarshal(i) for i in out.get("Items", [])]
+        return [TeamUsage(i["team"], float(i["gpu_seconds"]), float(i["at"])) for i in items]
+
+    def add_usage(self, pool: str, team: str, gpus: int, started_at: float, ended_at: float, half_life_s: float) -> None:
+        """Fold an ended run into its team's decayed usage (optimistic, retried on a race)."""
+        key = {"pk": {"S": f"POOL#{pool}"}, "sk": {"S": f"USAGE#{team}"}}
+        for _ in range(5):
+            item = self._call("get_item", TableName=self.table, Key=key, ConsistentRead=True).get("Item")
+            current = _unmarshal(item) if item else None
+            usage = TeamUsage(team, float(current["gpu_seconds"]), float(current["at"])) if current else TeamUsage(team, 0.0, ended_at)
+            new = usage.with_run(gpus, started_at, ended_at, half_life_s)
+            condition = "attribute_not_exists(pk)" if current is None else "#at = :old"
+            values = {":g": _to_attr(new.gpu_seconds), ":at": _to_attr(new.at), ":team": _to_attr(team)}
+            if current is not None:
+                values[":old"] = _to_attr(current["at"])
+            try:
+                self._call(
+                    "update_item",
+                    TableName=self.table,
+                    Key=key,
+                    UpdateExpression="SET gpu_seconds = :g, #at = :at, team = :team",
+                    ConditionExpression=condition,
+                    ExpressionAttributeNames={"#at": "at"},
+                    ExpressionAttributeValues=values,
+                )
+                return
+            except ConflictError:
+                continue
+        raise ConflictError(f"usage of team {team} in {pool} kept changing")
+
+    def record_preemption(self, p: PastPreemption, ttl_s: float) -> None:
+        """Remember a preemption for the pool's budget window (expires with the TTL)."""
+        self._call(
+            "put_item",
+            TableName=self.table,
+            Item=_marshal(
+                {
+                    "pk": f"POOL#{p.pool}",
+                    "sk": f"PREEMPT#{p.at:017.3f}#{p.victim}",
+                    "at": p.at,
+                    "gpus": p.gpus,
+                    "lost_gpu_seconds": p.lost_gpu_seconds,
+                    "victim": p.victim,
+                    "expires_at": int(p.at + ttl_s),
+                }
+            ),
+        )
+
+    def preemptions_since(self, pool: str, since: float) -> list[PastPreemption]:
+        out = self._call(
+            "query",
+            TableName=self.table,
+            KeyConditionExpression="pk = :p AND sk BETWEEN :a AND :b",
+            ExpressionAttributeValues={
+                ":p": {"S": f"POOL#{pool}"},
+                ":a": {"S": f"PREEMPT#{max(0.0, since):017.3f}"},
+                ":b": {"S": "PREEMPT#~"},
+            },
+        )
+        return [
+            PastPreemption(pool, float(i["at"]), int(i["gpus"]), float(i["lost_gpu_seconds"]), i["victim"])
+            for i in map(_unmarshal, out.get("Items", []))
+        ]
 
     # -- run aliases: service job -> controller job ---------------------------------------
     def _alias_item(self, record: JobRecord) -> dict:

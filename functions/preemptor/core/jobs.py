@@ -43,6 +43,18 @@ class JobRecord:
     outcome_reason: str | None = None
     sla_s: int | None = None
     labels: dict = field(default_factory=dict)
+    # Inputs of the policy engine (docs/policy.md). `work_done_s`: work saved in
+    # checkpoints by earlier incarnations; `pending_since`: when it last became pending
+    # (set on requeue; the preemption delay counts from it).
+    expected_duration_s: float | None = None
+    restart_overhead_s: float = 0.0
+    spot: bool = False
+    work_done_s: float = 0.0
+    pending_since: float | None = None
+    # Set by the controller: when capacity was reserved, and how long a spared victim is
+    # protected from being chosen again.
+    admitted_at: float | None = None
+    spared_until: float | None = None
 
     @property
     def next_run_name(self) -> str:
@@ -58,6 +70,11 @@ class JobRecord:
             gpus=self.gpus,
             submitted_at=self.submitted_at,
             preemptions=self.preemptions,
+            sla_s=self.sla_s,
+            spot=self.spot,
+            expected_duration_s=self.expected_duration_s,
+            restart_overhead_s=self.restart_overhead_s,
+            pending_since=self.pending_since,
         )
 
     def as_running(self) -> RunningJob:
@@ -72,6 +89,12 @@ class JobRecord:
             last_checkpoint_at=self.last_checkpoint_at,
             preemptions=self.preemptions,
             stopping=self.status is JobState.PREEMPTING,
+            sla_s=self.sla_s,
+            spot=self.spot,
+            expected_duration_s=self.expected_duration_s,
+            work_done_s=self.work_done_s,
+            restart_overhead_s=self.restart_overhead_s,
+            spared_until=self.spared_until,
         )
 
     def with_changes(self, **changes) -> "JobRecord":

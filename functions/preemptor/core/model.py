@@ -5,6 +5,7 @@ Everything here is immutable and free of I/O. Times are float seconds since the 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -30,23 +31,69 @@ class JobState(StrEnum):
 
 
 class Reason(StrEnum):
-    """Why the planner admitted, preempted or held back a job. Logged, metered and explained."""
+    """Why the planner admitted, preempted, spared or held back a job. Logged, metered and explained."""
 
+    # admitted
     FITS_FREE_CAPACITY = "fits-free-capacity"
+    BORROWS_IDLE_QUOTA = "borrows-idle-quota"
+    # a pending job that preempts, or waits
     PREEMPTS_LOWER_PRIORITY = "preempts-lower-priority"
-    LOWER_PRIORITY_VICTIM = "lower-priority-victim"
+    RECLAIMS_BORROWED = "reclaims-borrowed-capacity"
     WAITING_FOR_PREEMPTED_CAPACITY = "waiting-for-preempted-capacity"
     NO_CAPACITY_NO_ELIGIBLE_VICTIMS = "no-capacity-no-eligible-victims"
     BLOCKED_BY_HIGHER_RANKED = "blocked-by-higher-ranked-job"
+    OVER_QUOTA = "over-quota"
+    BUDGET_EXHAUSTED = "preemption-budget-exhausted"
+    PREEMPTION_DELAYED = "preemption-delayed"
+    STARVATION_RESERVATION = "reserves-capacity-after-starving"
     LARGER_THAN_POOL = "larger-than-pool"
     UNKNOWN_POOL = "unknown-pool"
+    MAX_PREEMPTIONS_EXCEEDED = "max-preemptions-exceeded"
+    # a victim, by the rule that chose it
+    LOWER_PRIORITY_VICTIM = "lower-priority-victim"
+    NEWER_EQUAL_PRIORITY_VICTIM = "newer-equal-priority-victim"
+    BORROWED_CAPACITY_RECLAIMED = "borrowed-capacity-reclaimed"
+    # a running job that was considered and is not stopped
+    ALREADY_STOPPING = "already-stopping"
+    MIN_RUNTIME_PROTECTED = "min-runtime-protected"
+    NEAR_COMPLETION_PROTECTED = "near-completion-protected"
+    MAX_PREEMPTIONS_PROTECTED = "max-preemptions-protected"
+    RECENTLY_SPARED = "recently-spared"
+    WITHIN_GUARANTEED_QUOTA = "within-guaranteed-quota"
+    PREEMPTION_NOT_ALLOWED = "preemption-mode-never"
+    NOT_LOWER_PRIORITY = "not-lower-priority"
+    NOT_NEEDED = "not-needed"
+    # how a pending job's rank was adjusted
+    SLA_CAPPED = "sla-capped"
+    SPOT_CAPPED = "spot-capped"
+    AGED = "aged"
 
 
 class Verdict(StrEnum):
     ADMIT = "admit"
     PREEMPT = "preempt"
-    WAIT = "wait"
-    SKIP = "skip"
+    WAIT = "wait"  # a pending job that stays pending (it may be preempting for itself)
+    SKIP = "skip"  # a pending job the pool cannot take at all
+    SPARE = "spare"  # a running job considered as a victim and left running
+    RANK = "rank"  # how a pending job's effective priority was derived
+    FAIL = "fail"  # a pending job the workflow should fail instead of relaunching
+
+
+class PreemptionRule(StrEnum):
+    """The rule under which a victim may be stopped for a preemptor."""
+
+    RECLAIM_BORROWED = "reclaim-borrowed"  # the preemptor's team takes back quota the victim borrowed
+    LOWER_PRIORITY = "lower-priority"
+    NEWER_EQUAL_PRIORITY = "newer-equal-priority"  # LowerOrNewerEqualPriority: same priority, started later
+
+    @property
+    def victim_reason(self) -> Reason:
+        """The reason a victim chosen under this rule is given in the decision."""
+        return {
+            PreemptionRule.RECLAIM_BORROWED: Reason.BORROWED_CAPACITY_RECLAIMED,
+            PreemptionRule.LOWER_PRIORITY: Reason.LOWER_PRIORITY_VICTIM,
+            PreemptionRule.NEWER_EQUAL_PRIORITY: Reason.NEWER_EQUAL_PRIORITY_VICTIM,
+        }[self]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +106,14 @@ class Pool:
 
 @dataclass(frozen=True, slots=True)
 class PendingJob:
+    """A job waiting for capacity.
+
+    `priority` is the priority it asked for; the planner may cap it (SLA and spot rules)
+    and age it. `submitted_at` fixes its place in the queue (a requeued victim keeps it);
+    `pending_since` (default: `submitted_at`) is when it last became pending, from which
+    the preemption delay counts.
+    """
+
     name: str
     team: str
     priority: int
@@ -66,11 +121,26 @@ class PendingJob:
     gpus: int
     submitted_at: float
     preemptions: int = 0
+    sla_s: float | None = None
+    spot: bool = False
+    expected_duration_s: float | None = None
+    restart_overhead_s: float = 0.0
+    pending_since: float | None = None
+
+    def waiting_since(self) -> float:
+        """When the job last became pending (its submission, unless requeued since)."""
+        return self.submitted_at if self.pending_since is None else self.pending_since
 
 
 @dataclass(frozen=True, slots=True)
 class RunningJob:
-    """A job that holds capacity: admitted, running, or already being preempted (`stopping`)."""
+    """A job that holds capacity: admitted, running, or already being preempted (`stopping`).
+
+    `started_at` is the start of the current run. `expected_duration_s` is the job's whole
+    work, `work_done_s` the part earlier runs saved in checkpoints, `progress` (0..1) the
+    job's own report if it gives one: together they estimate how near completion it is.
+    `restart_overhead_s` is what a relaunch costs before useful work resumes.
+    """
 
     name: str
     team: str
@@ -81,6 +151,14 @@ class RunningJob:
     last_checkpoint_at: float | None = None
     preemptions: int = 0
     stopping: bool = False
+    sla_s: float | None = None
+    spot: bool = False
+    expected_duration_s: float | None = None
+    work_done_s: float = 0.0
+    progress: float | None = None
+    restart_overhead_s: float = 0.0
+    # Not a victim before this time: it was spared after failing to checkpoint in time.
+    spared_until: float | None = None
 
     def work_at_risk_s(self, now: float) -> float:
         """Seconds of work a stop at `now` throws away: time since the last checkpoint."""
@@ -88,16 +166,87 @@ class RunningJob:
         return max(0.0, now - max(since, self.started_at))
 
     def lost_gpu_seconds(self, now: float) -> float:
+        """GPU-seconds of work a stop at `now` throws away."""
         return self.gpus * self.work_at_risk_s(now)
+
+    def stop_cost_gpu_seconds(self, now: float) -> float:
+        """What a stop costs: the work lost plus the restart overhead, in GPU-seconds."""
+        return self.gpus * (self.work_at_risk_s(now) + self.restart_overhead_s)
+
+    def checkpoint_age_s(self, now: float) -> float | None:
+        """Seconds since the last checkpoint, or None when there is none yet."""
+        return None if self.last_checkpoint_at is None else max(0.0, now - self.last_checkpoint_at)
+
+    def remaining_s(self, now: float) -> float | None:
+        """Estimated seconds of work left (negative once the estimate is overrun), or None."""
+        if self.expected_duration_s is None:
+            return None
+        return self.expected_duration_s - self.work_done_s - max(0.0, now - self.started_at)
+
+    def progress_at(self, now: float) -> float | None:
+        """Fraction of the work done: the job's report, else derived from its expected duration."""
+        if self.progress is not None:
+            return self.progress
+        if not self.expected_duration_s:
+            return None
+        return (self.work_done_s + max(0.0, now - self.started_at)) / self.expected_duration_s
+
+
+@dataclass(frozen=True, slots=True)
+class TeamUsage:
+    """A team's decayed GPU usage of ended runs: `gpu_seconds` as it stood at time `at`.
+
+    The planner decays it to `now` and adds the team's running jobs itself, so the store
+    only folds a run in when it ends (`with_run`).
+    """
+
+    team: str
+    gpu_seconds: float
+    at: float
+
+    def decayed(self, now: float, half_life_s: float) -> float:
+        """The usage as it stands at `now`: halved every `half_life_s`."""
+        return self.gpu_seconds * 0.5 ** (max(0.0, now - self.at) / half_life_s)
+
+    def with_run(self, gpus: int, started_at: float, ended_at: float, half_life_s: float) -> "TeamUsage":
+        """This usage, moved to `ended_at`, plus a run of `gpus` from `started_at` to `ended_at`."""
+        return TeamUsage(
+            self.team,
+            self.decayed(ended_at, half_life_s) + run_usage(gpus, started_at, ended_at, half_life_s),
+            ended_at,
+        )
+
+
+def run_usage(gpus: int, started_at: float, now: float, half_life_s: float) -> float:
+    """Decayed GPU-seconds of a run from `started_at` to `now` (the integral of gpus x 2^-age/h)."""
+    span = max(0.0, now - started_at)
+    return gpus * half_life_s / math.log(2) * (1.0 - 0.5 ** (span / half_life_s))
+
+
+@dataclass(frozen=True, slots=True)
+class PastPreemption:
+    """A preemption already carried out (or under way), for the preemption budget's window."""
+
+    pool: str
+    at: float
+    gpus: int
+    lost_gpu_seconds: float = 0.0
+    victim: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """Everything the planner may look at. Built by the adapters, never mutated by the core."""
+    """Everything the planner may look at. Built by the adapters, never mutated by the core.
+
+    `usage`: decayed usage per team of ended runs (fair share). `preemption_history`:
+    recent preemptions per pool (budget); entries older than the longest window may be left out.
+    """
 
     pools: tuple[Pool, ...]
     running: tuple[RunningJob, ...] = ()
     pending: tuple[PendingJob, ...] = ()
+    usage: tuple[TeamUsage, ...] = ()
+    preemption_history: tuple[PastPreemption, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +255,18 @@ class Admission:
     pool: str
     gpus: int
     reason: Reason
+    borrowed_gpus: int = 0  # GPUs above its team's nominal quota
 
 
 @dataclass(frozen=True, slots=True)
 class Preemption:
+    """A victim to stop for a preemptor.
+
+    `lost_gpu_seconds`: work since the victim's last checkpoint; `cost_gpu_seconds` adds
+    its restart overhead. `checkpoint_fresh`: its checkpoint is within the pool's
+    `checkpoint_max_age_s`, so the workflow may stop it without asking for a new one.
+    """
+
     victim: str
     preemptor: str
     pool: str
@@ -117,16 +274,34 @@ class Preemption:
     reason: Reason
     lost_gpu_seconds: float
     checkpoint_age_s: float | None
+    rule: PreemptionRule = PreemptionRule.LOWER_PRIORITY
+    cost_gpu_seconds: float = 0.0
+    checkpoint_fresh: bool = False
+    borrowed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A pending job the workflow should fail rather than relaunch."""
+
+    job: str
+    pool: str
+    reason: Reason
+    detail: str
 
 
 @dataclass(frozen=True, slots=True)
 class Explanation:
-    """One line of the decision's audit trail: a candidate and the rule applied to it."""
+    """One line of the decision's audit trail: a candidate and the rule applied to it.
+
+    `for_job` names the pending job a running job was considered for as a victim.
+    """
 
     job: str
     verdict: Verdict
     reason: Reason
     detail: str
+    for_job: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +309,7 @@ class Decision:
     admits: tuple[Admission, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
     explanations: tuple[Explanation, ...] = field(default=())
+    failures: tuple[Failure, ...] = ()
 
     def to_dict(self) -> dict:
         """The JSON shape printed by `preemptor plan` and returned by the plan workflow step."""
@@ -146,13 +322,22 @@ class Decision:
                     "pool": p.pool,
                     "gpus": p.gpus,
                     "reason": p.reason.value,
+                    "rule": p.rule.value,
+                    "borrowed": p.borrowed,
                     "lost_gpu_seconds": round(p.lost_gpu_seconds, 3),
+                    "cost_gpu_seconds": round(p.cost_gpu_seconds, 3),
                     "checkpoint_age_s": None if p.checkpoint_age_s is None else round(p.checkpoint_age_s, 3),
+                    "checkpoint_fresh": p.checkpoint_fresh,
                 }
                 for p in self.preemptions
             ],
-            "explanations": [
-                {"job": e.job, "verdict": e.verdict.value, "reason": e.reason.value, "detail": e.detail}
-                for e in self.explanations
-            ],
+            "fail": [{"job": f.job, "pool": f.pool, "reason": f.reason.value, "detail": f.detail} for f in self.failures],
+            "explanations": [_explanation_dict(e) for e in self.explanations],
         }
+
+
+def _explanation_dict(e: Explanation) -> dict:
+    out = {"job": e.job, "verdict": e.verdict.value, "reason": e.reason.value, "detail": e.detail}
+    if e.for_job is not None:
+        out["for"] = e.for_job
+    return out

@@ -1,14 +1,30 @@
-"""Scheduling policy: a typed, validated, immutable configuration read once at the edge."""
+"""Scheduling policy: a typed, validated, immutable configuration read once at the edge.
+
+The operator's file (`POLICY_CONFIG`, `preemptor plan --policy FILE`) is one JSON object:
+the tier names, the knobs that apply to every pool, and per-pool overrides under `pools`.
+
+```json
+{"tiers": {"critical": 1000, "high": 500, "medium": 200, "low": 50},
+ "within_team": "LowerPriority", "across_teams": "LowerPriority",
+ "aging": {"rate_per_hour": 10, "cap": "below-next-tier", "starving_after_s": 86400},
+ "pools": {"p5": {"min_runtime_s": 1800, "budget": {"window_s": 3600, "max_preemptions": 4}}}}
+```
+
+A pool's override replaces the knob it names; for knobs that are objects (`aging`,
+`fair_share`, `near_completion`, `budget`, `tier_max_sla_s`) it replaces only the keys it
+gives. `docs/policy.md` is the reference of every knob.
+"""
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Mapping
+from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 DEFAULT_TIERS: Mapping[str, int] = {"critical": 1000, "high": 500, "medium": 200, "low": 50}
 MAX_PRIORITY = 1000
+LOWEST_TIER = "lowest"  # in `spot_max_priority`: whatever the lowest configured tier is
 
 
 class PreemptionMode(StrEnum):
@@ -19,6 +35,15 @@ class PreemptionMode(StrEnum):
     LOWER_OR_NEWER_EQUAL_PRIORITY = "LowerOrNewerEqualPriority"
 
 
+class ReclaimMode(StrEnum):
+    """Whether a team within its nominal quota takes back capacity other teams borrowed
+    (Kueue's `reclaimWithinCohort`)."""
+
+    NEVER = "Never"
+    LOWER_PRIORITY = "LowerPriority"  # only borrowed work of lower priority
+    ANY = "Any"  # any borrowed work, whatever its priority
+
+
 class CheckpointTimeoutAction(StrEnum):
     """What to do with a victim that did not write a fresh checkpoint in time."""
 
@@ -26,14 +51,127 @@ class CheckpointTimeoutAction(StrEnum):
     SPARE = "spare"  # leave it running; the preemptor waits for the next cycle
 
 
-class Policy(BaseModel):
-    """The knobs of one controller. Defaults are the documented defaults."""
+class MaxPreemptionsAction(StrEnum):
+    """What happens to a job that has been preempted `max_preemptions` times."""
+
+    PROTECT = "protect"  # it can no longer be chosen as a victim
+    FAIL = "fail"  # it is failed instead of relaunched (AWS Batch's retries-before-termination)
+
+
+class AgingCap(StrEnum):
+    BELOW_NEXT_TIER = "below-next-tier"  # aging never lifts a job into the next tier
+    NONE = "none"  # aging goes up to the maximum priority
+
+
+class _Knob(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Aging(_Knob):
+    """A waiting job's effective priority rises by `rate_per_hour` points per hour waited.
+
+    The rise stops one point below the next tier (`cap`), so aging orders work within a
+    tier and does not overturn the tiers. A job that has waited `starving_after_s` loses
+    the cap and reserves capacity: jobs ranked below it may no longer take the GPUs it
+    waits for, so low work cannot starve forever behind a stream of small or higher jobs.
+    """
+
+    rate_per_hour: float = Field(default=10.0, ge=0)
+    cap: AgingCap = AgingCap.BELOW_NEXT_TIER
+    starving_after_s: float | None = Field(default=86_400.0, gt=0)
+
+
+class FairShare(_Knob):
+    """Among jobs of equal effective priority, the team with less decayed usage goes first."""
+
+    enabled: bool = True
+    half_life_s: float = Field(default=7 * 86_400.0, gt=0)
+
+
+class NearCompletion(_Knob):
+    """No preemption of a job about to finish (by its estimated remaining time or its progress)."""
+
+    remaining_s: float | None = Field(default=None, gt=0)  # protected while 0 <= remaining < this
+    progress: float | None = Field(default=None, ge=0, le=1)  # protected while progress > this
+
+
+class Budget(_Knob):
+    """At most `max_preemptions` preemptions, or `max_gpu_hours` of lost work, per pool and window."""
+
+    window_s: float = Field(default=3600.0, gt=0)
+    max_preemptions: int | None = Field(default=None, ge=0)
+    max_gpu_hours: float | None = Field(default=None, ge=0)
+
+
+class Quota(_Knob):
+    """A team's guaranteed GPUs in a pool, optionally for one tier of its work only.
+
+    `borrowing_limit`: GPUs above nominal the team may borrow from idle quota (None: no limit).
+    `lending_limit`: GPUs of its idle nominal quota others may borrow (None: all of it);
+    the rest, `nominal_gpus - lending_limit`, is kept free for the team.
+    """
+
+    team: str = Field(min_length=1)
+    tier: str | None = None
+    nominal_gpus: int = Field(ge=0)
+    borrowing_limit: int | None = Field(default=None, ge=0)
+    lending_limit: int | None = Field(default=None, ge=0)
+
+    @field_validator("tier")
+    @classmethod
+    def _lower(cls, tier: str | None) -> str | None:
+        return None if tier is None else tier.lower()
+
+    @model_validator(mode="after")
+    def _lending_within_nominal(self) -> "Quota":
+        if self.lending_limit is not None and self.lending_limit > self.nominal_gpus:
+            raise ValueError(f"lending_limit {self.lending_limit} exceeds nominal_gpus {self.nominal_gpus}")
+        return self
+
+    @property
+    def key(self) -> tuple[str, str | None]:
+        return (self.team, self.tier)
+
+    @property
+    def ceiling(self) -> float:
+        """Most GPUs the quota's work may hold: nominal plus what it may borrow."""
+        return float("inf") if self.borrowing_limit is None else self.nominal_gpus + self.borrowing_limit
+
+    @property
+    def kept(self) -> int:
+        """GPUs of the nominal quota never lent to others."""
+        return 0 if self.lending_limit is None else self.nominal_gpus - self.lending_limit
+
+
+# Knobs that are objects: a pool override merges into them key by key.
+_OBJECT_KNOBS = ("aging", "fair_share", "near_completion", "budget", "tier_max_sla_s")
+
+
+class PoolPolicy(BaseModel):
+    """The knobs of one pool. `Policy` holds the defaults; `Policy.for_pool` the effective set."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    tiers: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_TIERS))
+    # -- ranking -------------------------------------------------------------------------
+    aging: Aging = Field(default_factory=Aging)
+    fair_share: FairShare = Field(default_factory=FairShare)
+    tier_max_sla_s: dict[str, float] = Field(default_factory=dict)
+    spot_max_priority: int | str | None = "lowest"  # a priority, a tier name, "lowest" (tier), or null
+    # -- quotas --------------------------------------------------------------------------
+    quotas: tuple[Quota, ...] = ()
+    reclaim_within_pool: ReclaimMode = ReclaimMode.ANY
+    # -- who may preempt whom --------------------------------------------------------------
     within_team: PreemptionMode = PreemptionMode.LOWER_PRIORITY
     across_teams: PreemptionMode = PreemptionMode.LOWER_PRIORITY
+    # -- protections -----------------------------------------------------------------------
+    min_runtime_s: float = Field(default=0.0, ge=0)
+    near_completion: NearCompletion = Field(default_factory=NearCompletion)
+    max_preemptions: int | None = Field(default=None, ge=0)
+    on_max_preemptions: MaxPreemptionsAction = MaxPreemptionsAction.PROTECT
+    # -- rate limits -----------------------------------------------------------------------
+    budget: Budget | None = None
+    preemption_delay_s: float = Field(default=0.0, ge=0)
+    # -- checkpoint protocol (the workflows loop on these) --------------------------------
     checkpoint_max_age_s: float = Field(default=900.0, gt=0)
     checkpoint_poll_s: int = Field(default=30, gt=0)
     checkpoint_wait_max_s: int = Field(default=600, gt=0)
@@ -41,21 +179,22 @@ class Policy(BaseModel):
     stop_poll_s: int = Field(default=30, gt=0)
     stop_wait_max_s: int = Field(default=900, gt=0)
 
-    @field_validator("tiers")
+    @field_validator("tier_max_sla_s")
     @classmethod
-    def _tiers_in_range(cls, tiers: dict[str, int]) -> dict[str, int]:
-        for name, value in tiers.items():
-            if not 0 <= value <= MAX_PRIORITY:
-                raise ValueError(f"tier {name!r} has priority {value}, outside 0..{MAX_PRIORITY}")
-        return {name.lower(): value for name, value in tiers.items()}
+    def _positive_slas(cls, limits: dict[str, float]) -> dict[str, float]:
+        for tier, seconds in limits.items():
+            if seconds <= 0:
+                raise ValueError(f"tier_max_sla_s[{tier!r}] must be positive, got {seconds}")
+        return {tier.lower(): seconds for tier, seconds in limits.items()}
 
-    def tier_of(self, priority: int) -> str:
-        """Name of the highest tier whose value is <= priority ('below-<lowest>' under all)."""
-        best = None
-        for name, value in sorted(self.tiers.items(), key=lambda kv: kv[1]):
-            if value <= priority:
-                best = name
-        return best or f"below-{min(self.tiers, key=self.tiers.__getitem__)}"
+    @field_validator("quotas")
+    @classmethod
+    def _one_quota_per_key(cls, quotas: tuple[Quota, ...]) -> tuple[Quota, ...]:
+        keys = [q.key for q in quotas]
+        repeated = sorted({f"{t}/{tier or '*'}" for t, tier in keys if keys.count((t, tier)) > 1})
+        if repeated:
+            raise ValueError(f"one quota per team and tier; repeated: {', '.join(repeated)}")
+        return quotas
 
     def workflow_settings(self) -> dict:
         """The numbers the Step Functions workflows loop on (waits, bounds, timeout action)."""
@@ -66,3 +205,98 @@ class Policy(BaseModel):
             "stop_poll_s": self.stop_poll_s,
             "stop_attempts": max(1, self.stop_wait_max_s // self.stop_poll_s),
         }
+
+
+_POOL_KNOBS = tuple(PoolPolicy.model_fields)
+
+
+class Policy(PoolPolicy):
+    """The knobs of one controller: tier names, defaults for every pool, per-pool overrides.
+
+    Defaults are the documented defaults: LowerPriority within and across teams, no minimum
+    runtime, no near-completion protection, no budget, no delay, no quotas.
+    """
+
+    tiers: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_TIERS))
+    pools: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    _effective: dict[str, PoolPolicy] = PrivateAttr(default_factory=dict)
+    _default: PoolPolicy | None = PrivateAttr(default=None)
+
+    @field_validator("tiers")
+    @classmethod
+    def _tiers_in_range(cls, tiers: dict[str, int]) -> dict[str, int]:
+        if not tiers:
+            raise ValueError("at least one tier is needed")
+        for name, value in tiers.items():
+            if not 0 <= value <= MAX_PRIORITY:
+                raise ValueError(f"tier {name!r} has priority {value}, outside 0..{MAX_PRIORITY}")
+        return {name.lower(): value for name, value in tiers.items()}
+
+    @model_validator(mode="after")
+    def _resolve_pools(self) -> "Policy":
+        default = PoolPolicy.model_validate({k: getattr(self, k) for k in _POOL_KNOBS})
+        self._check_tier_names("", default)
+        effective = {}
+        base = default.model_dump(mode="json")
+        for name, override in self.pools.items():
+            unknown = sorted(set(override) - set(_POOL_KNOBS))
+            if unknown:
+                raise ValueError(f"pools.{name}: unknown knob(s) {', '.join(unknown)}")
+            merged = dict(base)
+            for key, value in override.items():
+                if key in _OBJECT_KNOBS and isinstance(value, dict) and isinstance(merged.get(key), dict):
+                    merged[key] = {**merged[key], **value}
+                else:
+                    merged[key] = value
+            try:
+                knobs = PoolPolicy.model_validate(merged)
+            except ValidationError as e:
+                raise ValueError(f"pools.{name}: {e}") from None
+            self._check_tier_names(f"pools.{name}.", knobs)
+            effective[name] = knobs
+        self._default = default
+        self._effective = effective
+        return self
+
+    def _check_tier_names(self, where: str, knobs: PoolPolicy) -> None:
+        known = ", ".join(sorted(self.tiers))
+        for tier in knobs.tier_max_sla_s:
+            if tier not in self.tiers:
+                raise ValueError(f"{where}tier_max_sla_s: unknown tier {tier!r} (tiers: {known})")
+        for quota in knobs.quotas:
+            if quota.tier is not None and quota.tier not in self.tiers:
+                raise ValueError(f"{where}quotas: unknown tier {quota.tier!r} for team {quota.team!r} (tiers: {known})")
+        self.priority_value(knobs.spot_max_priority, f"{where}spot_max_priority")
+
+    def for_pool(self, name: str) -> PoolPolicy:
+        """The effective knobs of pool `name`: its overrides over the defaults."""
+        return self._effective.get(name) or self._default  # type: ignore[return-value]
+
+    def priority_value(self, value: int | str | None, what: str = "priority") -> int | None:
+        """An integer priority or a tier name, as an integer (None stays None)."""
+        if value is None or isinstance(value, bool):
+            return None
+        if value == LOWEST_TIER:
+            return min(self.tiers.values())
+        if isinstance(value, int):
+            if not 0 <= value <= MAX_PRIORITY:
+                raise ValueError(f"{what}: {value} is outside 0..{MAX_PRIORITY}")
+            return value
+        level = self.tiers.get(str(value).lower())
+        if level is None:
+            raise ValueError(f"{what}: unknown tier {value!r} (tiers: {', '.join(sorted(self.tiers))})")
+        return level
+
+    def tier_of(self, priority: int) -> str:
+        """Name of the highest tier whose value is <= priority ('below-<lowest>' under all)."""
+        best = None
+        for name, value in sorted(self.tiers.items(), key=lambda kv: kv[1]):
+            if value <= priority:
+                best = name
+        return best or f"below-{min(self.tiers, key=self.tiers.__getitem__)}"
+
+    def workflow_settings(self, pool: str | None = None) -> dict:
+        """The numbers the workflows loop on, for `pool` (the defaults when None)."""
+        knobs = self._default if pool is None else self.for_pool(pool)
+        return PoolPolicy.workflow_settings(knobs)  # type: ignore[arg-type]

@@ -163,6 +163,12 @@ class JobRequest(BaseModel):
     checkpoint_s3_uri: str
     sla_s: PositiveInt | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    # Policy inputs (docs/policy.md): the job's whole work in seconds (near-completion
+    # protection), the seconds a relaunch loses before useful work resumes (victim
+    # choice), and whether it runs on spot capacity (the spot priority cap).
+    expected_duration_s: PositiveInt | None = None
+    restart_overhead_s: Annotated[float, Field(ge=0)] = 0.0
+    spot: bool = False
 
     @model_validator(mode="before")
     @classmethod

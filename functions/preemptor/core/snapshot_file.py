@@ -1,4 +1,4 @@
-"""The what-if snapshot format read by `preemptor plan --snapshot FILE`.
+"""The what-if snapshot format read by `preemptor plan --snapshot FILE` and `preemptor explain`.
 
 ```json
 {"now": 10000,
@@ -8,8 +8,17 @@
  "pending": [{"name": "x", "team": "t2", "priority": 1000, "pool": "p5", "gpus": 32,
               "submitted_at": 9900}]}
 ```
-Times are seconds; `priority` may be a tier name; running jobs may carry `stopping: true`
-(already being preempted) and `preemptions`.
+Times are seconds (epoch or any origin, as long as `now` uses the same); `priority` may be
+a tier name. Optional fields (docs/policy.md, "Snapshot format", lists them all):
+
+- every job: `team` (default "default"), `preemptions`, `sla_s`, `spot`,
+  `expected_duration_s`, `restart_overhead_s`;
+- running jobs: `last_checkpoint_at`, `stopping` (already being preempted),
+  `work_done_s` (work earlier runs saved), `progress` (0..1, the job's own report);
+- pending jobs: `pending_since` (when it last became pending; default `submitted_at`);
+- top level: `usage` (decayed GPU-seconds of ended runs per team, either a number as of
+  `now` or `{"gpu_seconds": ..., "at": ...}`), `preemption_history` (recent preemptions:
+  `{"pool", "at", "gpus", "lost_gpu_seconds"}`).
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from typing import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .model import PendingJob, Pool, RunningJob, Snapshot
+from .model import PastPreemption, PendingJob, Pool, RunningJob, Snapshot, TeamUsage
 from .policy import DEFAULT_TIERS
 from .requests import resolve_priority
 
@@ -36,17 +45,39 @@ class _Job(BaseModel):
     priority: int | str
     pool: str
     gpus: int = Field(gt=0)
-    preemptions: int = 0
+    preemptions: int = Field(default=0, ge=0)
+    sla_s: float | None = Field(default=None, gt=0)
+    spot: bool = False
+    expected_duration_s: float | None = Field(default=None, gt=0)
+    restart_overhead_s: float = Field(default=0.0, ge=0)
 
 
 class _Running(_Job):
     started_at: float
     last_checkpoint_at: float | None = None
     stopping: bool = False
+    work_done_s: float = Field(default=0.0, ge=0)
+    progress: float | None = Field(default=None, ge=0, le=1)
 
 
 class _Pending(_Job):
     submitted_at: float
+    pending_since: float | None = None
+
+
+class _Usage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    gpu_seconds: float = Field(ge=0)
+    at: float | None = None
+
+
+class _Preempted(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    pool: str
+    at: float
+    gpus: int = Field(default=0, ge=0)
+    lost_gpu_seconds: float = Field(default=0.0, ge=0)
+    victim: str = ""
 
 
 class SnapshotFile(BaseModel):
@@ -55,6 +86,8 @@ class SnapshotFile(BaseModel):
     pools: list[_Pool]
     running: list[_Running] = Field(default_factory=list)
     pending: list[_Pending] = Field(default_factory=list)
+    usage: dict[str, float | _Usage] = Field(default_factory=dict)
+    preemption_history: list[_Preempted] = Field(default_factory=list)
 
 
 def load_snapshot(data: Mapping, tiers: Mapping[str, int] = DEFAULT_TIERS) -> tuple[float, Snapshot]:
@@ -75,6 +108,12 @@ def load_snapshot(data: Mapping, tiers: Mapping[str, int] = DEFAULT_TIERS) -> tu
             last_checkpoint_at=j.last_checkpoint_at,
             preemptions=j.preemptions,
             stopping=j.stopping,
+            sla_s=j.sla_s,
+            spot=j.spot,
+            expected_duration_s=j.expected_duration_s,
+            work_done_s=j.work_done_s,
+            progress=j.progress,
+            restart_overhead_s=j.restart_overhead_s,
         )
         for j in doc.running
     )
@@ -87,7 +126,18 @@ def load_snapshot(data: Mapping, tiers: Mapping[str, int] = DEFAULT_TIERS) -> tu
             gpus=j.gpus,
             submitted_at=j.submitted_at,
             preemptions=j.preemptions,
+            sla_s=j.sla_s,
+            spot=j.spot,
+            expected_duration_s=j.expected_duration_s,
+            restart_overhead_s=j.restart_overhead_s,
+            pending_since=j.pending_since,
         )
         for j in doc.pending
     )
-    return doc.now, Snapshot(tuple(Pool(p.name, p.gpus) for p in doc.pools), running, pending)
+    usage = tuple(
+        TeamUsage(team, u, doc.now) if isinstance(u, (int, float)) else TeamUsage(team, u.gpu_seconds, doc.now if u.at is None else u.at)
+        for team, u in sorted(doc.usage.items())
+    )
+    history = tuple(PastPreemption(h.pool, h.at, h.gpus, h.lost_gpu_seconds, h.victim) for h in doc.preemption_history)
+    pools = tuple(Pool(p.name, p.gpus) for p in doc.pools)
+    return doc.now, Snapshot(pools, running, pending, usage, history)

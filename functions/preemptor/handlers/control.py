@@ -30,6 +30,7 @@ def handler(event: dict, context: LambdaContext) -> dict:
     if action == "requeue":
         result = actions.requeue(
             store=d.store,
+            policy=d.settings.policy,
             job=job,
             incarnation=incarnation,
             fresh=bool(event.get("fresh", True)),
@@ -42,9 +43,11 @@ def handler(event: dict, context: LambdaContext) -> dict:
     if action == "interrupt":
         return actions.interrupt(store=d.store, job=job, incarnation=incarnation, reason=event["reason"], now=now)
     if action == "spare":
-        return actions.spare(store=d.store, job=job, incarnation=incarnation, now=now)
+        return actions.spare(store=d.store, policy=d.settings.policy, job=job, incarnation=incarnation, now=now)
     if action == "finish":
         return actions.finish(
-            store=d.store, job=job, incarnation=incarnation, outcome=event["outcome"], reason=event["reason"], now=now
+            store=d.store,
+            policy=d.settings.policy,
+            job=job, incarnation=incarnation, outcome=event["outcome"], reason=event["reason"], now=now
         )
     raise ValueError(f"unknown control action {action!r}")

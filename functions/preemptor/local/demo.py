@@ -19,6 +19,7 @@ from ..core.model import JobState
 from .clock import SimClock
 from .fleet import SimulatedFleet
 from .scenario import DEFAULT_SCENARIO, Scenario, submission_event
+from ..service.scheduling import explain as explaining
 from .stack import EmulatedStack, RoutedEvent
 
 START = float(calendar.timegm((2026, 11, 30, 9, 0, 0)))
@@ -54,10 +55,18 @@ class DemoResult:
     timeline: list[TimelineEntry] = field(default_factory=list)
     report: dict = field(default_factory=dict)
     alerts: list[str] = field(default_factory=list)
+    explanations: dict[str, str] = field(default_factory=dict)
 
 
-def run(scenario: Scenario = DEFAULT_SCENARIO, *, tick_s: float = TICK_S, on_line: Callable[[str], None] | None = None) -> DemoResult:
-    """Replay `scenario` on the emulated stack; returns the timeline and the report."""
+def run(
+    scenario: Scenario = DEFAULT_SCENARIO,
+    *,
+    tick_s: float = TICK_S,
+    on_line: Callable[[str], None] | None = None,
+    explain: list[str] = (),
+) -> DemoResult:
+    """Replay `scenario` on the emulated stack; returns the timeline, the report, and the
+    `explain` answer for each job named in `explain`, as it stands at the end."""
     clock = SimClock(START)
     parameters = {
         "PoolsConfig": json.dumps([p.model_dump(exclude_none=True) for p in scenario.pools]),
@@ -91,6 +100,10 @@ def run(scenario: Scenario = DEFAULT_SCENARIO, *, tick_s: float = TICK_S, on_lin
         result.timeline = sorted(result.timeline + decisions, key=lambda t: (round(t.at, 3), order[t.source]))
         result.report = build_report(store, scenario)
         result.alerts = stack.alerts()
+        d = stack.deps()
+        for job in explain:
+            answer = explaining(store=store, checkpoints=d.checkpoints, settings=d.settings, job=job, now=clock.now())
+            result.explanations[job] = answer["text"]
     return result
 
 
@@ -252,6 +265,8 @@ def print_result(result: DemoResult, out: TextIO) -> None:
         check = "checkpoint confirmed before the stop" if p["checkpoint_confirmed_before_stop"] else "NO fresh checkpoint"
         out.write(f"  {p['victim']} preempted for {p['preemptor']} at {_duration(p['at_s'])}: {check}\n")
     out.write(f"  alerts published: {len(result.alerts)}\n")
+    for job, text in result.explanations.items():
+        out.write(f"\nexplain {job}\n{text}\n")
 
 
 def _duration(seconds: float) -> str:

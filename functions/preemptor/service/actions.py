@@ -30,11 +30,13 @@ def check_checkpoint(*, store: JobsStore, checkpoints: CheckpointStore, policy: 
     record = store.require(job)
     newest = checkpoints.newest(record.checkpoint_s3_uri)
     age = None if newest is None else max(0.0, now - newest)
-    fresh = age is not None and age <= policy.checkpoint_max_age_s
+    fresh = age is not None and age <= policy.for_pool(record.pool).checkpoint_max_age_s
     if newest is not None:
         store.note_checkpoint(job, newest)
     if fresh:
-        store.log(job, now, "checkpoint-confirmed", "fresh-checkpoint", f"newest checkpoint is {age:.0f} s old")
+        store.log(
+            job, now, "checkpoint-confirmed", "fresh-checkpoint", f"newest checkpoint is {age:.0f} s old", checkpoint_age_s=age
+        )
     return {"fresh": fresh, "age_s": age, "last_checkpoint_at": newest}
 
 
@@ -72,7 +74,7 @@ def run_state(*, store: JobsStore, runners: dict[str, Runner], job: str, incarna
     return {"ended": state.ended, "phase": state.phase, "service_status": state.service_status}
 
 
-def requeue(*, store: JobsStore, job: str, incarnation: int, fresh: bool, phase: str, now: float) -> dict:
+def requeue(*, store: JobsStore, policy: Policy, job: str, incarnation: int, fresh: bool, phase: str, now: float) -> dict:
     """Put a stopped victim back in the queue under its next incarnation; free its GPUs.
 
     A victim that completed on its own while being stopped is recorded as completed.
@@ -83,17 +85,31 @@ def requeue(*, store: JobsStore, job: str, incarnation: int, fresh: bool, phase:
         return {"requeued": False, "reason": "not-preempting", "pool": pool}
     if phase == "completed":
         return finish(
-            store=store, job=job, incarnation=incarnation, outcome="completed", reason="completed-while-stopping", now=now
+            store=store,
+            policy=policy,
+            job=job,
+            incarnation=incarnation,
+            outcome="completed",
+            reason="completed-while-stopping",
+            now=now,
         )
     why = f"stopped for {record.preempted_by}"
-    return _back_to_queue(store, record, fresh, now, "preempted", why)
+    return _back_to_queue(store, policy, record, fresh, now, "preempted", why)
 
 
-def _back_to_queue(store: JobsStore, record: JobRecord, fresh: bool, now: float, reason: str, why: str) -> dict:
-    since = max(record.last_checkpoint_at or 0.0, record.started_at or now)
+def _back_to_queue(
+    store: JobsStore, policy: Policy, record: JobRecord, fresh: bool, now: float, reason: str, why: str
+) -> dict:
+    started = record.started_at or now
+    since = max(record.last_checkpoint_at or 0.0, started)
     lost = record.gpus * max(0.0, now - since)
+    saved = max(0.0, (record.last_checkpoint_at or 0.0) - started)
     new = record.with_changes(
         status=JobState.PENDING,
+        pending_since=now,
+        work_done_s=record.work_done_s + saved,
+        admitted_at=None,
+        spared_until=None,
         incarnation=record.incarnation + 1,
         run_id=None,
         run_name=None,
@@ -107,6 +123,7 @@ def _back_to_queue(store: JobsStore, record: JobRecord, fresh: bool, now: float,
         store.transition(record, new, expect=[record.status], usage_delta=-record.gpus)
     except ConflictError:
         return {"requeued": False, "reason": "conflict", "pool": record.pool}
+    _fold_usage(store, policy, record, now)
     store.log(
         record.name,
         now,
@@ -137,20 +154,27 @@ def interrupt(*, store: JobsStore, job: str, incarnation: int, reason: str, now:
     return {"interrupting": True}
 
 
-def spare(*, store: JobsStore, job: str, incarnation: int, now: float) -> dict:
-    """Give up a preemption (the victim could not checkpoint in time and policy says spare)."""
+def spare(*, store: JobsStore, policy: Policy, job: str, incarnation: int, now: float) -> dict:
+    """Give up a preemption (the victim could not checkpoint in time and policy says spare).
+
+    The victim is protected for one more checkpoint wait, so the next cycles do not pick it
+    again at once; by then the checkpoint it was asked for has usually been written.
+    """
     record = _current(store, job, incarnation)
     if record is None or record.status is not JobState.PREEMPTING:
         return {"spared": False}
+    until = now + policy.for_pool(record.pool).checkpoint_wait_max_s
     try:
         store.transition(
             record,
-            record.with_changes(status=JobState.RUNNING, preempted_by=None, preempting_since=None),
+            record.with_changes(status=JobState.RUNNING, preempted_by=None, preempting_since=None, spared_until=until),
             expect=[JobState.PREEMPTING],
         )
     except ConflictError:
         return {"spared": False}
-    store.log(job, now, "preemption-cancelled", "checkpoint-timeout", "no fresh checkpoint in time; left running")
+    store.log(
+        job, now, "preemption-cancelled", "checkpoint-timeout", f"no fresh checkpoint in time; left running, protected for {until - now:.0f} s"
+    )
     return {"spared": True}
 
 
@@ -180,13 +204,13 @@ def launch(*, store: JobsStore, runners: dict[str, Runner], job: str, incarnatio
     return {"launched": True, "run_id": run_id, "run_name": new.run_name}
 
 
-def finish(*, store: JobsStore, job: str, incarnation: int, outcome: str, reason: str, now: float) -> dict:
+def finish(*, store: JobsStore, policy: Policy, job: str, incarnation: int, outcome: str, reason: str, now: float) -> dict:
     """Record that a run ended for good; free its GPUs once."""
     record = _current(store, job, incarnation)
     if record is None or not record.status.holds_capacity:
         return {"released": False, "pool": None, "reason": "not-holding-capacity"}
     if outcome == "interrupted":
-        return _back_to_queue(store, record, False, now, "interrupted", reason)
+        return _back_to_queue(store, policy, record, False, now, "interrupted", reason)
     state = OUTCOMES[outcome]
     new = record.with_changes(status=state, ended_at=now, outcome_reason=reason, preempting_since=None)
     try:
@@ -198,5 +222,14 @@ def finish(*, store: JobsStore, job: str, incarnation: int, outcome: str, reason
         )
     except ConflictError:
         return {"released": False, "pool": record.pool, "reason": "conflict"}
+    _fold_usage(store, policy, record, now)
     store.log(job, now, outcome, reason, f"{record.run_name or record.name} ended: {state.value}")
     return {"released": True, "pool": record.pool}
+
+
+def _fold_usage(store: JobsStore, policy: Policy, record: JobRecord, now: float) -> None:
+    """A run that ended counts towards its team's fair-share usage."""
+    if record.started_at is None:
+        return
+    half_life = policy.for_pool(record.pool).fair_share.half_life_s
+    store.add_usage(record.pool, record.team, record.gpus, record.started_at, now, half_life)

@@ -109,6 +109,9 @@ class Intake:
             submitted_at=_submission_time(event.time, now),
             sla_s=req.sla_s,
             labels=dict(req.labels),
+            expected_duration_s=req.expected_duration_s,
+            restart_overhead_s=req.restart_overhead_s,
+            spot=req.spot,
         )
         if not self.store.put_new(record):
             return IntakeResult("duplicate", f"job {req.name} was already submitted", req.name)

@@ -7,12 +7,27 @@ from ..adapters.runners import Runner
 from ..adapters.store import JobsStore
 from ..adapters.workflows import WorkflowStarter, execution_name
 from ..config import Settings
-from ..core.errors import ServiceJobNotFound
+from ..core.errors import ConflictError, ServiceJobNotFound
 from ..core.model import JobState
 from . import actions
 from .scheduling import oldest_wait_by_tier
 
 STUCK_PREEMPTION_S = 3 * 3600
+STUCK_ADMISSION_S = 30 * 60  # the launch step retries for minutes, not half an hour
+
+
+def _check_admission(store: JobsStore, record, now: float) -> dict | None:
+    """An admitted job whose launch never happened (its workflow died) goes back to the queue."""
+    if record.status is not JobState.ADMITTED or now - (record.admitted_at or now) < STUCK_ADMISSION_S:
+        return None
+    try:
+        store.transition(
+            record, record.with_changes(status=JobState.PENDING, admitted_at=None), [JobState.ADMITTED], usage_delta=-record.gpus
+        )
+    except ConflictError:
+        return None
+    store.log(record.name, now, "admission-released", "reconcile", "admitted but never launched; back in the queue")
+    return {"job": record.name, "repair": "stuck-admission-released"}
 
 
 def reconcile(
@@ -23,7 +38,7 @@ def reconcile(
     for pool in settings.pools:
         store.ensure_pool(pool.name, pool.capacity_gpus)
         for record in store.active(pool.name):
-            repair = _check_run(store, runners, record, now)
+            repair = _check_run(store, runners, settings, record, now)
             if repair:
                 repairs.append(repair)
         active = store.active(pool.name)
@@ -40,9 +55,9 @@ def reconcile(
     return {"repairs": repairs, "oldest_wait_s": oldest}
 
 
-def _check_run(store: JobsStore, runners: dict[str, Runner], record, now: float) -> dict | None:
+def _check_run(store: JobsStore, runners: dict[str, Runner], settings: Settings, record, now: float) -> dict | None:
     if not record.run_id:
-        return None
+        return _check_admission(store, record, now)
     try:
         state = runners[record.service].state(record.run_id)
     except ServiceJobNotFound:
@@ -53,10 +68,10 @@ def _check_run(store: JobsStore, runners: dict[str, Runner], record, now: float)
         if now - (record.preempting_since or now) < STUCK_PREEMPTION_S:
             return None  # its workflow is still on it
         result = actions.requeue(
-            store=store, job=record.name, incarnation=record.incarnation, fresh=False, phase="stopped", now=now
+            store=store, policy=settings.policy, job=record.name, incarnation=record.incarnation, fresh=False, phase="stopped", now=now
         )
         return {"job": record.name, "repair": "stuck-preemption-requeued", **result}
     outcome = "failed" if state is None else {"stopped": "cancelled"}.get(state.phase, state.phase)
     reason = "reconcile: run not found" if state is None else f"reconcile: missed end event ({state.service_status})"
-    result = actions.finish(store=store, job=record.name, incarnation=record.incarnation, outcome=outcome, reason=reason, now=now)
+    result = actions.finish(store=store, policy=settings.policy, job=record.name, incarnation=record.incarnation, outcome=outcome, reason=reason, now=now)
     return {"job": record.name, "repair": "missed-end", **result}

@@ -14,11 +14,13 @@ from ..adapters.store import JobsStore
 from ..config import Mode, Settings
 from ..core.errors import ConflictError
 from ..core.jobs import JobRecord
-from ..core.model import Decision, JobState, Pool, Snapshot
+from ..core.model import Decision, JobState, PastPreemption, Pool, Snapshot, TeamUsage
 from ..core.policy import Policy
+from ..core.explain import explain_job
 from ..core.planner import plan
 
 LEASE_TTL_S = 3 * 3600  # longer than the slowest preemption (checkpoint wait + stop wait)
+BUDGET_MEMORY_S = 7 * 86400  # preemption records outlive any sensible budget window
 
 
 @dataclass(frozen=True)
@@ -58,11 +60,19 @@ def oldest_wait_by_tier(pending: list[JobRecord], policy: Policy, now: float) ->
     return oldest
 
 
-def build_snapshot(pool: Pool, pending: list[JobRecord], active: list[JobRecord]) -> Snapshot:
+def build_snapshot(
+    pool: Pool,
+    pending: list[JobRecord],
+    active: list[JobRecord],
+    usage: list[TeamUsage] = (),
+    history: list[PastPreemption] = (),
+) -> Snapshot:
     return Snapshot(
         pools=(pool,),
         running=tuple(r.as_running() for r in active),
         pending=tuple(p.as_pending() for p in pending),
+        usage=tuple(usage),
+        preemption_history=tuple(history),
     )
 
 
@@ -76,7 +86,6 @@ def plan_cycle(
     now: float,
 ) -> CycleResult:
     """Plan one pool and reserve the decision's admissions and victims."""
-    workflow_settings = settings.policy.workflow_settings()
     pool_cfg = settings.pool(pool_name)
     if pool_cfg is None:
         raise ValueError(f"pool {pool_name!r} is not configured")
@@ -84,11 +93,10 @@ def plan_cycle(
     if stored is None or stored.get("capacity_gpus") != pool_cfg.capacity_gpus:
         store.ensure_pool(pool_name, pool_cfg.capacity_gpus)
     if not store.acquire_lease(pool_name, owner, now, LEASE_TTL_S):
-        return CycleResult(pool_name, owner, False, [], [], [], workflow_settings)
+        return CycleResult(pool_name, owner, False, [], [], [], settings.policy.workflow_settings(pool_name))
 
-    pending = store.pending(pool_name, settings.pending_window)
-    active = [_with_fresh_checkpoint(r, checkpoints) for r in store.active(pool_name)]
-    snapshot = build_snapshot(Pool(pool_name, pool_cfg.capacity_gpus), pending, active)
+    workflow_settings = settings.policy.workflow_settings(pool_name)
+    pending, active, snapshot = read_snapshot(store, checkpoints, settings, pool_name, now)
     decision = plan(snapshot, settings.policy, now)
     waiting = [
         {"job": e.job, "reason": e.reason.value, "detail": e.detail}
@@ -101,10 +109,50 @@ def plan_cycle(
         return CycleResult(pool_name, owner, True, [], [], waiting, workflow_settings, waits)
 
     by_name = {r.name: r for r in pending + active}
+    _fail_exhausted(store, decision, by_name, now)
     admits = _reserve_admissions(store, decision, by_name, pool_cfg.capacity_gpus, now)
     preemptions = _mark_victims(store, decision, by_name, now)
     store.remember_waits(pool_name, waiting, now)
     return CycleResult(pool_name, owner, True, admits, preemptions, waiting, workflow_settings, waits)
+
+
+def read_snapshot(
+    store: JobsStore, checkpoints: CheckpointStore, settings: Settings, pool_name: str, now: float, include: str | None = None
+) -> tuple[list[JobRecord], list[JobRecord], Snapshot]:
+    """What the planner sees of one pool: a bounded number of reads, whatever the queue length.
+
+    `include` adds one pending job even when it ranks beyond the window (for `explain`).
+    """
+    pool_cfg = settings.pool(pool_name)
+    knobs = settings.policy.for_pool(pool_name)
+    pending = store.pending(pool_name, settings.pending_window)
+    if include and all(r.name != include for r in pending):
+        extra = store.get(include)
+        if extra is not None and extra.status is JobState.PENDING and extra.pool == pool_name:
+            pending.append(extra)
+    active = [_with_fresh_checkpoint(r, checkpoints) for r in store.active(pool_name)]
+    history = store.preemptions_since(pool_name, now - knobs.budget.window_s) if knobs.budget else []
+    snapshot = build_snapshot(Pool(pool_name, pool_cfg.capacity_gpus), pending, active, store.team_usage(pool_name), history)
+    return pending, active, snapshot
+
+
+def explain(*, store: JobsStore, checkpoints: CheckpointStore, settings: Settings, job: str, now: float) -> dict:
+    """`explain` on live state: plan the job's pool as a cycle would (writing nothing) and
+    tell why the job waits, runs or was preempted, with its decision log."""
+    record = store.get(job)
+    if record is None:
+        return {"job": job, "status": "unknown", "text": f"{job}: no such job"}
+    history = store.history(job)
+    if settings.pool(record.pool) is None:
+        return explain_job(job, Decision(), Snapshot(pools=()), settings.policy, now, history)
+    _, _, snapshot = read_snapshot(store, checkpoints, settings, record.pool, now, include=job)
+    answer = explain_job(job, plan(snapshot, settings.policy, now), snapshot, settings.policy, now, history)
+    answer["state"] = record.status.value
+    if record.status.is_terminal:
+        lines = answer["text"].splitlines()
+        lines[0] = f"{job}: {record.status.value.lower()} ({record.outcome_reason})"
+        answer["text"] = "\n".join(lines)
+    return answer
 
 
 def finish_cycle(*, store: JobsStore, pool_name: str, owner: str) -> dict:
@@ -129,7 +177,7 @@ def _reserve_admissions(
         try:
             store.transition(
                 record,
-                record.with_changes(status=JobState.ADMITTED),
+                record.with_changes(status=JobState.ADMITTED, admitted_at=now),
                 expect=[JobState.PENDING],
                 usage_delta=record.gpus,
                 pool_limit=capacity,
@@ -174,8 +222,12 @@ def _mark_victims(store: JobsStore, decision: Decision, by_name: dict[str, JobRe
             p.reason.value,
             f"for {p.preemptor}; {age}; a stop now would lose {p.lost_gpu_seconds:.0f} GPU-seconds",
             preemptor=p.preemptor,
+            rule=p.rule.value,
             lost_gpu_seconds=p.lost_gpu_seconds,
             checkpoint_age_s=p.checkpoint_age_s,
+        )
+        store.record_preemption(
+            PastPreemption(victim.pool, now, victim.gpus, p.lost_gpu_seconds, victim.name), ttl_s=BUDGET_MEMORY_S
         )
         store.log(p.preemptor, now, "preempting", "preempts-lower-priority", f"stopping {victim.name} ({victim.gpus} GPUs)")
         marked.append(
@@ -188,6 +240,21 @@ def _mark_victims(store: JobsStore, decision: Decision, by_name: dict[str, JobRe
             }
         )
     return marked
+
+
+def _fail_exhausted(store: JobsStore, decision: Decision, by_name: dict[str, JobRecord], now: float) -> None:
+    """Fail the pending jobs the policy gave up on (too many preemptions, `fail` configured)."""
+    for failure in decision.failures:
+        record = by_name[failure.job]
+        try:
+            store.transition(
+                record,
+                record.with_changes(status=JobState.FAILED, ended_at=now, outcome_reason=failure.reason.value),
+                expect=[JobState.PENDING],
+            )
+        except ConflictError:
+            continue
+        store.log(record.name, now, "failed", failure.reason.value, failure.detail)
 
 
 def _log_shadow(store: JobsStore, decision: Decision, now: float) -> None:

@@ -1,0 +1,161 @@
+"""Benchmark of `plan()`: 10k pending and 2k running jobs over a few full pools.
+
+    python -m preemptor.bench_plan [--pending 10000] [--running 2000] [--pools 4] [--runs 7]
+                                   [--seed 7] [--out bench/results/plan_speed.json]
+
+The snapshot is seeded-random and worst-case shaped: every pool is full, so each pending
+job that does not fit goes through nomination (victim bound, scan, fill-back); priorities
+follow the trace mix of DESIGN.md §6 (5 % critical, 15 % high, 30 % medium, 50 % low). The
+policy turns on every knob that costs time: quotas with borrowing, aging, fair share,
+protections, a budget and a delay ("every-knob"); the same snapshot is also planned under
+the default policy ("defaults"), where nothing rate-limits preemption. Prints the median
+wall time of `--runs` plans (time.perf_counter) per scenario and writes them, the machine
+and the command to `--out` (`median_s` is the slower scenario's median).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from .core.model import PastPreemption, PendingJob, Pool, RunningJob, Snapshot, TeamUsage
+from .core.planner import plan
+from .core.policy import Policy
+
+NOW = 1_000_000.0
+TEAMS = [f"team-{i}" for i in range(12)]
+SIZES = [1, 2, 4, 8, 8, 8, 16, 32, 64]
+
+
+def _priority(rng: random.Random) -> int:
+    roll = rng.random()
+    return 1000 if roll < 0.05 else 500 if roll < 0.20 else 200 if roll < 0.50 else 50
+
+
+def build(pending: int, running: int, pools: int, seed: int) -> tuple[Snapshot, Policy]:
+    """A seeded snapshot with full pools, and a policy with every costly knob on."""
+    rng = random.Random(seed)
+    names = [f"pool-{i}" for i in range(pools)]
+    used = dict.fromkeys(names, 0)
+    run = []
+    for i in range(running):
+        pool = names[i % pools]
+        gpus = rng.choice(SIZES)
+        used[pool] += gpus
+        started = NOW - rng.uniform(0, 48 * 3600)
+        run.append(
+            RunningJob(
+                name=f"run-{i:05d}",
+                team=rng.choice(TEAMS),
+                priority=_priority(rng),
+                pool=pool,
+                gpus=gpus,
+                started_at=started,
+                last_checkpoint_at=rng.choice([None, NOW - rng.uniform(0, 3600)]),
+                preemptions=rng.choice([0, 0, 0, 1, 2, 5]),
+                stopping=rng.random() < 0.02,
+                spot=rng.random() < 0.1,
+                expected_duration_s=rng.choice([None, rng.uniform(3600, 72 * 3600)]),
+                restart_overhead_s=rng.choice([0.0, 120.0, 600.0]),
+            )
+        )
+    wait = [
+        PendingJob(
+            name=f"job-{i:05d}",
+            team=rng.choice(TEAMS),
+            priority=_priority(rng),
+            pool=names[rng.randrange(pools)],
+            gpus=rng.choice(SIZES),
+            submitted_at=NOW - rng.uniform(0, 72 * 3600),
+            preemptions=rng.choice([0, 0, 0, 1]),
+            sla_s=rng.choice([None, 1800.0, 86_400.0]),
+            spot=rng.random() < 0.1,
+        )
+        for i in range(pending)
+    ]
+    snap = Snapshot(
+        pools=tuple(Pool(n, used[n]) for n in names),
+        running=tuple(run),
+        pending=tuple(wait),
+        usage=tuple(TeamUsage(t, rng.uniform(0, 1e8), NOW - rng.uniform(0, 86_400)) for t in TEAMS),
+        preemption_history=tuple(PastPreemption(rng.choice(names), NOW - rng.uniform(0, 3600), 8, 3600.0) for _ in range(20)),
+    )
+    share = min(used.values()) // len(TEAMS)
+    policy = Policy(
+        quotas=[{"team": t, "nominal_gpus": share, "borrowing_limit": share, "lending_limit": share // 2} for t in TEAMS[:-2]],
+        tier_max_sla_s={"critical": 3600},
+        min_runtime_s=600,
+        near_completion={"remaining_s": 900, "progress": 0.95},
+        max_preemptions=3,
+        budget={"window_s": 3600, "max_preemptions": 200},
+        preemption_delay_s=60,
+        within_team="LowerOrNewerEqualPriority",
+    )
+    return snap, policy
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m preemptor.bench_plan", description=__doc__.splitlines()[0])
+    parser.add_argument("--pending", type=int, default=10_000)
+    parser.add_argument("--running", type=int, default=2_000)
+    parser.add_argument("--pools", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=Path("bench/results/plan_speed.json"))
+    args = parser.parse_args(argv)
+
+    snap, every_knob = build(args.pending, args.running, args.pools, args.seed)
+    scenarios = {}
+    for label, policy in (("every-knob", every_knob), ("defaults", Policy())):
+        timings = []
+        for _ in range(args.runs):
+            start = time.perf_counter()
+            decision = plan(snap, policy, NOW)
+            timings.append(time.perf_counter() - start)
+        scenarios[label] = {
+            "median_s": round(statistics.median(timings), 4),
+            "min_s": round(min(timings), 4),
+            "max_s": round(max(timings), 4),
+            "admits": len(decision.admits),
+            "preemptions": len(decision.preemptions),
+            "failures": len(decision.failures),
+            "explanations": len(decision.explanations),
+        }
+        print(
+            f"plan() [{label}]: {args.pending} pending, {args.running} running, {args.pools} pools: "
+            f"median {statistics.median(timings) * 1000:.0f} ms over {args.runs} runs "
+            f"(min {min(timings) * 1000:.0f}, max {max(timings) * 1000:.0f}); "
+            f"{len(decision.admits)} admits, {len(decision.preemptions)} preemptions"
+        )
+    result = {
+        "benchmark": "plan() on one snapshot with full pools",
+        "pending": args.pending,
+        "running": args.running,
+        "pools": args.pools,
+        "runs": args.runs,
+        "seed": args.seed,
+        "median_s": max(x["median_s"] for x in scenarios.values()),
+        "scenarios": scenarios,
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+        },
+        "command": " ".join(["python -m preemptor.bench_plan", *(argv if argv is not None else sys.argv[1:])]).strip(),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

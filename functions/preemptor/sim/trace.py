@@ -1,0 +1,88 @@
+"""Job traces in the generic format `job_id,submit_s,duration_s,gpus,team,priority`.
+
+One row per job: `submit_s` is seconds since the trace's origin, `duration_s` the job's
+total run time (its work, without queueing or restarts), `gpus` how many it holds while it
+runs. `../shared/data/traces/philly/philly-jobs.csv` (82,247 jobs from Microsoft's Philly
+cluster, Jeon et al., USENIX ATC'19, CC BY 4.0) is the reference trace.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+COLUMNS = ("job_id", "submit_s", "duration_s", "gpus", "team", "priority")
+DAY_S = 86_400.0
+WEEK_S = 7 * DAY_S
+
+
+class TraceError(ValueError):
+    """The trace file is not in the generic format (with the line that is wrong)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceJob:
+    job_id: str
+    submit_s: float
+    duration_s: float
+    gpus: int
+    team: str
+    priority: int
+
+
+def load_trace(path: Path | str, *, start_s: float | None = None, end_s: float | None = None) -> list[TraceJob]:
+    """Read a trace, keeping the jobs submitted in [start_s, end_s), sorted by (submit_s, job_id).
+
+    Raises TraceError naming the line for a missing column, a non-number, a negative
+    time, a job of zero GPUs or a duplicated job id.
+    """
+    path = Path(path)
+    jobs: list[TraceJob] = []
+    seen: set[str] = set()
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise TraceError(f"{path}: missing column(s) {', '.join(missing)}; expected {','.join(COLUMNS)}")
+        for line, row in enumerate(reader, start=2):
+            job = _parse_row(row, path, line)
+            if job.job_id in seen:
+                raise TraceError(f"{path}:{line}: duplicate job_id {job.job_id!r}")
+            seen.add(job.job_id)
+            if start_s is not None and job.submit_s < start_s:
+                continue
+            if end_s is not None and job.submit_s >= end_s:
+                continue
+            jobs.append(job)
+    jobs.sort(key=lambda j: (j.submit_s, j.job_id))
+    return jobs
+
+
+def _parse_row(row: dict, path: Path, line: int) -> TraceJob:
+    try:
+        job = TraceJob(
+            job_id=row["job_id"].strip(),
+            submit_s=float(row["submit_s"]),
+            duration_s=float(row["duration_s"]),
+            gpus=int(row["gpus"]),
+            team=(row["team"] or "").strip(),
+            priority=int(row["priority"]),
+        )
+    except (TypeError, ValueError, AttributeError) as e:
+        raise TraceError(f"{path}:{line}: {e}") from e
+    if not job.job_id:
+        raise TraceError(f"{path}:{line}: empty job_id")
+    if job.submit_s < 0 or job.duration_s < 0:
+        raise TraceError(f"{path}:{line}: negative time in {job}")
+    if job.gpus <= 0:
+        raise TraceError(f"{path}:{line}: job {job.job_id} asks for {job.gpus} GPUs")
+    return job
+
+
+def demand_gpus(jobs: list[TraceJob]) -> float:
+    """Average GPUs the jobs ask for over their submission span (GPU-seconds / span)."""
+    if len(jobs) < 2:
+        return 0.0
+    span = jobs[-1].submit_s - jobs[0].submit_s
+    return sum(j.duration_s * j.gpus for j in jobs) / span if span > 0 else 0.0
