@@ -78,6 +78,8 @@ def emulation(pools: list[PoolConfig] = (P5,), policy: dict | None = None, **fle
         "PolicyConfig": json.dumps(policy or {}),
     }
     with EmulatedStack(clock, parameters=parameters) as stack:
+        fleet_options.setdefault("ecs_client", stack.client("ecs"))
+        fleet_options.setdefault("ec2_client", stack.client("ec2"))
         fleet = SimulatedFleet(clock, stack.client("s3"), stack.emit, **fleet_options)
         try:
             yield Emulation(stack, clock, fleet, list(pools))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 
 from emulation import emulation
@@ -81,38 +80,35 @@ def test_failed_run_is_alerted():
         assert any("CapacityError" in a for a in env.stack.alerts())
 
 
-def _spot_warning(instance_id: str) -> dict:
-    event = json.loads(load_raw("ec2/aws-node-termination-handler__ec2-spot-instance-interruption-warning__ce65580d.json"))
-    event = copy.deepcopy(event)
-    event["id"] = "spot-warning-1"
-    event["detail"]["instance-id"] = instance_id
-    event["resources"] = [f"arn:aws:ec2:us-east-1b:instance/{instance_id}"]
-    return event
-
-
 def test_spot_warning_checkpoints_stops_and_requeues_the_job():
     with emulation(pools=[G5]) as env:
         _batch_queue(env)
-        # Given a Batch job running on a spot instance the controller knows
+        # Given a Batch job running on a spot instance (a checkpoint every 30 minutes)
         env.submit(name="spotty", team="a", priority=200, pool="g5", gpus=16, duration=7200, checkpoint_every=1800)
-        env.advance(600)
-        job = env.job("spotty")
-        env.store.put_instance_alias("i-0b662ef9931388ba0", job.name, job.incarnation)
-        # When EC2 warns that the instance will be interrupted
-        routed = env.put(_spot_warning("i-0b662ef9931388ba0"))
-        assert routed.results[0]["outcome"] == "accepted"
-        # Then a checkpoint was requested and written before the stop, and the job was requeued
+        env.advance(2400)
+        assert "placed" in env.kinds("spotty")  # intake traced its container instance to EC2
+        # When EC2 warns that the instance will be reclaimed in two minutes
+        instance = env.fleet.spot_interrupt("spotty")
+        env.stack.pump()
+        # Then the warning reached the job through its instance
         run = env.executions("SpotInterruptionStateMachine")[0]
         assert run["status"] == "SUCCEEDED"
         states = env.states_visited(run["executionArn"])
+        # And a checkpoint newer than the warning was written before the stop
         assert states.index("Ask for a checkpoint first") < states.index("Stop the run") < states.index("Requeue the job")
         assert "Stop with a fresh checkpoint" in states
         kinds = env.kinds("spotty")
         assert kinds.index("checkpoint-confirmed") < kinds.index("stop-requested") < kinds.index("requeued")
-        # And the pool was scheduled again: the job is relaunched as its next incarnation
+        requeued = [e for e in env.store.history("spotty") if e["kind"] == "requeued"][0]
+        assert requeued["reason"] == "interrupted"
+        # So little work was lost: the checkpoint came within a minute of the warning,
+        # not the 40 minutes since the last periodic one
+        assert requeued["extra"]["lost_gpu_seconds"] <= 16 * 120
+        # And the job was relaunched from it on another instance
         env.advance(120)
         job = env.job("spotty")
         assert job.incarnation == 2 and job.status is JobState.RUNNING and job.run_name == "spotty-r2"
+        assert env.store.find_run("instance", instance) == ("spotty", 1)
 
 
 def test_rebalance_recommendation_only_asks_for_a_checkpoint():
@@ -120,10 +116,14 @@ def test_rebalance_recommendation_only_asks_for_a_checkpoint():
         _batch_queue(env)
         env.submit(name="steady", team="a", priority=200, pool="g5", gpus=8, duration=7200, checkpoint_every=1800)
         env.advance(300)
-        env.store.put_instance_alias("i-1234567890abcdef0", "steady", 1)
+        instance = env.fleet.jobs()[0]
+        [placed] = [e for e in env.store.history("steady") if e["kind"] == "placed"]
+        instance_id = placed["detail"].rsplit(" ", 1)[-1]
         event = json.loads(load_raw("ec2/amazon-ec2-user-guide__ec2-instance-rebalance-recommendation__b45f8b2a.json"))
+        event["detail"]["instance-id"] = instance_id
         env.put(event)
         run = env.executions("SpotInterruptionStateMachine")[0]
         assert env.states_visited(run["executionArn"])[-1] == "Checkpoint requested only"
         assert env.job("steady").status is JobState.RUNNING and env.job("steady").incarnation == 1
         assert "checkpoint-requested" in env.kinds("steady")
+        assert instance.status == "RUNNING"

@@ -89,3 +89,13 @@ def test_batch_pool_uses_the_same_protocol():
     [p] = report["preemption_details"]
     assert p["victim"] == "batch-sweep" and p["checkpoint_confirmed_before_stop"]
     assert all(j["state"] == "Completed" for j in report["jobs"])
+
+
+def test_spot_interruption_is_traced_to_the_job_checkpointed_and_relaunched():
+    report = demo.run(Scenario.load(SCENARIOS / "spot-interruption.yaml")).report
+    [job] = report["jobs"]
+    assert job["state"] == "Completed" and job["interruptions"] == 1 and job["preemptions"] == 0
+    [stop] = report["preemption_details"]
+    assert stop["kind"] == "interrupted" and stop["checkpoint_confirmed_before_stop"]
+    # a checkpoint written after the warning: at most the stop grace and a poll are lost
+    assert job["lost_gpu_seconds"] <= 16 * 60

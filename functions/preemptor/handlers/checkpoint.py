@@ -11,13 +11,18 @@ from .wiring import deps
 @logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 def handler(event: dict, context: LambdaContext) -> dict:
-    """Input {"action": "check" | "request", "job", "reason"?}."""
+    """Input {"action": "check" | "request", "job", "reason"?, "newer_than"?}."""
     d = deps()
     logger.set_correlation_id(event["job"])
     now = clock.CLOCK.now()
     if event["action"] == "check":
         return actions.check_checkpoint(
-            store=d.store, checkpoints=d.checkpoints, policy=d.settings.policy, job=event["job"], now=now
+            store=d.store,
+            checkpoints=d.checkpoints,
+            policy=d.settings.policy,
+            job=event["job"],
+            now=now,
+            newer_than=event.get("newer_than"),
         )
     if event["action"] == "request":
         return actions.request_checkpoint(

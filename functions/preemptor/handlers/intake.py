@@ -18,7 +18,7 @@ from .wiring import deps
 @metrics.log_metrics
 def handler(event: dict, context: LambdaContext) -> dict:
     d = deps()
-    intake = Intake(store=d.store, workflows=d.workflows, runners=d.runners, settings=d.settings)
+    intake = Intake(store=d.store, workflows=d.workflows, runners=d.runners, settings=d.settings, instances=d.instances)
     result = intake.handle(event, clock.CLOCK.now())
     if result.job:
         logger.set_correlation_id(result.job)

@@ -14,6 +14,7 @@ from functools import cache
 import boto3
 
 from ..adapters.checkpoints import CheckpointStore
+from ..adapters.instances import InstanceResolver
 from ..adapters.runners import BatchRunner, Runner, SageMakerRunner
 from ..adapters.store import JobsStore
 from ..adapters.workflows import WorkflowStarter
@@ -27,6 +28,7 @@ class Deps:
     checkpoints: CheckpointStore
     runners: dict[str, Runner]
     workflows: WorkflowStarter
+    instances: InstanceResolver
 
 
 @cache
@@ -39,6 +41,7 @@ def deps() -> Deps:
         checkpoints=CheckpointStore(session.client("s3")),
         runners={"sagemaker": SageMakerRunner(session.client("sagemaker")), "batch": BatchRunner(session.client("batch"))},
         workflows=WorkflowStarter(session.client("stepfunctions"), settings.workflow_arns),
+        instances=InstanceResolver(session.client("ecs")),
     )
 
 

@@ -62,7 +62,6 @@ def run(
     scenario: Scenario = DEFAULT_SCENARIO,
     *,
     tick_s: float = TICK_S,
-    on_line: Callable[[str], None] | None = None,
     explain: list[str] = (),
 ) -> DemoResult:
     """Replay `scenario` on the emulated stack; returns the timeline, the report, and the
@@ -80,16 +79,18 @@ def run(
             stack.client("s3"),
             stack.emit,
             id_factory=lambda: str(uuid.uuid5(uuid.NAMESPACE_URL, f"preemptor-demo/{next(ids)}")),
+            ecs_client=stack.client("ecs"),
+            ec2_client=stack.client("ec2"),
         )
         try:
             _create_batch_queues(stack, scenario)
-            _replay(stack, clock, scenario, tick_s, result, on_line)
+            _replay(stack, fleet, clock, scenario, tick_s, result)
         finally:
             fleet.close()
         result.timeline += [
-            TimelineEntry(t - START, "workload", name, what.split(":")[0], what)
+            TimelineEntry(t - START, "workload", name, "spot warning" if what.startswith("spot") else what.split(":")[0], what)
             for t, name, what in fleet.history
-            if not what.startswith("periodic") and ("checkpoint" in what or "resumed" in what)
+            if not what.startswith("periodic") and ("checkpoint" in what or "resumed" in what or "spot" in what)
         ]
         store = stack.deps().store
         decisions = [
@@ -107,16 +108,19 @@ def run(
     return result
 
 
-def _replay(stack: EmulatedStack, clock: SimClock, scenario: Scenario, tick_s: float, result: DemoResult, on_line) -> None:
+def _replay(
+    stack: EmulatedStack, fleet: SimulatedFleet, clock: SimClock, scenario: Scenario, tick_s: float, result: DemoResult
+) -> None:
     bucket = stack.parameters["CheckpointBucketName"]
     submissions = sorted(scenario.jobs, key=lambda j: (j.submit_at, j.name))
+    interruptions = sorted(scenario.interruptions, key=lambda i: (i.at, i.job))
     horizon = scenario.horizon or (
         max(j.submit_at for j in scenario.jobs) + 3 * sum(j.duration for j in scenario.jobs) + 3600
     )
     names = {j.name for j in scenario.jobs}
 
     def on_event(routed: RoutedEvent) -> None:
-        entry = _event_entry(routed, clock.now() - START)
+        entry = _event_entry(routed, routed.at - START)
         if entry:
             result.timeline.append(entry)
 
@@ -130,14 +134,24 @@ def _replay(stack: EmulatedStack, clock: SimClock, scenario: Scenario, tick_s: f
             on_event(stack.put_event(event))
             stack.drain()
             changed = True
+        while interruptions and interruptions[0].at <= elapsed:
+            cut = interruptions.pop(0)
+            record = store.get(cut.job)
+            try:
+                fleet.spot_interrupt(record.run_id if record and record.run_id else cut.job)
+            except KeyError as e:
+                result.timeline.append(TimelineEntry(elapsed, "workload", cut.job, "no interruption", str(e)))
+            stack.pump(on_event)
+            changed = True
         # Job states change only through events, so the table needs a look only after some.
         if changed and not submissions and _all_done(store, names):
             return
         if elapsed >= horizon:
             return
         target = clock.now() + tick_s
-        if submissions:
-            target = min(target, START + submissions[0].submit_at)
+        for upcoming in (submissions[:1], interruptions[:1]):
+            if upcoming:
+                target = min(target, START + getattr(upcoming[0], "submit_at", getattr(upcoming[0], "at", 0)))
         clock.advance_to(target)
         changed = stack.pump(on_event) > 0
 
@@ -159,6 +173,8 @@ def _event_entry(routed: RoutedEvent, at: float) -> TimelineEntry | None:
         what = f"SageMaker {status}" + (f"/{secondary}" if secondary and secondary != status else "")
     elif event.get("source") == "aws.batch":
         name, what = detail.get("jobName", "?"), f"Batch {detail.get('status')}"
+    elif event.get("source") == "aws.ec2":
+        name, what = detail.get("instance-id", "?"), event.get("detail-type", "?").replace("EC2 ", "")[:22]
     else:
         name, what = event.get("detail-type", "?"), "event"
     return TimelineEntry(at, "aws", name, what, f"intake: {outcome['outcome']} ({outcome['reason']})")
@@ -191,15 +207,24 @@ def _create_batch_queues(stack: EmulatedStack, scenario: Scenario) -> None:
 
 
 def build_report(store, scenario: Scenario) -> dict:
-    """The summary: per job wait, preemptions and lost work; totals; checkpoint discipline."""
+    """The summary: per job wait, preemptions and lost work; totals; checkpoint discipline.
+
+    `preemptions` counts stops for another job; stops before a spot instance goes away are
+    `interruptions`. Lost work counts both.
+    """
     records = {r.name: r for r in store.all_jobs()}
+    history = store.all_history()
+    requeues = [e for e in history if e["kind"] == "requeued"]
     jobs = []
     for spec in scenario.jobs:
         r = records.get(spec.name)
         if r is None:
-            jobs.append({"name": spec.name, "state": "Rejected", "wait_s": None, "preemptions": 0, "lost_gpu_seconds": 0.0})
+            jobs.append(
+                {"name": spec.name, "state": "Rejected", "wait_s": None, "preemptions": 0, "interruptions": 0, "lost_gpu_seconds": 0.0}
+            )
             continue
         wait = None if r.first_started_at is None else round(r.first_started_at - r.submitted_at, 3)
+        mine = [e for e in requeues if e["job"] == r.name]
         jobs.append(
             {
                 "name": r.name,
@@ -207,23 +232,22 @@ def build_report(store, scenario: Scenario) -> dict:
                 "priority": r.priority,
                 "state": STATE_NAMES[r.status],
                 "wait_s": wait,
-                "preemptions": r.preemptions,
+                "preemptions": sum(1 for e in mine if e["reason"] == "preempted"),
+                "interruptions": sum(1 for e in mine if e["reason"] == "interrupted"),
                 "lost_gpu_seconds": round(r.lost_gpu_seconds, 3),
                 "incarnations": r.incarnation,
             }
         )
-    history = store.all_history()
-    preemptions = []
-    for entry in history:
-        if entry["kind"] != "requeued" or entry["reason"] != "preempted":
-            continue
+    details = []
+    for entry in requeues:
         earlier = [e for e in history if e["job"] == entry["job"] and e["at"] <= entry["at"]]
         stop = next((e for e in reversed(earlier) if e["kind"] == "stop-requested"), None)
         confirmed = next((e for e in reversed(earlier) if e["kind"] == "checkpoint-confirmed"), None)
-        preemptions.append(
+        details.append(
             {
                 "victim": entry["job"],
                 "preemptor": entry["extra"].get("preemptor"),
+                "kind": entry["reason"],
                 "at_s": round(entry["at"] - START, 3),
                 "checkpoint_confirmed_before_stop": bool(confirmed and stop and confirmed["at"] <= stop["at"]),
                 "fresh_checkpoint": entry["extra"].get("fresh_checkpoint"),
@@ -233,10 +257,11 @@ def build_report(store, scenario: Scenario) -> dict:
     return {
         "jobs": jobs,
         "preemptions": sum(j["preemptions"] for j in jobs),
+        "interruptions": sum(j["interruptions"] for j in jobs),
         "relaunches": sum(1 for e in history if e["kind"] == "relaunched"),
         "lost_gpu_seconds": round(sum(j["lost_gpu_seconds"] for j in jobs), 3),
         "stops_without_fresh_checkpoint": sum(r.stops_without_fresh_checkpoint for r in records.values()),
-        "preemption_details": preemptions,
+        "preemption_details": details,
     }
 
 
@@ -253,17 +278,20 @@ def print_result(result: DemoResult, out: TextIO) -> None:
         wait = "never started" if job["wait_s"] is None else f"waited {_duration(job['wait_s'])}"
         out.write(
             f"  {job['name']:<24} {job['state']:<10} {wait:<22} preempted {job['preemptions']}x, "
-            f"lost {job['lost_gpu_seconds']:,.0f} GPU-seconds\n"
+            + (f"interrupted {job['interruptions']}x, " if job["interruptions"] else "")
+            + f"lost {job['lost_gpu_seconds']:,.0f} GPU-seconds\n"
         )
     out.write(
-        f"  preemptions: {report['preemptions']}, relaunches: {report['relaunches']}, "
+        f"  preemptions: {report['preemptions']}, spot interruptions: {report['interruptions']}, "
+        f"relaunches: {report['relaunches']}, "
         f"lost work: {report['lost_gpu_seconds']:,.0f} GPU-seconds "
         f"({report['lost_gpu_seconds'] / 3600:,.1f} GPU-hours), "
         f"stops without a fresh checkpoint: {report['stops_without_fresh_checkpoint']}\n"
     )
     for p in report["preemption_details"]:
         check = "checkpoint confirmed before the stop" if p["checkpoint_confirmed_before_stop"] else "NO fresh checkpoint"
-        out.write(f"  {p['victim']} preempted for {p['preemptor']} at {_duration(p['at_s'])}: {check}\n")
+        why = f"preempted for {p['preemptor']}" if p["kind"] == "preempted" else "stopped before its spot instance went away"
+        out.write(f"  {p['victim']} {why} at {_duration(p['at_s'])}: {check}\n")
     out.write(f"  alerts published: {len(result.alerts)}\n")
     for job, text in result.explanations.items():
         out.write(f"\nexplain {job}\n{text}\n")

@@ -119,6 +119,8 @@ class _Job:
     stop_reason: str | None = None
     request_etag: str | None = None
     handled_request_at: float | None = None
+    instance_id: str | None = None  # Batch: the EC2 instance it runs on (spot interruptions)
+    container_instance_arn: str | None = None
 
     def progress(self, t: float) -> float:
         if self.final_progress is not None:
@@ -157,6 +159,10 @@ class SimulatedFleet:
         checkpoint_write_s: float = 60.0,
         checkpoint_on_stop: bool = False,
         id_factory: Callable[[], str] | None = None,
+        ecs_client: Any = None,
+        ec2_client: Any = None,
+        batch_cluster: str = "preemptor-batch",
+        spot_warning_s: float = 120.0,
     ) -> None:
         self._clock = clock
         self._s3 = s3_client
@@ -166,6 +172,17 @@ class SimulatedFleet:
         self._checkpoint_write_s = checkpoint_write_s
         self._checkpoint_on_stop = checkpoint_on_stop
         self._new_id = id_factory or (lambda: str(uuid.uuid4()))
+        # With ECS and EC2 clients, every Batch job runs on a simulated EC2 instance registered as an
+        # ECS container instance, as in a Batch compute environment, so spot warnings can be
+        # traced from the instance to the job (EC2 -> container instance -> job).
+        self._ecs = ecs_client if ec2_client is not None else None
+        self._ec2 = ec2_client
+        self._cluster = batch_cluster
+        self._spot_warning_s = spot_warning_s
+        self._image = None
+        if self._ecs is not None:
+            self._ecs.create_cluster(clusterName=batch_cluster)
+            self._image = ec2_client.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
         self._lock = threading.RLock()
         self._jobs: dict[str, _Job] = {}
         self._queue: list[_Transition] = []
@@ -204,6 +221,23 @@ class SimulatedFleet:
                 if name_or_id in (job.name, job.job_id):
                     return self._view(job)
         raise KeyError(name_or_id)
+
+    def spot_interrupt(self, name_or_id: str) -> str:
+        """Reclaim the spot instance under a running Batch job: the EC2 Spot Instance
+        Interruption Warning now, the instance gone `spot_warning_s` later (every job still
+        on it then ends FAILED with "Host EC2 (instance ...) terminated."). Returns the id."""
+        with self._lock:
+            job = next(
+                (j for j in reversed(list(self._jobs.values())) if name_or_id in (j.name, j.job_id) and j.phase != "ended"),
+                None,
+            )
+            if job is None or job.instance_id is None:
+                raise KeyError(f"no running Batch job {name_or_id!r} on a simulated instance")
+            now = self._clock.now()
+            self._record(now, job, f"spot interruption warning for {job.instance_id}")
+            self._emit(self._spot_warning(job))
+            self._schedule(now + self._spot_warning_s, job, "instance_terminated", job.instance_id)
+            return job.instance_id
 
     def process_due(self) -> None:
         """Deliver everything due at the clock's current time without advancing it."""
@@ -381,6 +415,9 @@ class SimulatedFleet:
             return self._end(job, t, completed=job.stop_requested_at is None)
         if kind == "stopped":
             return self._end(job, t, completed=False)
+        if kind == "instance_terminated":
+            job.stop_reason = f"Host EC2 (instance {transition.payload}) terminated."
+            return self._end(job, t, completed=False)
         raise ValueError(f"unknown fleet transition {kind!r}")
 
     def _start(self, job: _Job, t: float) -> bool:
@@ -399,6 +436,7 @@ class SimulatedFleet:
             self._record(t, job, f"started: InProgress/Training{resumed}")
             self._emit(self._sagemaker_event(job))
         else:
+            self._place_on_instance(job)
             for status in ("STARTING", "RUNNING"):
                 moto_patches.set_batch_job_status(job.job_id, status)
                 job.status = status
@@ -542,8 +580,37 @@ class SimulatedFleet:
         detail["Tags"] = {tag["Key"]: tag["Value"] for tag in job.request.get("Tags") or []}
         return self._envelope(job, "SageMaker Training Job State Change", "aws.sagemaker", detail)
 
+    def _place_on_instance(self, job: _Job) -> None:
+        if self._ecs is None:
+            return
+        job.instance_id = self._ec2.run_instances(
+            ImageId=self._image, MinCount=1, MaxCount=1, InstanceType="g5.12xlarge",
+            InstanceMarketOptions={"MarketType": "spot"},
+        )["Instances"][0]["InstanceId"]
+        document = json.dumps({"instanceId": job.instance_id, "region": job.arn.split(":")[3]})
+        job.container_instance_arn = self._ecs.register_container_instance(
+            cluster=self._cluster, instanceIdentityDocument=document
+        )["containerInstance"]["containerInstanceArn"]
+
+    def _spot_warning(self, job: _Job) -> dict:
+        """Shape of events/ec2/amazon-ec2-user-guide__ec2-spot-instance-interruption-warning__a6e9ba68.json."""
+        _, _, _, region, account, _ = job.arn.split(":", 5)
+        return {
+            "version": "0",
+            "id": self._new_id(),
+            "detail-type": "EC2 Spot Instance Interruption Warning",
+            "source": "aws.ec2",
+            "account": account,
+            "time": _iso_z(self._clock.now()),
+            "region": region,
+            "resources": [f"arn:aws:ec2:{region}:{account}:instance/{job.instance_id}"],
+            "detail": {"instance-id": job.instance_id, "instance-action": "terminate"},
+        }
+
     def _batch_event(self, job: _Job) -> dict:
         detail = json.loads(json.dumps(moto_patches.get_batch_job(job.job_id), default=str))
+        if job.container_instance_arn:
+            detail.setdefault("container", {})["containerInstanceArn"] = job.container_instance_arn
         if job.work_started_at is None:
             detail.pop("startedAt", None)  # moto reports 1970 for a job that never started
         detail.setdefault("attempts", [])

@@ -9,7 +9,8 @@ jobs:
      submit_at: 0, duration: 21600, checkpoint_every: 300}
 ```
 Times are seconds from the start of the scenario; `priority` is 0..1000 or a tier name.
-Batch pools take `gpus` per job instead of `instances`.
+Batch pools take `gpus` per job instead of `instances`, and may list spot interruptions:
+`interruptions: [{at: 1800, job: sweep}]` reclaims the instance under the job's current run.
 """
 
 from __future__ import annotations
@@ -43,11 +44,21 @@ class ScenarioJob(BaseModel):
     gpus: int | None = Field(default=None, gt=0)
 
 
+class SpotInterruption(BaseModel):
+    """Reclaim the spot instance under `job`'s current run at `at` (Batch pools only)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    at: float = Field(ge=0)
+    job: str
+
+
 class Scenario(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     pools: list[PoolConfig]
     jobs: list[ScenarioJob]
+    interruptions: list[SpotInterruption] = Field(default_factory=list)
     policy: dict[str, Any] = Field(default_factory=dict)
     horizon: float | None = Field(default=None, gt=0)
 
@@ -66,6 +77,11 @@ class Scenario(BaseModel):
                 raise ValueError(f"job {job.name!r} runs on SageMaker pool {pool.name!r}: give 'instances'")
             if pool.service == "batch" and job.gpus is None:
                 raise ValueError(f"job {job.name!r} runs on Batch pool {pool.name!r}: give 'gpus'")
+        by_name = {j.name: j for j in self.jobs}
+        for cut in self.interruptions:
+            job = by_name.get(cut.job)
+            if job is None or pools[job.pool].service != "batch":
+                raise ValueError(f"interruption at {cut.at}: {cut.job!r} is not a job of a Batch pool")
         return self
 
     @classmethod

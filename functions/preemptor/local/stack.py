@@ -90,6 +90,7 @@ class RoutedEvent:
     """What happened to one event put on the emulated bus."""
 
     event: dict
+    at: float = 0.0  # simulated time of delivery
     results: list[dict] = field(default_factory=list)
 
     @property
@@ -353,7 +354,7 @@ class EmulatedStack:
 
     def put_event(self, event: dict) -> RoutedEvent:
         """Deliver an event to every function whose EventBridge rule matches it."""
-        routed = RoutedEvent(event)
+        routed = RoutedEvent(event, self.clock.now())
         for rule in self.rules:
             if rule.pattern.matches_event(event):
                 routed.results.append(self.invoke_lambda(rule.function, event))

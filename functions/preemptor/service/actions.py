@@ -15,6 +15,7 @@ from ..core.jobs import JobRecord
 from ..core.model import JobState
 from ..core.policy import Policy
 
+SPOT_INTERRUPTION = "spot-interruption"  # `preempted_by` of a job stopped for its instance
 OUTCOMES = {"completed": JobState.COMPLETED, "failed": JobState.FAILED, "cancelled": JobState.CANCELLED}
 
 
@@ -25,12 +26,19 @@ def _current(store: JobsStore, name: str, incarnation: int | None) -> JobRecord 
     return record
 
 
-def check_checkpoint(*, store: JobsStore, checkpoints: CheckpointStore, policy: Policy, job: str, now: float) -> dict:
-    """Is the newest checkpoint of `job` younger than the policy's limit?"""
+def check_checkpoint(
+    *, store: JobsStore, checkpoints: CheckpointStore, policy: Policy, job: str, now: float, newer_than: float | None = None
+) -> dict:
+    """Is the newest checkpoint of `job` younger than the policy's limit? With `newer_than`
+    (a spot interruption: the instance goes away anyway), only a checkpoint written after
+    that time counts."""
     record = store.require(job)
     newest = checkpoints.newest(record.checkpoint_s3_uri)
     age = None if newest is None else max(0.0, now - newest)
-    fresh = age is not None and age <= policy.for_pool(record.pool).checkpoint_max_age_s
+    if newer_than is not None:
+        fresh = newest is not None and newest > newer_than
+    else:
+        fresh = age is not None and age <= policy.for_pool(record.pool).checkpoint_max_age_s
     if newest is not None:
         store.note_checkpoint(job, newest)
     if fresh:
@@ -93,8 +101,9 @@ def requeue(*, store: JobsStore, policy: Policy, job: str, incarnation: int, fre
             reason="completed-while-stopping",
             now=now,
         )
-    why = f"stopped for {record.preempted_by}"
-    return _back_to_queue(store, policy, record, fresh, now, "preempted", why)
+    if record.preempted_by == SPOT_INTERRUPTION:
+        return _back_to_queue(store, policy, record, fresh, now, "interrupted", "stopped before its spot instance goes away")
+    return _back_to_queue(store, policy, record, fresh, now, "preempted", f"stopped for {record.preempted_by}")
 
 
 def _back_to_queue(

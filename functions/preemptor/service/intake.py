@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..adapters.instances import InstanceResolver
 from ..adapters.runners import Runner
 from ..adapters.store import JobsStore
 from ..adapters.workflows import WorkflowStarter, execution_name
@@ -54,7 +55,9 @@ class Intake:
         workflows: WorkflowStarter,
         runners: dict[str, Runner],
         settings: Settings,
+        instances: InstanceResolver | None = None,
     ):
+        self.instances = instances
         self.store = store
         self.workflows = workflows
         self.runners = runners
@@ -150,7 +153,8 @@ class Intake:
             return IntakeResult("ignored", f"stale: event for incarnation {incarnation} of {name}", name)
         outcome = outcomes.get(status)
         if outcome is None:
-            return IntakeResult("ignored", f"progress: {service} {run_id} is {status}", name)
+            placed = self._note_instance(event, name, incarnation, status, now)
+            return IntakeResult("ignored", f"progress: {service} {run_id} is {status}{placed}", name)
         if record.status is JobState.PREEMPTING and outcome in ("stopped", "failed"):
             # Our own stop: the preemption workflow requeues the job once the stop is final.
             return IntakeResult("ignored", f"stop of a preempted run ({status})", name)
@@ -169,6 +173,18 @@ class Intake:
         }
         arn = self.workflows.start("job_ended", execution_name(name, str(incarnation), event.event_id), payload)
         return IntakeResult("accepted", f"run ended: {outcome}", name, arn)
+
+    def _note_instance(self, event, name: str, incarnation: int, status: str, now: float) -> str:
+        """Remember the EC2 instance a running Batch job is on, for spot warnings."""
+        arn = getattr(event, "container_instance_arn", None)
+        if status != "RUNNING" or not arn or self.instances is None:
+            return ""
+        instance = self.instances.ec2_instance(arn)
+        if instance is None:
+            return ""
+        self.store.put_instance_alias(instance, name, incarnation)
+        self.store.log(name, now, "placed", "batch-running", f"runs on EC2 instance {instance}")
+        return f" on {instance}"
 
     def _maybe_adopt(self, event, service: str, run_id: str, status: str, now: float) -> IntakeResult:
         running = status in ("InProgress", "RUNNING")
