@@ -128,7 +128,6 @@ def _explain_stack(args) -> int:
 
     import boto3
 
-    from .adapters.checkpoints import CheckpointStore
     from .adapters.store import JobsStore
     from .config import Settings
     from .service.scheduling import explain
@@ -144,9 +143,7 @@ def _explain_stack(args) -> int:
         }
     )
     store = JobsStore(settings.jobs_table, boto3.client("dynamodb"))
-    answer = explain(
-        store=store, checkpoints=CheckpointStore(boto3.client("s3")), settings=settings, job=args.job, now=time.time()
-    )
+    answer = explain(store=store, settings=settings, job=args.job, now=time.time())
     print(json.dumps(answer, indent=2, default=str) if args.json else answer["text"])
     return 0 if answer["status"] != "unknown" else 1
 

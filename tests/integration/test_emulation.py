@@ -59,7 +59,9 @@ class Emulation:
         return boto3.client(service, region_name=REGION)
 
     def fleet(self, **kwargs: Any) -> SimulatedFleet:
+        """A fleet whose job events these tests read; S3 events are off unless asked for."""
         ids = (f"event-{n}" for n in itertools.count(1))
+        kwargs.setdefault("s3_events", False)
         return SimulatedFleet(
             self.clock, self.client("s3"), self.events.append, id_factory=lambda: next(ids), **kwargs
         )
@@ -921,3 +923,19 @@ def test_a_task_timeout_counts_in_simulated_time(emulation: Emulation) -> None:
     assert result["status"] == "SUCCEEDED", result.get("cause")
     assert json.loads(result["output"])["error"]["Error"] == "States.Timeout"
     assert emulation.clock.now() == START + 600
+
+
+def test_checkpoint_writes_are_announced_as_s3_object_created_events(emulation: Emulation) -> None:
+    # Given a fleet whose checkpoint bucket sends its events to EventBridge
+    emulation.fleet(s3_events=True)
+    create_training_job(
+        emulation, "train-s3", {"PREEMPTOR_SIM_DURATION_S": "600", "PREEMPTOR_SIM_CHECKPOINT_EVERY_S": "100"}, "jobs/s3"
+    )
+    # When the job has written its first checkpoint
+    emulation.clock.advance(230)
+    # Then S3's "Object Created" event names the bucket and the key, stamped when written
+    [created] = [e for e in emulation.events if e["source"] == "aws.s3"]
+    assert created["detail-type"] == "Object Created"
+    assert created["detail"]["bucket"]["name"] == BUCKET
+    assert created["detail"]["object"]["key"] == "jobs/s3/ckpt-0000000100.json"
+    assert created["time"] == at(220)

@@ -101,3 +101,25 @@ def test_stale_events_of_an_old_incarnation_are_ignored():
         history = env.store.history("low")
         assert "requeued" in [e["kind"] for e in history]
         assert env.store.pool("p5")["used_gpus"] == 64
+
+
+def test_checkpoint_writes_announced_by_s3_keep_the_last_checkpoint_time():
+    with emulation() as env:
+        # Given a job whose checkpoints live under s3://preemptor-checkpoints/research/llm-pretrain-7b
+        env.put(json.loads(load_raw("preemptor/job-submitted-sagemaker.json")))
+        created = json.loads(load_raw("s3/constructed__s3-object-created__checkpoint.json"))
+        created["time"] = "2026-11-30T09:00:00Z"
+        # When S3 announces a checkpoint written below that prefix
+        result = env.put(created).results[0]
+        # Then the job's last checkpoint time is that of the event
+        assert result["outcome"] == "accepted" and result["job"] == "llm-pretrain-7b"
+        assert env.job("llm-pretrain-7b").last_checkpoint_at == env.clock.now()
+        # And the controller's own markers and other jobs' objects are not checkpoints of it
+        marker = copy.deepcopy(created)
+        marker["id"] = "marker"
+        marker["detail"]["object"]["key"] = "research/llm-pretrain-7b/_preemptor/checkpoint-request.json"
+        assert env.put(marker).results[0]["outcome"] == "ignored"
+        other = copy.deepcopy(created)
+        other["id"] = "other"
+        other["detail"]["object"]["key"] = "research/another-job/ckpt.pt"
+        assert env.put(other).results[0]["outcome"] == "ignored"

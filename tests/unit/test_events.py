@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from preemptor.core.events import (
     BatchJobStateChanged,
     BatchJobStatus,
+    CheckpointWritten,
     DomainEvent,
     EventRejected,
     Ignored,
@@ -138,6 +139,7 @@ EXPECTED: dict[str, type | str] = {
     "sagemaker/aws-docs__sagemaker-hyperpod-cluster-event__instance-capacity-failure.json": Ignored,
     TRAINING_IN_PROGRESS_TAGGED: TrainingJobStateChanged,
     TRAINING_STOPPED_TAGGED: TrainingJobStateChanged,
+    "s3/constructed__s3-object-created__checkpoint.json": CheckpointWritten,
 }
 
 
@@ -1006,3 +1008,11 @@ def test_any_text_parses_or_is_rejected(raw):
     # Given arbitrary text or bytes
     # When parsed / Then only EventRejected can escape
     _assert_parses_or_rejects(raw)
+
+
+def test_s3_object_created_names_bucket_and_key():
+    event = parse_event(load_raw("s3/constructed__s3-object-created__checkpoint.json"))
+    assert isinstance(event, CheckpointWritten)
+    assert event.bucket == "preemptor-checkpoints"
+    assert event.key == "research/llm-pretrain-7b/step-001200/model.safetensors"
+    assert event.time == parse_timestamp("2025-03-10T09:30:00Z")

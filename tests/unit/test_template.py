@@ -62,6 +62,11 @@ INTAKE_RULES = {
     "SpotInterruptionWarning": {"source": ["aws.ec2"], "detail-type": ["EC2 Spot Instance Interruption Warning"]},
     "RebalanceRecommendation": {"source": ["aws.ec2"], "detail-type": ["EC2 Instance Rebalance Recommendation"]},
     "PreemptorJobEvents": {"source": ["preemptor"], "detail-type": ["Job Submitted", "Job Cancelled"]},
+    "CheckpointObjectCreated": {
+        "source": ["aws.s3"],
+        "detail-type": ["Object Created"],
+        "detail": {"bucket": {"name": [{"Ref": "CheckpointBucketName"}]}},
+    },
 }
 
 ALARMS = {

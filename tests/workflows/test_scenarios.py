@@ -60,8 +60,8 @@ def test_timeline_reads_in_time_order_with_reasons(mission):
 def test_victim_is_the_job_whose_stop_loses_least():
     report = demo.run(Scenario.load(SCENARIOS / "least-loss-victim.yaml")).report
     jobs = _jobs(report)
-    assert [p["victim"] for p in report["preemption_details"]] == ["frequent-checkpoints"]
-    assert jobs["rare-checkpoints"]["preemptions"] == 0
+    assert [p["victim"] for p in report["preemption_details"]] == ["sweep-b"]
+    assert jobs["sweep-a"]["preemptions"] == 0
     assert all(j["state"] == "Completed" for j in jobs.values())
 
 

@@ -51,6 +51,12 @@ def _unmarshal(item: dict) -> dict:
     return {k: _from_attr(v) for k, v in item.items()}
 
 
+def _prefix_key(uri: str) -> str:
+    """`s3://bucket/a/b` -> `bucket/a/b/`: one spelling of a checkpoint prefix."""
+    path = uri.removeprefix("s3://").rstrip("/")
+    return path + "/"
+
+
 def job_key(name: str) -> dict:
     return {"pk": {"S": f"JOB#{name}"}, "sk": {"S": "JOB"}}
 
@@ -487,6 +493,26 @@ class JobsStore:
             return None
         data = _unmarshal(item)
         return data["job"], int(data["incarnation"])
+
+    def put_checkpoint_alias(self, checkpoint_s3_uri: str, job: str) -> None:
+        """Map a checkpoint prefix to its job, so S3 "Object Created" events find the job."""
+        self._call(
+            "put_item",
+            TableName=self.table,
+            Item=_marshal({"pk": f"CKPT#{_prefix_key(checkpoint_s3_uri)}", "sk": "CKPT", "job": job}),
+        )
+
+    def find_checkpoint_owner(self, bucket: str, key: str) -> str | None:
+        """The job whose checkpoint prefix contains `key` (the deepest one), or None."""
+        parts = key.split("/")[:-1]
+        for depth in range(len(parts), 0, -1):
+            prefix = f"{bucket}/{'/'.join(parts[:depth])}/"
+            item = self._call(
+                "get_item", TableName=self.table, Key={"pk": {"S": f"CKPT#{prefix}"}, "sk": {"S": "CKPT"}}
+            ).get("Item")
+            if item:
+                return _unmarshal(item)["job"]
+        return None
 
     def put_instance_alias(self, instance_id: str, job: str, incarnation: int) -> None:
         self._call(

@@ -144,6 +144,14 @@ class RebalanceRecommendation(_Event):
     instance_id: str
 
 
+class CheckpointWritten(_Event):
+    """S3 created an object (a checkpoint, or one of the controller's markers) in a bucket
+    that sends its events to EventBridge."""
+
+    bucket: str
+    key: str
+
+
 class JobSubmitted(_Event):
     """A team asked the controller to run a job (our own event)."""
 
@@ -167,6 +175,7 @@ DomainEvent = (
     | BatchJobStateChanged
     | SpotInterruptionWarning
     | RebalanceRecommendation
+    | CheckpointWritten
     | JobSubmitted
     | JobCancelled
     | Ignored
@@ -557,6 +566,14 @@ def _rebalance(
     )
 
 
+def _object_created(envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int]) -> CheckpointWritten:
+    return CheckpointWritten(
+        **envelope.common(),
+        bucket=detail.optional_object("bucket").required_str("name"),
+        key=detail.optional_object("object").required_str("key"),
+    )
+
+
 def _job_submitted(
     envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int]
 ) -> JobSubmitted:
@@ -589,6 +606,7 @@ _PARSERS: Mapping[
     ("aws.batch", "Batch Job State Change"): _batch_job,
     ("aws.ec2", "EC2 Spot Instance Interruption Warning"): _spot_interruption,
     ("aws.ec2", "EC2 Instance Rebalance Recommendation"): _rebalance,
+    ("aws.s3", "Object Created"): _object_created,
     (PREEMPTOR_SOURCE, "Job Submitted"): _job_submitted,
     (PREEMPTOR_SOURCE, "Job Cancelled"): _job_cancelled,
 }

@@ -14,7 +14,14 @@ from .wiring import deps
 @metrics.log_metrics
 def handler(event: dict, context: LambdaContext) -> dict:
     d = deps()
-    result = reconcile(store=d.store, runners=d.runners, workflows=d.workflows, settings=d.settings, now=clock.CLOCK.now())
+    result = reconcile(
+        store=d.store,
+        runners=d.runners,
+        workflows=d.workflows,
+        checkpoints=d.checkpoints,
+        settings=d.settings,
+        now=clock.CLOCK.now(),
+    )
     emit_oldest_waits(result["oldest_wait_s"])
     metrics.add_metric(name="ReconcileRepairs", unit=MetricUnit.Count, value=len(result["repairs"]))
     if result["repairs"]:

@@ -17,7 +17,6 @@ def plan(event: dict, context: LambdaContext) -> dict:
     d = deps()
     result = scheduling.plan_cycle(
         store=d.store,
-        checkpoints=d.checkpoints,
         settings=d.settings,
         pool_name=event["pool"],
         owner=event["owner"],

@@ -103,7 +103,7 @@ def run(
         result.alerts = stack.alerts()
         d = stack.deps()
         for job in explain:
-            answer = explaining(store=store, checkpoints=d.checkpoints, settings=d.settings, job=job, now=clock.now())
+            answer = explaining(store=store, settings=d.settings, job=job, now=clock.now())
             result.explanations[job] = answer["text"]
     return result
 
@@ -163,6 +163,8 @@ def _all_done(store, names: set[str]) -> bool:
 
 def _event_entry(routed: RoutedEvent, at: float) -> TimelineEntry | None:
     event = routed.event
+    if event.get("source") == "aws.s3":
+        return None  # routine: every checkpoint write (the intake notes its time)
     detail = event.get("detail", {})
     outcome = routed.results[0] if routed.results else {"outcome": "unrouted", "reason": "no rule matched"}
     if event.get("detail-type") == "Job Submitted":

@@ -163,6 +163,7 @@ class SimulatedFleet:
         ec2_client: Any = None,
         batch_cluster: str = "preemptor-batch",
         spot_warning_s: float = 120.0,
+        s3_events: bool = True,
     ) -> None:
         self._clock = clock
         self._s3 = s3_client
@@ -175,6 +176,8 @@ class SimulatedFleet:
         # With ECS and EC2 clients, every Batch job runs on a simulated EC2 instance registered as an
         # ECS container instance, as in a Batch compute environment, so spot warnings can be
         # traced from the instance to the job (EC2 -> container instance -> job).
+        # Checkpoint buckets send "Object Created" to EventBridge (the README's set-up step).
+        self._s3_events = s3_events
         self._ecs = ecs_client if ec2_client is not None else None
         self._ec2 = ec2_client
         self._cluster = batch_cluster
@@ -472,9 +475,11 @@ class SimulatedFleet:
         name = f"ckpt-{int(progress):010d}.json"
         key = f"{job.prefix}/{name}" if job.prefix else name
         body = json.dumps({"progress_s": progress, "job": job.name})
-        self._s3.put_object(Bucket=job.bucket, Key=key, Body=body.encode("utf-8"))
+        put = self._s3.put_object(Bucket=job.bucket, Key=key, Body=body.encode("utf-8"))
         job.last_checkpoint_at = t
         self._record(t, job, f"{why}: {key}")
+        if self._s3_events:
+            self._emit(self._object_created(job, key, len(body), put.get("ETag", "").strip('"')))
 
     def _newest_checkpoint(self, job: _Job) -> tuple[float, float | None]:
         """(progress, LastModified epoch) of the newest checkpoint under the prefix, or (0, None)."""
@@ -591,6 +596,29 @@ class SimulatedFleet:
         job.container_instance_arn = self._ecs.register_container_instance(
             cluster=self._cluster, instanceIdentityDocument=document
         )["containerInstance"]["containerInstanceArn"]
+
+    def _object_created(self, job: _Job, key: str, size: int, etag: str) -> dict:
+        """S3's "Object Created" event as EventBridge delivers it (detail version 0)."""
+        _, _, _, region, account, _ = job.arn.split(":", 5)
+        return {
+            "version": "0",
+            "id": self._new_id(),
+            "detail-type": "Object Created",
+            "source": "aws.s3",
+            "account": account,
+            "time": _iso_z(self._clock.now()),
+            "region": region,
+            "resources": [f"arn:aws:s3:::{job.bucket}"],
+            "detail": {
+                "version": "0",
+                "bucket": {"name": job.bucket},
+                "object": {"key": key, "size": size, "etag": etag, "sequencer": f"{int(self._clock.now() * 1000):016X}"},
+                "request-id": self._new_id()[:16],
+                "requester": account,
+                "source-ip-address": "10.0.0.1",
+                "reason": "PutObject",
+            },
+        }
 
     def _spot_warning(self, job: _Job) -> dict:
         """Shape of events/ec2/amazon-ec2-user-guide__ec2-spot-instance-interruption-warning__a6e9ba68.json."""

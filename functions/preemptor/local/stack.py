@@ -238,7 +238,7 @@ class EmulatedStack:
             shared_env.update(env)
             for event_name, event in props.get("Events", {}).items():
                 if event["Type"] == "EventBridgeRule":
-                    pattern = json.dumps(event["Properties"]["Pattern"])
+                    pattern = json.dumps(self.resolve(event["Properties"]["Pattern"]))
                     self.rules.append(Rule(f"{logical}{event_name}", EventPattern.load(pattern), name))
         # Functions share one process here, so they share one environment: the union of theirs.
         self._set_env(shared_env)
@@ -291,8 +291,10 @@ class EmulatedStack:
             return value
         if isinstance(value, list):
             return [self.resolve(v) for v in value]
-        if not isinstance(value, dict) or len(value) != 1:
+        if not isinstance(value, dict):
             return value
+        if len(value) != 1 or not next(iter(value)).startswith(("Ref", "Fn::")):
+            return {k: self.resolve(v) for k, v in value.items()}
         (fn, arg), = value.items()
         if fn == "Ref":
             return self._ref(arg)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..adapters.checkpoints import CONTROL_DIR
 from ..adapters.instances import InstanceResolver
 from ..adapters.runners import Runner
 from ..adapters.store import JobsStore
@@ -90,6 +91,8 @@ class Intake:
             return self._run_changed(event, "batch", event.job_id, event.status, BATCH_OUTCOMES, now)
         if isinstance(event, (ev.SpotInterruptionWarning, ev.RebalanceRecommendation)):
             return self._instance_warning(event, now)
+        if isinstance(event, ev.CheckpointWritten):
+            return self._checkpoint_written(event, now)
         return IntakeResult("ignored", f"no handler for {type(event).__name__}")
 
     # -- the controller's own events -----------------------------------------------------
@@ -118,6 +121,7 @@ class Intake:
         )
         if not self.store.put_new(record):
             return IntakeResult("duplicate", f"job {req.name} was already submitted", req.name)
+        self.store.put_checkpoint_alias(record.checkpoint_s3_uri, record.name)
         tier = self.settings.policy.tier_of(priority)
         self.store.log(
             req.name, now, "submitted", "job-submitted", f"team {req.team}, priority {priority} ({tier}), {record.gpus} GPUs in {req.pool}"
@@ -226,6 +230,8 @@ class Intake:
         )
         if not self.store.put_adopted(record):
             return IntakeResult("duplicate", f"{name} already known", name)
+        if checkpoint:
+            self.store.put_checkpoint_alias(checkpoint, name)
         self.store.log(name, now, "adopted", "tagged-outside-controller", f"{gpus} GPUs counted in {pool.name}")
         return IntakeResult("accepted", "adopted", name)
 
@@ -248,6 +254,18 @@ class Intake:
         }
         arn = self.workflows.start("spot", execution_name(name, str(incarnation), event.event_id), payload)
         return IntakeResult("accepted", "spot-interruption" if stop else "rebalance-recommendation", name, arn)
+
+    def _checkpoint_written(self, event: "ev.CheckpointWritten", now: float) -> IntakeResult:
+        """Keep each job's last checkpoint time current, so victims are ranked by the work
+        they would really lose without listing S3 on the scheduling path."""
+        if f"/{CONTROL_DIR}/" in f"/{event.key}":
+            return IntakeResult("ignored", f"controller marker s3://{event.bucket}/{event.key}")
+        job = self.store.find_checkpoint_owner(event.bucket, event.key)
+        if job is None:
+            return IntakeResult("ignored", f"no job checkpoints under s3://{event.bucket}/{event.key}")
+        at = event.time if event.time is not None else now
+        self.store.note_checkpoint(job, at)
+        return IntakeResult("accepted", "checkpoint-written", job)
 
     def _schedule(self, pool: str, event_id: str, outcome: str, reason: str, job: str | None) -> IntakeResult:
         arn = self.workflows.start("schedule", execution_name("schedule", pool, event_id), {"pool": pool})

@@ -3,6 +3,7 @@ left behind. Runs on a schedule; every repair is logged with its reason."""
 
 from __future__ import annotations
 
+from ..adapters.checkpoints import CheckpointStore
 from ..adapters.runners import Runner
 from ..adapters.store import JobsStore
 from ..adapters.workflows import WorkflowStarter, execution_name
@@ -14,6 +15,13 @@ from .scheduling import oldest_wait_by_tier
 
 STUCK_PREEMPTION_S = 3 * 3600
 STUCK_ADMISSION_S = 30 * 60  # the launch step retries for minutes, not half an hour
+
+
+def _refresh_checkpoint(store: JobsStore, checkpoints: CheckpointStore, record) -> None:
+    """The safety net for S3 events that did not arrive (bucket not sending them to EventBridge)."""
+    newest = checkpoints.newest(record.checkpoint_s3_uri)
+    if newest is not None and (record.last_checkpoint_at is None or newest > record.last_checkpoint_at):
+        store.note_checkpoint(record.name, newest)
 
 
 def _check_admission(store: JobsStore, record, now: float) -> dict | None:
@@ -31,7 +39,13 @@ def _check_admission(store: JobsStore, record, now: float) -> dict | None:
 
 
 def reconcile(
-    *, store: JobsStore, runners: dict[str, Runner], workflows: WorkflowStarter, settings: Settings, now: float
+    *,
+    store: JobsStore,
+    runners: dict[str, Runner],
+    workflows: WorkflowStarter,
+    checkpoints: CheckpointStore,
+    settings: Settings,
+    now: float,
 ) -> dict:
     repairs: list[dict] = []
     oldest: dict[str, float] = {}
@@ -41,6 +55,8 @@ def reconcile(
             repair = _check_run(store, runners, settings, record, now)
             if repair:
                 repairs.append(repair)
+            elif record.status is JobState.RUNNING and record.checkpoint_s3_uri:
+                _refresh_checkpoint(store, checkpoints, record)
         active = store.active(pool.name)
         used = sum(r.gpus for r in active)
         stored = (store.pool(pool.name) or {}).get("used_gpus", 0)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..adapters.checkpoints import CheckpointStore
 from ..adapters.store import JobsStore
 from ..config import Mode, Settings
 from ..core.errors import ConflictError
@@ -79,7 +78,6 @@ def build_snapshot(
 def plan_cycle(
     *,
     store: JobsStore,
-    checkpoints: CheckpointStore,
     settings: Settings,
     pool_name: str,
     owner: str,
@@ -96,7 +94,7 @@ def plan_cycle(
         return CycleResult(pool_name, owner, False, [], [], [], settings.policy.workflow_settings(pool_name))
 
     workflow_settings = settings.policy.workflow_settings(pool_name)
-    pending, active, snapshot = read_snapshot(store, checkpoints, settings, pool_name, now)
+    pending, active, snapshot = read_snapshot(store, settings, pool_name, now)
     decision = plan(snapshot, settings.policy, now)
     waiting = [
         {"job": e.job, "reason": e.reason.value, "detail": e.detail}
@@ -117,7 +115,7 @@ def plan_cycle(
 
 
 def read_snapshot(
-    store: JobsStore, checkpoints: CheckpointStore, settings: Settings, pool_name: str, now: float, include: str | None = None
+    store: JobsStore, settings: Settings, pool_name: str, now: float, include: str | None = None
 ) -> tuple[list[JobRecord], list[JobRecord], Snapshot]:
     """What the planner sees of one pool: a bounded number of reads, whatever the queue length.
 
@@ -130,13 +128,15 @@ def read_snapshot(
         extra = store.get(include)
         if extra is not None and extra.status is JobState.PENDING and extra.pool == pool_name:
             pending.append(extra)
-    active = [_with_fresh_checkpoint(r, checkpoints) for r in store.active(pool_name)]
+    # Checkpoint times come from the table (kept current by S3 events and the checkpoint
+    # steps; reconcile refreshes them from S3), not from listing S3 on every decision.
+    active = store.active(pool_name)
     history = store.preemptions_since(pool_name, now - knobs.budget.window_s) if knobs.budget else []
     snapshot = build_snapshot(Pool(pool_name, pool_cfg.capacity_gpus), pending, active, store.team_usage(pool_name), history)
     return pending, active, snapshot
 
 
-def explain(*, store: JobsStore, checkpoints: CheckpointStore, settings: Settings, job: str, now: float) -> dict:
+def explain(*, store: JobsStore, settings: Settings, job: str, now: float) -> dict:
     """`explain` on live state: plan the job's pool as a cycle would (writing nothing) and
     tell why the job waits, runs or was preempted, with its decision log."""
     record = store.get(job)
@@ -145,7 +145,7 @@ def explain(*, store: JobsStore, checkpoints: CheckpointStore, settings: Setting
     history = store.history(job)
     if settings.pool(record.pool) is None:
         return explain_job(job, Decision(), Snapshot(pools=()), settings.policy, now, history)
-    _, _, snapshot = read_snapshot(store, checkpoints, settings, record.pool, now, include=job)
+    _, _, snapshot = read_snapshot(store, settings, record.pool, now, include=job)
     answer = explain_job(job, plan(snapshot, settings.policy, now), snapshot, settings.policy, now, history)
     answer["state"] = record.status.value
     if record.status.is_terminal:
@@ -158,14 +158,6 @@ def explain(*, store: JobsStore, checkpoints: CheckpointStore, settings: Setting
 def finish_cycle(*, store: JobsStore, pool_name: str, owner: str) -> dict:
     """Release the lease; `rerun` is true when work arrived while we held it."""
     return {"pool": pool_name, "owner": owner, "rerun": store.release_lease(pool_name, owner)}
-
-
-def _with_fresh_checkpoint(record: JobRecord, checkpoints: CheckpointStore) -> JobRecord:
-    """Victim choice weighs the work since the last checkpoint: read it from S3, not memory."""
-    if record.status is not JobState.RUNNING:
-        return record
-    newest = checkpoints.newest(record.checkpoint_s3_uri)
-    return record if newest is None else record.with_changes(last_checkpoint_at=newest)
 
 
 def _reserve_admissions(
