@@ -120,6 +120,11 @@ class Intake:
             spot=req.spot,
         )
         if not self.store.put_new(record):
+            existing = self.store.get(req.name)
+            if existing is not None and existing.status is JobState.PENDING:
+                # A redelivery after a failure between the insert and the workflow start:
+                # start it now (the execution name makes a second start a no-op).
+                self._schedule(req.pool, event.event_id, "duplicate", "job-already-submitted", req.name)
             return IntakeResult("duplicate", f"job {req.name} was already submitted", req.name)
         self.store.put_checkpoint_alias(record.checkpoint_s3_uri, record.name)
         tier = self.settings.policy.tier_of(priority)
