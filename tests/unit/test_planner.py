@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -641,3 +642,29 @@ def test_rich_victim_set_is_minimal(snap, p, need, priority, team):
         assert not _fits_oracle(snap, p, job, [])
     if admitted(decision) == ["x"]:
         assert _fits_oracle(snap, p, job, [])
+
+
+def test_capacity_freed_by_a_preemption_goes_to_its_preemptor():
+    # Given a starving low job ranked first by the starvation guard, and a medium job whose
+    # victim has just been stopped for it (nominated a minute ago), with the GPUs now free
+    policy = Policy(aging={"rate_per_hour": 200, "starving_after_s": 3600})
+    snap = snapshot(8).pending(
+        pending("starving", 50, 8, submitted_at=NOW - 7200),  # aged to 450, uncapped
+        pending("medium", 200, 8, submitted_at=NOW - 120, nominated_at=NOW - 60),  # 206
+    ).build()
+    assert admitted(plan(type(snap)(snap.pools, (), (snap.pending[0], replace(snap.pending[1], nominated_at=None))), policy, NOW)) == ["starving"]
+    # When planning
+    decision = plan(snap, policy, NOW)
+    # Then the medium job gets the GPUs freed for it; the starving job is next in line
+    assert admitted(decision) == ["medium"]
+    assert any(e.job == "medium" and e.reason is Reason.CAPACITY_FREED_FOR_IT for e in decision.explanations)
+
+
+def test_an_old_nomination_hands_nothing_over():
+    # (the handover window is the checkpoint wait + the stop wait + 600 s: 2,100 s by default)
+    policy = Policy(aging={"rate_per_hour": 200, "starving_after_s": 3600})
+    snap = snapshot(8).pending(
+        pending("starving", 50, 8, submitted_at=NOW - 7200),
+        pending("medium", 200, 8, submitted_at=NOW - 2500, nominated_at=NOW - 2400),
+    ).build()
+    assert admitted(plan(snap, policy, NOW)) == ["starving"]

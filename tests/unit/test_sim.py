@@ -195,12 +195,6 @@ def test_victim_choice(policy, victim, lost_progress_s, critical_wait):
         assert chosen.lost_gpu_s == pytest.approx(lost_progress_s * 2 + 120 * 2 + 300 * 2)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="core defect found by the simulator: the planner ranks a job waiting over aging.starving_after_s "
-    "(counted from submission) above higher tiers, but lets only claimed priority preempt, so a starving low "
-    "job takes the GPUs a medium job freed and the medium job preempts again (875 times here)",
-)
 def test_a_medium_job_preempts_once_even_when_low_jobs_are_starving():
     # Given an 8-GPU pool, a low job running since 0, another low job waiting since 0
     # (starving after a day), and a medium job arriving at 90000

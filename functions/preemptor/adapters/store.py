@@ -381,6 +381,21 @@ class JobsStore:
             update["ExpressionAttributeValues"][":lim"] = _to_attr(limit - delta)
         return {"Update": update}
 
+    def nominate(self, name: str, at: float) -> None:
+        """Mark a pending job as the one its victims' GPUs are handed to."""
+        try:
+            self._call(
+                "update_item",
+                TableName=self.table,
+                Key=job_key(name),
+                UpdateExpression="SET nominated_at = :t",
+                ConditionExpression="#st = :pending",
+                ExpressionAttributeNames={"#st": "status"},
+                ExpressionAttributeValues={":t": _to_attr(at), ":pending": {"S": JobState.PENDING.value}},
+            )
+        except ConflictError:
+            pass  # admitted or cancelled meanwhile: nothing to hand over
+
     def note_checkpoint(self, name: str, at: float) -> None:
         """Remember the newest checkpoint time seen (never moves backwards)."""
         try:

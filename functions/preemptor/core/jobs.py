@@ -55,6 +55,7 @@ class JobRecord:
     # protected from being chosen again.
     admitted_at: float | None = None
     spared_until: float | None = None
+    nominated_at: float | None = None  # victims were last chosen for it (capacity handover)
 
     @property
     def next_run_name(self) -> str:
@@ -75,6 +76,7 @@ class JobRecord:
             expected_duration_s=self.expected_duration_s,
             restart_overhead_s=self.restart_overhead_s,
             pending_since=self.pending_since,
+            nominated_at=self.nominated_at,
         )
 
     def as_running(self) -> RunningJob:

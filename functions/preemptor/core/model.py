@@ -59,6 +59,7 @@ class Reason(StrEnum):
     NEAR_COMPLETION_PROTECTED = "near-completion-protected"
     MAX_PREEMPTIONS_PROTECTED = "max-preemptions-protected"
     RECENTLY_SPARED = "recently-spared"
+    CAPACITY_FREED_FOR_IT = "capacity-freed-for-it"
     WITHIN_GUARANTEED_QUOTA = "within-guaranteed-quota"
     PREEMPTION_NOT_ALLOWED = "preemption-mode-never"
     NOT_LOWER_PRIORITY = "not-lower-priority"
@@ -126,6 +127,8 @@ class PendingJob:
     expected_duration_s: float | None = None
     restart_overhead_s: float = 0.0
     pending_since: float | None = None
+    # When victims were last chosen for it: the GPUs they free are handed to it first.
+    nominated_at: float | None = None
 
     def waiting_since(self) -> float:
         """When the job last became pending (its submission, unless requeued since)."""

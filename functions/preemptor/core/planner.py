@@ -74,17 +74,21 @@ class RankedJob:
     effective: int  # claimed plus aging: what orders the queue
     team_usage: float  # decayed GPU-seconds of its team (0 when fair share is off)
     adjustments: tuple[tuple[Reason, str], ...] = ()
+    handover: bool = False  # victims were stopped for it: it is placed before everyone else
 
 
 def rank_key(ranked: RankedJob) -> tuple:
     """Order of pending work in a pool.
 
+    0. a job whose victims were just stopped for it (nominated within the handover window)
+       first: the capacity freed for it is its own, whoever ranks above it otherwise (without
+       this, a job ranked above it by aging would take the GPUs and it would preempt again);
     1. higher effective priority first (claimed priority plus aging);
     2. fair share: the team with the lower decayed usage first;
     3. FIFO: earlier submission first (a requeued victim keeps its place);
     4. name, unique, as the final tie-breaker.
     """
-    return (-ranked.effective, ranked.team_usage, ranked.job.submitted_at, ranked.job.name)
+    return (not ranked.handover, -ranked.effective, ranked.team_usage, ranked.job.submitted_at, ranked.job.name)
 
 
 class _Rules:
@@ -159,14 +163,28 @@ def rank_pool(pending: Iterable[PendingJob], knobs: PoolPolicy, policy: Policy, 
     rules = _Rules(knobs, policy)
     fair = knobs.fair_share.enabled
     ranked = []
+    window = handover_window_s(knobs)
     for job in pending:
         claimed, notes = rules.claim(job.priority, job.sla_s, job.spot)
         effective, aged = rules.effective(claimed, now - job.submitted_at)
         if aged:
             notes.append((Reason.AGED, aged))
-        ranked.append(RankedJob(job, claimed, effective, usage.get(job.team, 0.0) if fair else 0.0, tuple(notes)))
+        handover = job.nominated_at is not None and 0 <= now - job.nominated_at <= window
+        if handover:
+            notes.append(
+                (Reason.CAPACITY_FREED_FOR_IT, f"victims were stopped for it {now - job.nominated_at:.0f} s ago: placed first")
+            )
+        ranked.append(
+            RankedJob(job, claimed, effective, usage.get(job.team, 0.0) if fair else 0.0, tuple(notes), handover)
+        )
     ranked.sort(key=rank_key)
     return ranked
+
+
+def handover_window_s(knobs: PoolPolicy) -> float:
+    """How long capacity freed by a preemption stays handed to its preemptor: the longest
+    checkpoint wait and stop wait, plus ten minutes for the relaunch to be planned."""
+    return knobs.checkpoint_wait_max_s + knobs.stop_wait_max_s + 600.0
 
 
 def victim_key(victim: RunningJob, now: float, borrowed: bool = False, priority: int | None = None) -> tuple:

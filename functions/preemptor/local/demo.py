@@ -63,9 +63,12 @@ def run(
     *,
     tick_s: float = TICK_S,
     explain: list[str] = (),
+    on_stack: Callable[[EmulatedStack], None] | None = None,
 ) -> DemoResult:
     """Replay `scenario` on the emulated stack; returns the timeline, the report, and the
-    `explain` answer for each job named in `explain`, as it stands at the end."""
+    `explain` answer for each job named in `explain`, as it stands at the end.
+    `on_stack` is called with the started stack (before any event) and again at the end,
+    for instruments such as the running-cost benchmark."""
     clock = SimClock(START)
     parameters = {
         "PoolsConfig": json.dumps([p.model_dump(exclude_none=True) for p in scenario.pools]),
@@ -82,6 +85,8 @@ def run(
             ecs_client=stack.client("ecs"),
             ec2_client=stack.client("ec2"),
         )
+        if on_stack:
+            on_stack(stack)
         try:
             _create_batch_queues(stack, scenario)
             _replay(stack, fleet, clock, scenario, tick_s, result)
@@ -101,6 +106,8 @@ def run(
         result.timeline = sorted(result.timeline + decisions, key=lambda t: (round(t.at, 3), order[t.source]))
         result.report = build_report(store, scenario)
         result.alerts = stack.alerts()
+        if on_stack:
+            on_stack(stack)
         d = stack.deps()
         for job in explain:
             answer = explaining(store=store, settings=d.settings, job=job, now=clock.now())

@@ -222,6 +222,7 @@ def _mark_victims(store: JobsStore, decision: Decision, by_name: dict[str, JobRe
             PastPreemption(victim.pool, now, victim.gpus, p.lost_gpu_seconds, victim.name), ttl_s=BUDGET_MEMORY_S
         )
         store.log(p.preemptor, now, "preempting", "preempts-lower-priority", f"stopping {victim.name} ({victim.gpus} GPUs)")
+        store.nominate(p.preemptor, now)
         marked.append(
             {
                 "job": victim.name,

@@ -54,7 +54,7 @@ import random
 import time
 from bisect import bisect_left, insort
 from collections import deque
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 from ..core import model as core_model
@@ -483,6 +483,9 @@ class Simulator:
             pair = f"{preemptor.priority if preemptor else '?'}>{job.priority}"
             self.pairs[pair] = self.pairs.get(pair, 0) + 1
             self._preempt(job, now)
+            if preemptor is not None and preemptor.pending_view is not None and preemptor.state == _PENDING:
+                # As the schedule step does: the GPUs freed go to the preemptor first.
+                preemptor.pending_view = replace(preemptor.pending_view, nominated_at=now)
             if self.policy.history_window_s and _PastPreemption is not None:
                 self._history.append(
                     _PastPreemption(pool=self._pool.name, at=now, gpus=job.gpus, lost_gpu_seconds=preemption.lost_gpu_seconds, victim=job.name)
