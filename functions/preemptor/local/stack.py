@@ -352,7 +352,14 @@ class EmulatedStack:
         fn = self.functions[function_name.rsplit(":", 1)[-1]]
         module_name, attr = fn.handler.rsplit(".", 1)
         handler: Callable = getattr(importlib.import_module(module_name), attr)
-        return handler(event, LambdaContext(function_name=fn.name, invoked_function_arn=fn.arn))
+        try:
+            return handler(event, LambdaContext(function_name=fn.name, invoked_function_arn=fn.arn))
+        finally:
+            # With metrics disabled Powertools keeps what it did not publish; a Lambda
+            # container would have flushed it. Drop it, so nothing piles up or prints at exit.
+            from ..handlers.observability import metrics
+
+            metrics.clear_metrics()
 
     def put_event(self, event: dict) -> RoutedEvent:
         """Deliver an event to every function whose EventBridge rule matches it."""
