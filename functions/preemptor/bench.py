@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--replot", action="store_true", help="redraw plots and tables from the last runs' cached data")
+    parser.add_argument("--resume", action="store_true", help="keep the runs an interrupted bench finished; replay only the others")
     args = parser.parse_args(argv)
 
     scenarios = list(SCENARIOS.values()) if args.scenario == "all" else [SCENARIOS[args.scenario]]
@@ -155,6 +156,13 @@ def main(argv: list[str] | None = None) -> int:
             context = {k: cached[k] for k in ("machine", "date", "bench_command")}
             runs[scenario.name][policy] = pickle.loads(_cache(scenario.name, policy).read_bytes())
     else:
+        if args.resume:
+            for scenario, policy in list(tasks):
+                cache, done = _cache(scenario.name, policy), args.out / f"{scenario.name}-{policy}.json"
+                if cache.is_file() and done.is_file():
+                    runs[scenario.name][policy] = pickle.loads(cache.read_bytes())
+                    tasks.remove((scenario, policy))
+                    _log(f"  {scenario.name}/{policy}: kept from {json.loads(done.read_text())['date']}")
         _simulate_all(args, tasks, runs, context)
     for scenario in scenarios:
         _write_scenario(args.out, scenario, {p: runs[scenario.name][p] for p in policies}, context)

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 
+REPREEMPTION_PENALTY_S = 600.0  # victim order: a job preempted n times costs n x 10 min more
+
 class JobState(StrEnum):
     """Lifecycle of a job in the controller (not of one SageMaker/Batch run)."""
 
@@ -173,8 +175,15 @@ class RunningJob:
         return self.gpus * self.work_at_risk_s(now)
 
     def stop_cost_gpu_seconds(self, now: float) -> float:
-        """What a stop costs: the work lost plus the restart overhead, in GPU-seconds."""
-        return self.gpus * (self.work_at_risk_s(now) + self.restart_overhead_s)
+        """What a stop costs, in GPU-seconds: the work lost, the restart overhead, and a
+        penalty for every earlier preemption of the job (`REPREEMPTION_PENALTY_S` each).
+
+        Without the penalty a job that was just relaunched, having lost nothing yet, is
+        always the cheapest victim, and the same job is preempted again and again (the
+        simulator showed one low job restarted 160 times in a week): the penalty spreads the
+        burden, as a job's owner would expect."""
+        penalty = self.preemptions * REPREEMPTION_PENALTY_S
+        return self.gpus * (self.work_at_risk_s(now) + self.restart_overhead_s + penalty)
 
     def checkpoint_age_s(self, now: float) -> float | None:
         """Seconds since the last checkpoint, or None when there is none yet."""

@@ -78,7 +78,7 @@ class Aging(_Knob):
 
     rate_per_hour: float = Field(default=10.0, ge=0)
     cap: AgingCap = AgingCap.BELOW_NEXT_TIER
-    starving_after_s: float | None = Field(default=86_400.0, gt=0)
+    starving_after_s: float | None = Field(default=None, gt=0)  # opt-in: see docs/policy.md
 
 
 class FairShare(_Knob):
