@@ -10,7 +10,7 @@ ARGS   ?=
 export SAM_CLI_TELEMETRY := 0
 export AWS_EC2_METADATA_DISABLED := true
 
-.PHONY: demo test lint validate build bench clean
+.PHONY: demo test validate build bench bench-aws clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml functions/requirements.txt
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 (or run make PYTHON=python3)"; exit 1; }
@@ -34,6 +34,10 @@ build: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m preemptor.bench $(ARGS)
+
+# Decision cost on the handler path (moto), cold starts, running cost: ~30 min.
+bench-aws: $(STAMP)
+	$(BIN)/python -m preemptor.bench_aws $(ARGS)
 
 clean:
 	rm -rf $(VENV) .aws-sam .pytest_cache .hypothesis
