@@ -668,3 +668,19 @@ def test_an_old_nomination_hands_nothing_over():
         pending("medium", 200, 8, submitted_at=NOW - 2500, nominated_at=NOW - 2400),
     ).build()
     assert admitted(plan(snap, policy, NOW)) == ["starving"]
+
+
+def test_a_job_admitted_after_starving_runs_to_completion():
+    # Given the starvation guard on, and a low job that waited past it
+    policy = Policy(aging={"rate_per_hour": 10, "starving_after_s": 3600})
+    snap = snapshot(8).pending(pending("starving", 50, 8, submitted_at=NOW - 7200)).build()
+    # When it is admitted, then the admission says it runs to completion
+    [admission] = plan(snap, policy, NOW).admits
+    assert admission.guaranteed
+    # And once running, a critical job cannot preempt it
+    snap = snapshot(8).running(running("starving", 50, 8, guaranteed=True)).pending(
+        pending("critical", 1000, 8, submitted_at=NOW)
+    ).build()
+    decision = plan(snap, policy, NOW)
+    assert decision.preemptions == ()
+    assert any(e.reason is Reason.STARVATION_GUARANTEE for e in decision.explanations)

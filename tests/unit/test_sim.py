@@ -210,6 +210,24 @@ def test_a_medium_job_preempts_once_even_when_low_jobs_are_starving():
     assert job(result, "medium").wait_s <= 300.0
 
 
+
+def test_with_the_starvation_guard_a_starving_job_runs_once_admitted():
+    # Given the same trace with the guard on (a day): low-2 has starved past it when the
+    # medium job's victim frees the GPUs... the medium job gets them (handover), and when
+    # it ends low-2 is admitted under the guard and is never preempted
+    from preemptor.core.policy import Policy
+
+    trace = [
+        TraceJob("low-1", 0, 400_000, 8, "t1", 50),
+        TraceJob("low-2", 0, 400_000, 8, "t2", 50),
+        TraceJob("medium", 90_000, 3600, 8, "t3", 200),
+        TraceJob("medium-2", 200_000, 3600, 8, "t3", 200),
+    ]
+    guard = Policy(aging={"rate_per_hour": 10, "starving_after_s": 86_400})
+    result = simulate(trace, preemptor_policy(guard), SimConfig(gpus=8, checkpoint_interval_s=EVERY_1000))
+    assert job(result, "low-2").preemptions == 0
+    assert sum(j.preemptions for j in result.jobs) == 1
+
 def test_slurm_preempt_exempt_time_delays_the_preemption():
     # Given the mission story with the critical job arriving at 1000, when the experiment
     # has run only 1000 s of Slurm's 1800 s PreemptExemptTime

@@ -56,6 +56,7 @@ class JobRecord:
     admitted_at: float | None = None
     spared_until: float | None = None
     nominated_at: float | None = None  # victims were last chosen for it (capacity handover)
+    guaranteed: bool = False  # admitted by the starvation guard: never a victim
 
     @property
     def next_run_name(self) -> str:
@@ -97,6 +98,7 @@ class JobRecord:
             work_done_s=self.work_done_s,
             restart_overhead_s=self.restart_overhead_s,
             spared_until=self.spared_until,
+            guaranteed=self.guaranteed,
         )
 
     def with_changes(self, **changes) -> "JobRecord":

@@ -62,6 +62,7 @@ class Reason(StrEnum):
     MAX_PREEMPTIONS_PROTECTED = "max-preemptions-protected"
     RECENTLY_SPARED = "recently-spared"
     CAPACITY_FREED_FOR_IT = "capacity-freed-for-it"
+    STARVATION_GUARANTEE = "admitted-after-starving"
     WITHIN_GUARANTEED_QUOTA = "within-guaranteed-quota"
     PREEMPTION_NOT_ALLOWED = "preemption-mode-never"
     NOT_LOWER_PRIORITY = "not-lower-priority"
@@ -164,6 +165,9 @@ class RunningJob:
     restart_overhead_s: float = 0.0
     # Not a victim before this time: it was spared after failing to checkpoint in time.
     spared_until: float | None = None
+    # Admitted by the starvation guard: protected until it completes (else higher tiers
+    # preempt it again at once and the guard only churns).
+    guaranteed: bool = False
 
     def work_at_risk_s(self, now: float) -> float:
         """Seconds of work a stop at `now` throws away: time since the last checkpoint."""
@@ -268,6 +272,7 @@ class Admission:
     gpus: int
     reason: Reason
     borrowed_gpus: int = 0  # GPUs above its team's nominal quota
+    guaranteed: bool = False  # admitted after starving: runs to completion, never a victim
 
 
 @dataclass(frozen=True, slots=True)

@@ -397,6 +397,8 @@ class _PoolPlanner:
         k, now = self.knobs, self.now
         if v.stopping:
             return _Verdict(None, Reason.ALREADY_STOPPING, "already being stopped; its GPUs are claimed first")
+        if v.guaranteed:
+            return _Verdict(None, Reason.STARVATION_GUARANTEE, "admitted after starving: runs to completion")
         if v.spared_until is not None and now < v.spared_until:
             return _Verdict(
                 None, Reason.RECENTLY_SPARED, f"spared after a checkpoint timeout, until {v.spared_until - now:.0f} s from now"
@@ -627,7 +629,11 @@ class _PoolPlanner:
         detail = f"{job.gpus} GPUs fit; {self.free} left free in {job.pool}"
         if borrowed:
             detail += f"; {borrowed} of them borrowed above {bucket.label()}'s nominal {bucket.nominal}"
-        self.admits.append(Admission(job.name, job.pool, job.gpus, reason, borrowed))
+        aging = self.knobs.aging
+        guaranteed = aging.starving_after_s is not None and self.now - job.submitted_at >= aging.starving_after_s
+        if guaranteed:
+            detail += "; admitted after starving, so it runs to completion"
+        self.admits.append(Admission(job.name, job.pool, job.gpus, reason, borrowed, guaranteed))
         self.lines.append(Explanation(job.name, Verdict.ADMIT, reason, detail))
 
     def _hold(self, r: RankedJob, bucket: _Bucket | None) -> int:

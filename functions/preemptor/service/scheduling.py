@@ -169,7 +169,7 @@ def _reserve_admissions(
         try:
             store.transition(
                 record,
-                record.with_changes(status=JobState.ADMITTED, admitted_at=now),
+                record.with_changes(status=JobState.ADMITTED, admitted_at=now, guaranteed=admission.guaranteed),
                 expect=[JobState.PENDING],
                 usage_delta=record.gpus,
                 pool_limit=capacity,

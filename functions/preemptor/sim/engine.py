@@ -169,7 +169,7 @@ class _Job:
     __slots__ = (
         "idx", "trace", "name", "priority", "gpus", "interval", "cooperative", "state", "gen",
         "saved", "ckpt_wall", "run_start", "work_start", "overhead", "incarnation",
-        "pending_since", "pending_view", "running_view", "view_until",
+        "pending_since", "guaranteed", "pending_view", "running_view", "view_until",
         "signal_at", "saved_after", "ckpt_after", "outcome",
     )  # fmt: skip
 
@@ -190,6 +190,7 @@ class _Job:
         self.overhead = 0.0
         self.incarnation = 0
         self.pending_since = 0.0
+        self.guaranteed = False
         self.pending_view: PendingJob | None = None
         self.running_view: RunningJob | None = None
         self.view_until = 0.0
@@ -453,6 +454,7 @@ class Simulator:
             last_checkpoint_at=ckpt,
             preemptions=job.outcome.preemptions,
             stopping=job.state == _STOPPING,
+            guaranteed=job.guaranteed,
             **self._extra_running(job),
         )
         return job.running_view
@@ -474,6 +476,7 @@ class Simulator:
             job = self._by_name.get(admission.job)
             if job is None or job.state != _PENDING:
                 raise SimulationError(f"{self.policy.name} admitted {admission.job}, which is not pending")
+            job.guaranteed = getattr(admission, "guaranteed", False)
             self._start(job, now)
         for preemption in decision.preemptions:
             job = self._by_name.get(preemption.victim)
