@@ -462,8 +462,13 @@ def test_cli_sim_takes_a_policy_file_for_ours(tmp_path, capsys):
 def test_bench_compares_ours_with_baselines_only_and_explains_repeated_preemptions():
     from preemptor import bench
 
+    base = summarize(replay("victims.csv", "kueue", gpus=6))
+
     def fake(preemptions: int, max_restarts: int = 1, pairs: dict | None = None) -> dict:
-        return {"preemptions": preemptions, "max_restarts": max_restarts, "simulator": {"preemptions_by_priority_pair": pairs or {}}}
+        summary = json.loads(json.dumps(base))
+        summary.update(preemptions=preemptions, max_restarts=max_restarts)
+        summary["simulator"]["preemptions_by_priority_pair"] = pairs or {}
+        return summary
 
     # Given ours preempting 100x more than Kueue, and a diagnostic variant of ours
     summaries = {"preemptor": fake(3000, 40, {"200>50": 2900, "500>50": 100}), "kueue": fake(30), "preemptor-no-aging": fake(25)}
