@@ -37,8 +37,13 @@ def check_checkpoint(
     age = None if newest is None else max(0.0, now - newest)
     if newer_than is not None:
         fresh = newest is not None and newest > newer_than
+    elif newest is not None:
+        # A relaunched run resumed from that checkpoint: what a stop loses is the work since
+        # the later of the checkpoint and the run's start (a run still reloading loses none).
+        at_risk = now - max(newest, record.started_at or newest)
+        fresh = at_risk <= policy.for_pool(record.pool).checkpoint_max_age_s
     else:
-        fresh = age is not None and age <= policy.for_pool(record.pool).checkpoint_max_age_s
+        fresh = False
     if newest is not None:
         store.note_checkpoint(job, newest)
     if fresh:

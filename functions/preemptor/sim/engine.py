@@ -591,7 +591,9 @@ class Simulator:
         """Ours: (stop signal time, progress kept, its checkpoint time, spare the victim?)."""
         policy = self.policy
         newest, saved = job.periodic_checkpoint(now) if now >= job.work_start else (job.ckpt_wall, job.saved)
-        if newest is not None and now - newest <= policy.checkpoint_max_age_s:
+        # As the workflow's check: a relaunched run resumed from `newest`, so what a stop
+        # loses is counted from the later of that checkpoint and the run's start.
+        if newest is not None and now - max(newest, job.run_start) <= policy.checkpoint_max_age_s:
             return now, saved, newest, False
         self.counters["checkpoint_requests"] += 1
         poll = policy.checkpoint_poll_s
