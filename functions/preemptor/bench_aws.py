@@ -192,7 +192,6 @@ def cold_start(repeats: int) -> dict:
 
 def running_cost(jobs: int) -> dict:
     from .local import demo
-    from .local.scenario import Scenario
 
     scenario = _trace_scenario(jobs)
     counts: Counter = Counter()

@@ -119,6 +119,7 @@ class EmulatedStack:
         self.state_machines: dict[str, str] = {}
         self.rules: list[Rule] = []
         self.resources: dict[str, str] = {}
+        self.types: dict[str, str] = {}
         self.parameters: dict[str, str] = {}
         self.outbox: deque[dict] = deque()  # events emitted by the fleet, routed by `pump`
         self._mock = mock_aws(config=moto_patches.MOTO_CONFIG)
@@ -204,6 +205,7 @@ class EmulatedStack:
         # Names and ARNs first, so intrinsics resolve whatever the order of creation.
         for logical, res in resources.items():
             self.resources[logical] = self._physical_id(logical, res)
+            self.types[logical] = res["Type"]
 
         for logical, res in resources.items():
             kind, props = res["Type"], res.get("Properties", {})
@@ -322,15 +324,16 @@ class EmulatedStack:
 
     def _get_att(self, logical: str, attr: str) -> str:
         physical = self.resources[logical]
-        if attr == "Arn":
-            if logical in self.functions or physical in self.functions:
-                return f"arn:aws:lambda:{self.region}:{ACCOUNT}:function:{physical}"
-            if physical.startswith("arn:"):
-                return physical
-            return f"arn:aws:{_service_of(logical)}:{self.region}:{ACCOUNT}:{physical}"
         if attr == "TopicName":
             return physical.rsplit(":", 1)[-1]
-        return physical
+        if attr != "Arn" or physical.startswith("arn:"):
+            return physical
+        service = _ARN_SERVICE.get(self.types.get(logical, ""))
+        if service == "lambda":
+            return f"arn:aws:lambda:{self.region}:{ACCOUNT}:function:{physical}"
+        if service == "dynamodb":
+            return f"arn:aws:dynamodb:{self.region}:{ACCOUNT}:table/{physical}"
+        return f"arn:aws:{service or 'local'}:{self.region}:{ACCOUNT}:{physical}"
 
     def _sub(self, template: Any) -> str:
         text, variables = (template, {}) if isinstance(template, str) else (template[0], template[1])
@@ -433,13 +436,11 @@ class _CurrentStderr:
         sys.stderr.flush()
 
 
-def _service_of(logical: str) -> str:
-    if "Queue" in logical:
-        return "sqs"
-    if "Table" in logical:
-        return "dynamodb"
-    return "local"
-
+_ARN_SERVICE = {
+    "AWS::Serverless::Function": "lambda",
+    "AWS::SQS::Queue": "sqs",
+    "AWS::DynamoDB::Table": "dynamodb",
+}
 
 def _empty_zip() -> bytes:
     buf = io.BytesIO()
