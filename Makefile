@@ -10,9 +10,9 @@ ARGS   ?=
 export SAM_CLI_TELEMETRY := 0
 export AWS_EC2_METADATA_DISABLED := true
 
-.PHONY: demo test validate build bench bench-aws clean
+.PHONY: demo test lint-imports validate build bench bench-aws clean
 
-$(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml functions/requirements.txt
+$(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml functions/controller/requirements.txt
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 (or run make PYTHON=python3)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -24,7 +24,8 @@ demo: $(STAMP)
 	$(BIN)/preemptor demo $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/python -m pytest -n auto $(ARGS)
 
 validate: $(STAMP)
 	$(BIN)/sam validate --lint --region us-east-1
@@ -33,11 +34,11 @@ build: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/sam build
 
 bench: $(STAMP)
-	$(BIN)/python -m preemptor.bench $(ARGS)
+	$(BIN)/python -m preemptor_tools.bench $(ARGS)
 
 # Decision cost on the handler path (moto), cold starts, running cost: ~30 min.
 bench-aws: $(STAMP)
-	$(BIN)/python -m preemptor.bench_aws $(ARGS)
+	$(BIN)/python -m preemptor_tools.bench_aws $(ARGS)
 
 clean:
 	rm -rf $(VENV) .aws-sam .pytest_cache .hypothesis

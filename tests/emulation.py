@@ -9,11 +9,11 @@ from typing import Iterator
 
 from preemptor.config import PoolConfig
 from preemptor.core.jobs import JobRecord
-from preemptor.local.clock import SimClock
-from preemptor.local.demo import START
-from preemptor.local.fleet import SimulatedFleet
-from preemptor.local.scenario import ScenarioJob, submission_event
-from preemptor.local.stack import EmulatedStack, RoutedEvent
+from preemptor_tools.local.clock import SimClock
+from preemptor_tools.local.demo import START
+from preemptor_tools.local.fleet import SimulatedFleet
+from preemptor_tools.local.scenario import ScenarioJob, submission_event
+from preemptor_tools.local.stack import EmulatedStack, RoutedEvent
 
 P5 = PoolConfig(name="p5", service="sagemaker", instance_type="ml.p5.48xlarge", instances=8, gpus_per_instance=8)
 

@@ -6,7 +6,7 @@ import json
 
 from eventfiles import EVENTS_DIR, all_event_files
 
-from preemptor.cli import main
+from preemptor_tools.cli import main
 
 
 def test_replay_events_prints_one_verdict_per_file(capsys):

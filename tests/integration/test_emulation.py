@@ -25,10 +25,10 @@ from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from preemptor import clock as clock_module
-from preemptor.local import moto_patches
-from preemptor.local.clock import SimClock
-from preemptor.local.executions import wait_for_execution
-from preemptor.local.fleet import SimulatedFleet
+from preemptor_tools.local import moto_patches
+from preemptor_tools.local.clock import SimClock
+from preemptor_tools.local.executions import wait_for_execution
+from preemptor_tools.local.fleet import SimulatedFleet
 
 START = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 REGION = "us-east-1"

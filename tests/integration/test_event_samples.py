@@ -9,7 +9,7 @@ from emulation import emulation
 from eventfiles import all_event_files, relative_name
 
 from preemptor.handlers import intake
-from preemptor.local.stack import LambdaContext
+from preemptor_tools.local.stack import LambdaContext
 
 CONTEXT = LambdaContext(function_name="intake")
 

@@ -10,7 +10,7 @@ from eventfiles import all_event_files, load_raw
 
 from preemptor.handlers import intake
 from preemptor.core.model import JobState
-from preemptor.local.stack import LambdaContext
+from preemptor_tools.local.stack import LambdaContext
 
 CONTEXT = LambdaContext(function_name="intake")
 

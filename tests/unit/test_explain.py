@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 
 from builders import pending, policy, quota, running, snapshot
-from preemptor.cli import main
+from preemptor_tools.cli import main
 from preemptor.core.explain import explain_job, preemptions_from_history
 from preemptor.core.planner import plan
 from test_planner import rich_policies, rich_snapshots

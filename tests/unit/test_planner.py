@@ -15,7 +15,7 @@ from preemptor.core.model import JobState, PreemptionRule, Reason, Snapshot, Tea
 from preemptor.core.planner import plan
 from preemptor.core.policy import MaxPreemptionsAction, Policy, PreemptionMode, ReclaimMode
 from preemptor.core.requests import JobRequest
-from preemptor.core.snapshot_file import load_snapshot
+from preemptor_tools.snapshot_file import load_snapshot
 
 NOW = 10_000.0
 DEFAULT = Policy()

@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from builders import pending, policy, quota, running, snapshot
-from preemptor.cli import main
+from preemptor_tools.cli import main
 from preemptor.core.model import Reason, Snapshot, Verdict
 from preemptor.core.planner import plan, rank_pool
 from preemptor.core.policy import DEFAULT_TIERS, Policy, PoolPolicy, PreemptionMode

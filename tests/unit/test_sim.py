@@ -17,15 +17,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from preemptor.cli import main
+from preemptor_tools.cli import main
 from preemptor.core import planner as core_planner
 from preemptor.core.policy import Policy
-from preemptor.sim import baselines
-from preemptor.sim.baselines import POLICY_NAMES, policy_by_name, preemptor_policy
-from preemptor.sim.engine import SimConfig, SimResult, simulate
-from preemptor.sim.metrics import integrate, jain, percentile, step_averages, summarize
-from preemptor.sim.report import metrics_table, not_ahead, ratio_table, ratios
-from preemptor.sim.trace import TraceError, TraceJob, load_trace
+from preemptor_tools.sim import baselines
+from preemptor_tools.sim.baselines import POLICY_NAMES, policy_by_name, preemptor_policy
+from preemptor_tools.sim.engine import SimConfig, SimResult, simulate
+from preemptor_tools.sim.metrics import integrate, jain, percentile, step_averages, summarize
+from preemptor_tools.sim.report import metrics_table, not_ahead, ratio_table, ratios
+from preemptor_tools.sim.trace import TraceError, TraceJob, load_trace
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sim"
 EVERY_1000 = (1000.0, 1000.0)
@@ -460,7 +460,7 @@ def test_cli_sim_takes_a_policy_file_for_ours(tmp_path, capsys):
 
 
 def test_bench_compares_ours_with_baselines_only_and_explains_repeated_preemptions():
-    from preemptor import bench
+    from preemptor_tools import bench
 
     base = summarize(replay("victims.csv", "kueue", gpus=6))
 

@@ -188,7 +188,7 @@ def test_global_function_settings(template):
     g = template["Globals"]["Function"]
     assert (g["Runtime"], g["CodeUri"], g["MemorySize"], g["Timeout"], g["Tracing"]) == (
         "python3.11",
-        "functions/",
+        "functions/controller/",
         512,
         60,
         "Active",

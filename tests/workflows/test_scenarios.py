@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from preemptor.local import demo
-from preemptor.local.scenario import DEFAULT_SCENARIO, Scenario
+from preemptor_tools.local import demo
+from preemptor_tools.local.scenario import DEFAULT_SCENARIO, Scenario
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "examples" / "scenarios"
 

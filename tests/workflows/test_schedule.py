@@ -5,7 +5,7 @@ from __future__ import annotations
 from emulation import emulation
 
 from preemptor.core.model import JobState
-from preemptor.local.scenario import ScenarioJob, submission_event
+from preemptor_tools.local.scenario import ScenarioJob, submission_event
 
 
 def _last_schedule(env) -> dict:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Callable
 
-from ..core.model import (
+from preemptor.core.model import (
     Admission,
     Decision,
     Explanation,
@@ -32,8 +32,8 @@ from ..core.model import (
     Snapshot,
     Verdict,
 )
-from ..core.planner import plan as core_plan
-from ..core.policy import CheckpointTimeoutAction, Policy
+from preemptor.core.planner import plan as core_plan
+from preemptor.core.policy import CheckpointTimeoutAction, Policy
 
 Planner = Callable[[Snapshot, float], Decision]
 

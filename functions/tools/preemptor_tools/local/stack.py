@@ -31,13 +31,13 @@ import boto3
 from moto import mock_aws
 from moto.events.models import EventPattern
 
-from .. import clock as clock_module
-from ..handlers import wiring
+from preemptor import clock as clock_module
+from preemptor.handlers import wiring
 from . import moto_patches
 from .clock import SimClock
 from .executions import wait_for_execution
 
-ROOT = Path(__file__).resolve().parents[3]
+from ..paths import REPO_ROOT as ROOT
 TEMPLATE = ROOT / "template.yaml"
 ACCOUNT = "123456789012"
 
@@ -162,7 +162,7 @@ class EmulatedStack:
     def _quiet_function_logs(self) -> None:
         """Function logs go to stderr at the stack's LogLevel (ERROR unless overridden), so
         the CLI's own output stays readable; on AWS they go to CloudWatch Logs."""
-        from ..handlers.observability import logger
+        from preemptor.handlers.observability import logger
 
         logger.setLevel(self.parameters["LogLevel"])
         for handler in logger.handlers:
@@ -360,7 +360,7 @@ class EmulatedStack:
         finally:
             # With metrics disabled Powertools keeps what it did not publish; a Lambda
             # container would have flushed it. Drop it, so nothing piles up or prints at exit.
-            from ..handlers.observability import metrics
+            from preemptor.handlers.observability import metrics
 
             metrics.clear_metrics()
 

@@ -1,6 +1,6 @@
 """Benchmark of `plan()`: 10k pending and 2k running jobs over a few full pools.
 
-    python -m preemptor.bench_plan [--pending 10000] [--running 2000] [--pools 4] [--runs 7]
+    python -m preemptor_tools.bench_plan [--pending 10000] [--running 2000] [--pools 4] [--runs 7]
                                    [--seed 7] [--out bench/results/plan_speed.json]
 
 The snapshot is seeded-random and worst-case shaped: every pool is full, so each pending
@@ -25,9 +25,9 @@ import sys
 import time
 from pathlib import Path
 
-from .core.model import PastPreemption, PendingJob, Pool, RunningJob, Snapshot, TeamUsage
-from .core.planner import plan
-from .core.policy import Policy
+from preemptor.core.model import PastPreemption, PendingJob, Pool, RunningJob, Snapshot, TeamUsage
+from preemptor.core.planner import plan
+from preemptor.core.policy import Policy
 
 NOW = 1_000_000.0
 TEAMS = [f"team-{i}" for i in range(12)]
@@ -102,7 +102,7 @@ def build(pending: int, running: int, pools: int, seed: int) -> tuple[Snapshot, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m preemptor.bench_plan", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m preemptor_tools.bench_plan", description=__doc__.splitlines()[0])
     parser.add_argument("--pending", type=int, default=10_000)
     parser.add_argument("--running", type=int, default=2_000)
     parser.add_argument("--pools", type=int, default=4)
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             "processor": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(),
         },
-        "command": " ".join(["python -m preemptor.bench_plan", *(argv if argv is not None else sys.argv[1:])]).strip(),
+        "command": " ".join(["python -m preemptor_tools.bench_plan", *(argv if argv is not None else sys.argv[1:])]).strip(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

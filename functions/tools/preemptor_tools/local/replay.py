@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TextIO
 
-from ..handlers import intake
+from preemptor.handlers import intake
 from .clock import SimClock
 from .demo import START
 from .stack import EmulatedStack, LambdaContext

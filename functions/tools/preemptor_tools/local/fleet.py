@@ -48,8 +48,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from preemptor.local import moto_patches
-from preemptor.local.clock import SimClock
+from preemptor_tools.local import moto_patches
+from preemptor_tools.local.clock import SimClock
 
 SAGEMAKER = "sagemaker"
 BATCH = "batch"

@@ -1,6 +1,6 @@
 """What a scheduling decision costs on the handler path, and what running the controller costs.
 
-    python -m preemptor.bench_aws [--sizes 100,1000,10000,100000] [--running 10000] [--jobs 200]
+    python -m preemptor_tools.bench_aws [--sizes 100,1000,10000,100000] [--running 10000] [--jobs 200]
 
 1. Decision cost: the Plan function (lease, one indexed query for the top-ranked pending
    jobs, one query for the pool's capacity-holding jobs, the pool item, team usage) invoked
@@ -35,7 +35,7 @@ from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from .paths import REPO_ROOT as ROOT
 RESULTS = ROOT / "bench" / "results"
 TRACE = ROOT.parent / "shared" / "data" / "traces" / "philly" / "philly-jobs.csv"
 
@@ -98,14 +98,14 @@ class DynamoCounter:
 
 
 def decision_cost(sizes: list[int], running: int, repeats: int) -> dict:
-    from .adapters.store import record_to_item
-    from .core.jobs import JobRecord
-    from .core.model import JobState
-    from .core.planner import plan
+    from preemptor.adapters.store import record_to_item
+    from preemptor.core.jobs import JobRecord
+    from preemptor.core.model import JobState
+    from preemptor.core.planner import plan
     from .local.clock import SimClock
     from .local.demo import START
     from .local.stack import EmulatedStack
-    from .service.scheduling import read_snapshot
+    from preemptor.service.scheduling import read_snapshot
 
     rows = []
     gpus_each = 8
@@ -342,7 +342,7 @@ def _trace_scenario(jobs: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m preemptor.bench_aws", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m preemptor_tools.bench_aws", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="100,1000,10000,100000")
     parser.add_argument("--running", type=int, default=10000)
     parser.add_argument("--repeats", type=int, default=3)
@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    command = "python -m preemptor.bench_aws " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m preemptor_tools.bench_aws " + " ".join(argv if argv is not None else sys.argv[1:])
     context = {"command": command.strip(), "machine": machine()}
     if "decision" not in skip:
         print("decision cost ...", file=sys.stderr)

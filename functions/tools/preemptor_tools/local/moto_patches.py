@@ -39,7 +39,7 @@ import moto
 PINNED_MOTO_VERSION = "5.2.5"
 if moto.__version__ != PINNED_MOTO_VERSION:
     raise RuntimeError(
-        f"preemptor.local.moto_patches is written against moto {PINNED_MOTO_VERSION} internals, "
+        f"preemptor_tools.local.moto_patches is written against moto {PINNED_MOTO_VERSION} internals, "
         f"found moto {moto.__version__}. Install moto=={PINNED_MOTO_VERSION} "
         "(see requirements-dev.txt) or re-check every hook in this module before bumping the pin."
     )
@@ -82,7 +82,7 @@ from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_funct
 from moto.stepfunctions.parser.asl.eval.callback import callback as sfn_callback  # noqa: E402
 from moto.stepfunctions.parser.asl.utils.encoding import to_json_str  # noqa: E402
 
-from preemptor.local.clock import SimClock  # noqa: E402
+from preemptor_tools.local.clock import SimClock  # noqa: E402
 
 LOG = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class _State:
 
     def require_clock(self) -> SimClock:
         if self.clock is None:
-            raise RuntimeError("preemptor.local.moto_patches.install() has not been called")
+            raise RuntimeError("preemptor_tools.local.moto_patches.install() has not been called")
         return self.clock
 
 

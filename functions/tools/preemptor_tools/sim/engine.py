@@ -57,8 +57,8 @@ from collections import deque
 from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
-from ..core import model as core_model
-from ..core.model import Decision, PendingJob, Pool, RunningJob, Snapshot
+from preemptor.core import model as core_model
+from preemptor.core.model import Decision, PendingJob, Pool, RunningJob, Snapshot
 from .baselines import SimPolicy, StopModel
 from .trace import TraceJob
 

@@ -27,9 +27,9 @@ from typing import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .model import PastPreemption, PendingJob, Pool, RunningJob, Snapshot, TeamUsage
-from .policy import DEFAULT_TIERS
-from .requests import resolve_priority
+from preemptor.core.model import PastPreemption, PendingJob, Pool, RunningJob, Snapshot, TeamUsage
+from preemptor.core.policy import DEFAULT_TIERS
+from preemptor.core.requests import resolve_priority
 
 
 class _Pool(BaseModel):

@@ -15,11 +15,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, TextIO
 
-from ..core.model import JobState
+from preemptor.core.model import JobState
 from .clock import SimClock
 from .fleet import SimulatedFleet
 from .scenario import DEFAULT_SCENARIO, Scenario, submission_event
-from ..service.scheduling import explain as explaining
+from preemptor.service.scheduling import explain as explaining
 from .stack import EmulatedStack, RoutedEvent
 
 START = float(calendar.timegm((2026, 11, 30, 9, 0, 0)))

@@ -96,9 +96,9 @@ def _replay(args) -> int:
 
 
 def _plan(args) -> int:
-    from .core.planner import plan
-    from .core.policy import Policy
-    from .core.snapshot_file import load_snapshot
+    from preemptor.core.planner import plan
+    from preemptor.core.policy import Policy
+    from .snapshot_file import load_snapshot
 
     policy = Policy(**json.loads(args.policy.read_text())) if args.policy else Policy()
     now, snapshot = load_snapshot(json.loads(args.snapshot.read_text()), policy.tiers)
@@ -110,10 +110,10 @@ def _explain(args) -> int:
     """Explain from a snapshot file (offline), or from a deployed stack's live state."""
     if args.stack:
         return _explain_stack(args)
-    from .core.explain import explain_job
-    from .core.planner import plan
-    from .core.policy import Policy
-    from .core.snapshot_file import load_snapshot
+    from preemptor.core.explain import explain_job
+    from preemptor.core.planner import plan
+    from preemptor.core.policy import Policy
+    from .snapshot_file import load_snapshot
 
     policy = Policy(**json.loads(args.policy.read_text())) if args.policy else Policy()
     now, snapshot = load_snapshot(json.loads(args.snapshot.read_text()), policy.tiers)
@@ -128,9 +128,9 @@ def _explain_stack(args) -> int:
 
     import boto3
 
-    from .adapters.store import JobsStore
-    from .config import Settings
-    from .service.scheduling import explain
+    from preemptor.adapters.store import JobsStore
+    from preemptor.config import Settings
+    from preemptor.service.scheduling import explain
 
     stack = boto3.client("cloudformation").describe_stacks(StackName=args.stack)["Stacks"][0]
     outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
@@ -151,7 +151,7 @@ def _explain_stack(args) -> int:
 def _submit(args) -> int:
     import boto3
 
-    from .core.requests import JobRequest
+    from preemptor.core.requests import JobRequest
 
     request = JobRequest.model_validate_json(args.file.read_text())
     entry = {

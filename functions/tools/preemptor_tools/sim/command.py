@@ -50,7 +50,7 @@ def parse_interval(text: str) -> tuple[float, float]:
 
 def load_policy(spec: str, pool: str):
     """A policy by name, or ours with the knobs of a Policy JSON file."""
-    from ..core.policy import Policy
+    from preemptor.core.policy import Policy
     from .baselines import POLICY_NAMES, VARIANTS, policy_by_name, preemptor_policy
 
     if spec == "preemptor":
