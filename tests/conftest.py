@@ -2,5 +2,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "functions"))
+# The two packages from source, even without the editable install: the controller and the tools.
+sys.path.insert(0, str(ROOT / "functions" / "tools"))
+sys.path.insert(0, str(ROOT / "functions" / "controller"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
