@@ -11,6 +11,7 @@ import importlib.util
 import io
 import itertools
 import json
+import threading
 import logging
 import zipfile
 from collections.abc import Callable, Iterator
@@ -291,30 +292,30 @@ def test_patches_refuse_an_unpinned_moto_version(monkeypatch: pytest.MonkeyPatch
 def test_an_hour_long_wait_advances_the_sim_clock_instead_of_sleeping(
     emulation: Emulation, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a workflow that waits an hour, then until a timestamp two hours after the start,
-    # and moto's real waiting made unusable
-    from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_function import (
-        WaitFunction,
-    )
+    # Given a workflow that waits an hour, then as many seconds as its input says (the
+    # product's polls use SecondsPath), and moto's real waiting made unusable
+    real_wait = threading.Event.wait
 
-    def real_wait(*_args: Any, **_kwargs: Any) -> None:
-        raise AssertionError("a Wait state waited for real")
+    def no_real_wait(self: threading.Event, timeout: float | None = None) -> bool:
+        if timeout is not None and timeout >= 30:
+            raise AssertionError("a Wait state waited for real")
+        return real_wait(self, timeout)
 
-    monkeypatch.setattr(WaitFunction, "_wait_interval", real_wait)
+    monkeypatch.setattr(threading.Event, "wait", no_real_wait)
     definition = {
         "StartAt": "Wait an hour",
         "States": {
-            "Wait an hour": {"Type": "Wait", "Seconds": 3600, "Next": "Wait for the deadline"},
-            "Wait for the deadline": {"Type": "Wait", "TimestampPath": "$.deadline", "End": True},
+            "Wait an hour": {"Type": "Wait", "Seconds": 3600, "Next": "Wait for the poll"},
+            "Wait for the poll": {"Type": "Wait", "SecondsPath": "$.poll_s", "End": True},
         },
     }
 
     # When it runs
-    result = run_state_machine(emulation, "waits", definition, {"deadline": at(7200)})
+    result = run_state_machine(emulation, "waits", definition, {"poll_s": 30})
 
     # Then it succeeded and simulated time moved by exactly those waits
     assert result["status"] == "SUCCEEDED"
-    assert emulation.clock.now() == START + 7200
+    assert emulation.clock.now() == START + 3630
 
 
 def test_a_lambda_task_runs_the_in_process_handler_for_both_resource_forms(
@@ -527,62 +528,6 @@ def test_start_execution_sns_publish_map_and_choice_tasks_run(emulation: Emulati
     assert json.loads(child_run["input"]) == {"jobs": ["a", "b"]}
     message = sqs.receive_message(QueueUrl=queue_url)["Messages"][0]
     assert json.loads(json.loads(message["Body"])["Message"]) == {"preempted": "a"}
-
-
-def test_aws_sdk_task_parameters_are_mapped_from_pascal_case(emulation: Emulation) -> None:
-    # Given a workflow writing a checkpoint request through aws-sdk:s3:putObject
-    definition = {
-        "StartAt": "Request checkpoint",
-        "States": {
-            "Request checkpoint": {
-                "Type": "Task",
-                "Resource": "arn:aws:states:::aws-sdk:s3:putObject",
-                "Parameters": {
-                    "Bucket": BUCKET,
-                    "Key": "jobs/a/_preemptor/checkpoint-request.json",
-                    "Body": {"requested_at.$": "$.now"},
-                },
-                "End": True,
-            }
-        },
-    }
-
-    # When it runs
-    result = run_state_machine(emulation, "sdk", definition, {"now": START})
-
-    # Then the object holds the JSON body
-    assert result["status"] == "SUCCEEDED", result.get("cause")
-    body = emulation.client("s3").get_object(Bucket=BUCKET, Key="jobs/a/_preemptor/checkpoint-request.json")
-    assert json.loads(body["Body"].read()) == {"requested_at": START}
-
-
-def test_aws_sdk_task_errors_are_named_like_aws(emulation: Emulation) -> None:
-    # Given aws-sdk tasks that fail: a missing S3 object, stopping an unknown training job
-    def failing(resource: str, parameters: dict, next_state: str) -> dict:
-        return {
-            "Type": "Task",
-            "Resource": f"arn:aws:states:::aws-sdk:{resource}",
-            "Parameters": parameters,
-            "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": f"$.{next_state}", "Next": next_state}],
-            "Next": next_state,
-        }
-
-    definition = {
-        "StartAt": "s3",
-        "States": {
-            "s3": failing("s3:getObject", {"Bucket": BUCKET, "Key": "missing.json"}, "sagemaker"),
-            "sagemaker": failing("sagemaker:stopTrainingJob", {"TrainingJobName": "missing"}, "done"),
-            "done": {"Type": "Pass", "End": True},
-        },
-    }
-
-    # When it runs
-    result = run_state_machine(emulation, "sdk-errors", definition)
-
-    # Then the errors carry AWS's ServiceName.ErrorNameException names
-    output = json.loads(result["output"])
-    assert output["sagemaker"]["Error"] == "S3.NoSuchKeyException"
-    assert output["done"]["Error"] == "SageMaker.SageMakerException"
 
 
 # --------------------------------------------------------------------------- patches: SageMaker, S3
@@ -859,70 +804,6 @@ def test_a_terminated_batch_job_fails_after_the_grace_with_the_reason(emulation:
     assert event["detail"]["statusReason"] == "Preempted by train-critical"
     assert event["detail"]["tags"] == {"preemptor:team": "nlp"}
     assert event["detail"]["createdAt"] == int(START * 1000)
-
-
-def test_a_batch_sync_task_finishes_when_the_simulated_job_succeeds(emulation: Emulation) -> None:
-    # Given a workflow that submits a Batch job of 120 s of work and waits for it (.sync)
-    emulation.fleet()
-    queue, definition = batch_queue(emulation)
-    workflow = {
-        "StartAt": "Run",
-        "States": {
-            "Run": {
-                "Type": "Task",
-                "Resource": "arn:aws:states:::batch:submitJob.sync",
-                "Parameters": {
-                    "JobName": "train-b",
-                    "JobQueue": queue,
-                    "JobDefinition": definition,
-                    "ContainerOverrides": {
-                        "Environment": [{"Name": "PREEMPTOR_SIM_DURATION_S", "Value": "120"}]
-                    },
-                },
-                "End": True,
-            }
-        },
-    }
-
-    # When it runs
-    result = run_state_machine(emulation, "batch-sync", workflow)
-
-    # Then it succeeded once the job did (30 s startup + 120 s work), polling in simulated time
-    assert result["status"] == "SUCCEEDED", result.get("cause")
-    assert json.loads(result["output"])["Status"] == "SUCCEEDED"
-    assert START + 150 <= emulation.clock.now() < START + 150 + moto_patches.SYNC_POLL_SIM_S
-
-
-def test_a_task_timeout_counts_in_simulated_time(emulation: Emulation) -> None:
-    # Given a callback task with a 300 s timeout whose owner never answers, while 600 s of
-    # simulated time pass (the notification handler advances the clock, as the demo driver would)
-    def notify_owner(event: dict) -> dict:
-        emulation.clock.advance(600)
-        return {"sent": True}
-
-    function_arn = create_function(emulation, "notify-owner", notify_owner)
-    definition = {
-        "StartAt": "Ask the owner",
-        "States": {
-            "Ask the owner": {
-                "Type": "Task",
-                "Resource": "arn:aws:states:::lambda:invoke.waitForTaskToken",
-                "Parameters": {"FunctionName": function_arn, "Payload": {"token.$": "$$.Task.Token"}},
-                "TimeoutSeconds": 300,
-                "Catch": [{"ErrorEquals": ["States.Timeout"], "ResultPath": "$.error", "Next": "Go ahead"}],
-                "End": True,
-            },
-            "Go ahead": {"Type": "Pass", "End": True},
-        },
-    }
-
-    # When it runs
-    result = run_state_machine(emulation, "timeout", definition)
-
-    # Then the task timed out at once, its deadline being past in simulated time
-    assert result["status"] == "SUCCEEDED", result.get("cause")
-    assert json.loads(result["output"])["error"]["Error"] == "States.Timeout"
-    assert emulation.clock.now() == START + 600
 
 
 def test_checkpoint_writes_are_announced_as_s3_object_created_events(emulation: Emulation) -> None:

@@ -1,0 +1,103 @@
+"""The patches of moto the local runtime needs, pinned to one moto release, split by service.
+
+moto runs the product's workflows, Lambda handlers, S3, SageMaker and Batch in-process, but
+lacks a few behaviours the controller depends on. Each module fills the gaps of one service,
+and each patch says which gap it fills:
+
+- `lambda_`: run our handler in-process instead of moto's canned Docker-free answer.
+- `stepfunctions`: Wait states and Retry intervals in simulated time; parameter and response
+  casing of the service integrations the ASL uses (`states:startExecution`, `sns:publish`).
+- `sagemaker`: training jobs that live (InProgress until the fleet ends them) and
+  StopTrainingJob, which moto lacks.
+- `batch`: jobs that stay SUBMITTED for the fleet instead of finishing at submission, and
+  `Job.terminate` handed to the fleet.
+- `s3`: `LastModified` from the simulated clock.
+
+Features no state machine of the product uses (`.sync` polling, task tokens, task timeouts,
+Timestamp waits, `aws-sdk:*` error names) are not patched: on the emulated stack they behave
+as moto makes them.
+
+`install(clock, lambda_invoker)` patches them in; `uninstall()` restores moto. Both are
+idempotent. Use them inside `mock_aws(config=MOTO_CONFIG)`: the config selects moto's
+Docker-free Lambda and Batch backends and turns on ASL execution.
+
+What the caller must create in moto:
+- Lambda: a function per handler (`create_function` with any zip and a `Handler` string);
+  invoking it calls `lambda_invoker(function_name, event)` instead of running the zip.
+- Batch: a compute environment, a job queue and a job definition. Array jobs are not simulated.
+- SageMaker: nothing (training jobs need only the usual CreateTrainingJob request).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import moto
+
+PINNED_MOTO_VERSION = "5.2.5"
+if moto.__version__ != PINNED_MOTO_VERSION:
+    raise RuntimeError(
+        f"preemptor_tools.local.moto_patches is written against moto {PINNED_MOTO_VERSION} internals, "
+        f"found moto {moto.__version__}. Install moto=={PINNED_MOTO_VERSION} "
+        "(see requirements-dev.txt) or re-check every hook in this package before bumping the pin."
+    )
+
+from preemptor_tools.local.clock import SimClock  # noqa: E402
+
+from . import batch, lambda_, s3, sagemaker, stepfunctions  # noqa: E402
+from ._core import _STATE, LambdaInvoker, quiet_moto_logging, restore_all  # noqa: E402
+from .batch import get_batch_job, on_batch_job_submitted, on_batch_job_terminate_requested, set_batch_job_status  # noqa: E402
+from .lambda_ import LambdaRuntimeExited  # noqa: E402
+from .sagemaker import (  # noqa: E402
+    get_training_job,
+    on_training_job_created,
+    on_training_job_stop_requested,
+    set_training_job_status,
+)
+from .stepfunctions import on_lambda_task_returned  # noqa: E402
+
+# The mock_aws config the patches are written for.
+MOTO_CONFIG: dict[str, Any] = {
+    "stepfunctions": {"execute_state_machine": True},
+    "lambda": {"use_docker": False},
+    "batch": {"use_docker": False},
+}
+
+__all__ = [
+    "MOTO_CONFIG",
+    "PINNED_MOTO_VERSION",
+    "LambdaInvoker",
+    "LambdaRuntimeExited",
+    "install",
+    "uninstall",
+    "get_batch_job",
+    "get_training_job",
+    "on_batch_job_submitted",
+    "on_batch_job_terminate_requested",
+    "on_lambda_task_returned",
+    "on_training_job_created",
+    "on_training_job_stop_requested",
+    "set_batch_job_status",
+    "set_training_job_status",
+]
+
+
+def install(clock: SimClock, lambda_invoker: LambdaInvoker) -> None:
+    """Patch moto for the local runtime. Calling it again only swaps the clock and invoker."""
+    with _STATE.lock:
+        _STATE.clock = clock
+        _STATE.lambda_invoker = lambda_invoker
+        if _STATE.installed:
+            return
+        lambda_.patch()
+        stepfunctions.patch()
+        sagemaker.patch()
+        batch.patch()
+        s3.patch()
+        quiet_moto_logging()
+
+
+def uninstall() -> None:
+    """Restore moto as it was before `install` and forget listeners, clock and invoker."""
+    with _STATE.lock:
+        restore_all()

@@ -1,0 +1,145 @@
+"""Step Functions: waits and retries in simulated time; service-integration casing.
+
+Gaps filled, each by patching the hook moto itself provides:
+- `WaitFunction._wait_interval` blocks on a real Event for the state's seconds; the product's
+  Wait states (`SecondsPath`: checkpoint and stop polls) advance the SimClock instead.
+- Retry sleeps with `time.sleep(interval)` in `retrier_decl`; that module's `time` advances
+  the SimClock by the interval instead.
+- `StateTaskService._normalise_parameters` / `_normalise_response` are no-ops in moto, so a
+  `states:startExecution` task hands botocore `StateMachineArn` where it wants
+  `stateMachineArn` and fails. They are filled in with moto's own `_to_boto_request` /
+  `_from_boto_response` over botocore's shapes of the operation, as AWS maps them
+  (`sns:publish` needs nothing: its API is PascalCase already).
+- `StateTaskLambda._eval_execution` is wrapped only to tell listeners (the hostile emulator)
+  that a Lambda step returned, with its execution, so they can make that execution die there.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time as _real_time
+from collections.abc import Callable
+from typing import Any
+
+import botocore.session
+from botocore import xform_name
+from botocore.exceptions import UnknownServiceError
+from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
+from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service import (
+    StateTaskService,
+)
+from moto.stepfunctions.parser.asl.component.state.exec.state_task.state_task_lambda import StateTaskLambda
+from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_function import WaitFunction
+
+from ._core import _STATE, notify, replace, subscribe
+
+LambdaTaskReturned = Callable[[str, str], None]
+_LAMBDA_TASK_RETURNED = "lambda_task_returned"
+
+
+def patch() -> None:
+    replace(WaitFunction, "_wait_interval", _wait_interval)
+    replace(retrier_decl, "time", _SimTime())
+    replace(StateTaskService, "_normalise_parameters", _normalise_parameters)
+    replace(StateTaskService, "_normalise_response", _normalise_response)
+    replace(StateTaskLambda, "_eval_execution", _lambda_eval_execution)
+
+
+def on_lambda_task_returned(callback: LambdaTaskReturned) -> Callable[[], None]:
+    """`callback(execution_arn, state_name)` after a Lambda task's function returned, before the
+    execution moves on; returns unsubscribe."""
+    return subscribe(_LAMBDA_TASK_RETURNED, callback)
+
+
+# --------------------------------------------------------------------------- time
+
+
+def _wait_interval(self: WaitFunction, env: Any, wait_seconds: int) -> None:
+    if wait_seconds > 0:
+        _STATE.require_clock().advance(wait_seconds)
+
+
+class _SimTime:
+    """Stands in for the `time` module inside `retrier_decl`: `sleep` advances the SimClock."""
+
+    def sleep(self, seconds: float) -> None:
+        _STATE.require_clock().advance(seconds)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_real_time, name)
+
+
+# --------------------------------------------------------------------------- Lambda tasks
+
+_ORIGINAL_LAMBDA_EVAL_EXECUTION = StateTaskLambda._eval_execution
+
+
+def _lambda_eval_execution(self: StateTaskLambda, env: Any) -> None:
+    _ORIGINAL_LAMBDA_EVAL_EXECUTION(self, env)
+    if not _STATE.listeners.get(_LAMBDA_TASK_RETURNED):
+        return
+    context = env.states.context_object.context_object_data
+    notify(_LAMBDA_TASK_RETURNED, context["Execution"]["Id"], context["State"]["Name"])
+
+
+# --------------------------------------------------------------------------- service tasks
+
+_BOTOCORE_SESSION = botocore.session.get_session()
+_OPERATIONS: dict[tuple[str, str], Any] = {}
+_OPERATIONS_LOCK = threading.Lock()
+
+
+def _operation_model(service_name: str, action: str) -> Any | None:
+    """botocore's model of `service_name`'s `action` (any casing), cached; None if unknown."""
+    key = (service_name, xform_name(action))
+    with _OPERATIONS_LOCK:
+        if key not in _OPERATIONS:
+            _OPERATIONS[key] = None
+            try:
+                model = _BOTOCORE_SESSION.get_service_model(service_name)
+            except UnknownServiceError:
+                model = None
+            for name in model.operation_names if model else ():
+                if xform_name(name) == key[1]:
+                    _OPERATIONS[key] = model.operation_model(name)
+        return _OPERATIONS[key]
+
+
+def _operation(self: StateTaskService, boto_service_name: str | None, action: str | None) -> Any | None:
+    return _operation_model(
+        self._get_boto_service_name(boto_service_name), action or self.resource.api_action
+    )
+
+
+def _normalise_parameters(
+    self: StateTaskService,
+    parameters: dict,
+    boto_service_name: str | None = None,
+    service_action_name: str | None = None,
+) -> None:
+    operation = _operation(self, boto_service_name, service_action_name)
+    if operation is not None and operation.input_shape is not None:
+        self._to_boto_request(parameters, operation.input_shape)
+
+
+def _normalise_response(
+    self: StateTaskService,
+    response: Any,
+    boto_service_name: str | None = None,
+    service_action_name: str | None = None,
+) -> None:
+    operation = _operation(self, boto_service_name, service_action_name)
+    if operation is not None and operation.output_shape is not None:
+        self._from_boto_response(response, operation.output_shape)
+    _timestamps_to_iso(response)
+
+
+def _timestamps_to_iso(value: Any) -> None:
+    """botocore returns datetimes (StartDate), which moto cannot put into the state's output."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in list(items):
+        if isinstance(item, (dt.datetime, dt.date)):
+            value[key] = item.isoformat()
+        else:
+            _timestamps_to_iso(item)
