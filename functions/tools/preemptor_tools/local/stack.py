@@ -33,7 +33,7 @@ from moto.events.models import EventPattern
 
 from preemptor import clock as clock_module
 from preemptor.handlers import wiring
-from . import moto_patches
+from . import aws_calls, moto_patches
 from .clock import SimClock
 from .executions import wait_for_execution
 
@@ -125,6 +125,8 @@ class EmulatedStack:
         self._mock = mock_aws(config=moto_patches.MOTO_CONFIG)
         self._env_backup: dict[str, str | None] = {}
         self._lock = threading.RLock()
+        # Every AWS call of a function or workflow, with its IAM checks (tests/unit/test_iam.py).
+        self.calls = aws_calls.CallRecorder.for_stack(self)
 
     # -- lifecycle ------------------------------------------------------------------------
     def __enter__(self) -> "EmulatedStack":
@@ -152,6 +154,7 @@ class EmulatedStack:
         # Functions that emitted no metric in an invocation say so; locally that is noise.
         warnings.filterwarnings("ignore", message="No application metrics to publish")
         clock_module.use_clock(self.clock)
+        self.calls.install()
         moto_patches.install(self.clock, self.invoke_lambda)
         wiring.reset()
         self.session = boto3.session.Session(region_name=self.region)
@@ -171,6 +174,7 @@ class EmulatedStack:
 
     def stop(self) -> None:
         try:
+            self.calls.uninstall()
             moto_patches.uninstall()
             clock_module.use_clock(clock_module.SystemClock())
             wiring.reset()
@@ -356,7 +360,8 @@ class EmulatedStack:
         module_name, attr = fn.handler.rsplit(".", 1)
         handler: Callable = getattr(importlib.import_module(module_name), attr)
         try:
-            return handler(event, LambdaContext(function_name=fn.name, invoked_function_arn=fn.arn))
+            with self.calls.acting_as(fn.name):
+                return handler(event, LambdaContext(function_name=fn.name, invoked_function_arn=fn.arn))
         finally:
             # With metrics disabled Powertools keeps what it did not publish; a Lambda
             # container would have flushed it. Drop it, so nothing piles up or prints at exit.
