@@ -17,8 +17,9 @@ from typing import Callable, TextIO
 
 from preemptor.core.model import JobState
 from .clock import SimClock
-from .fleet import SimulatedFleet
-from .scenario import DEFAULT_SCENARIO, Scenario, submission_event
+from .fleet import FleetStop, SimulatedFleet
+from .hostile import HostileWorld, StopAttempt
+from .scenario import DEFAULT_SCENARIO, Chaos, Scenario, StoppedByHand, local_pool, submission_event
 from preemptor.service.scheduling import explain as explaining
 from .stack import EmulatedStack, RoutedEvent
 
@@ -56,6 +57,14 @@ class DemoResult:
     report: dict = field(default_factory=dict)
     alerts: list[str] = field(default_factory=list)
     explanations: dict[str, str] = field(default_factory=dict)
+    # What the world saw, for the invariants (tests/storm): every run the fleet ran, every
+    # stop as the run saw it, every stop the controller asked for (and whether AWS refused
+    # it), the runs stopped by hand, and the controller's history.
+    runs: list[dict] = field(default_factory=list)
+    fleet_stops: list[FleetStop] = field(default_factory=list)
+    stop_attempts: list[StopAttempt] = field(default_factory=list)
+    stopped_by_hand: list[str] = field(default_factory=list)
+    history: list[dict] = field(default_factory=list)
 
 
 def run(
@@ -71,12 +80,17 @@ def run(
     for instruments such as the running-cost benchmark."""
     clock = SimClock(START)
     parameters = {
-        "PoolsConfig": json.dumps([p.model_dump(exclude_none=True) for p in scenario.pools]),
+        "PoolsConfig": json.dumps([local_pool(p).model_dump(exclude_none=True) for p in scenario.pools]),
         "PolicyConfig": json.dumps(scenario.policy),
     }
     result = DemoResult()
     ids = itertools.count(1)
-    with EmulatedStack(clock, parameters=parameters) as stack:
+    hostile = (
+        HostileWorld(clock, START, chaos=scenario.chaos or Chaos(), faults=list(scenario.faults))
+        if scenario.hostile
+        else None
+    )
+    with EmulatedStack(clock, parameters=parameters, hostile=hostile) as stack:
         fleet = SimulatedFleet(
             clock,
             stack.client("s3"),
@@ -84,6 +98,7 @@ def run(
             id_factory=lambda: str(uuid.uuid5(uuid.NAMESPACE_URL, f"preemptor-demo/{next(ids)}")),
             ecs_client=stack.client("ecs"),
             ec2_client=stack.client("ec2"),
+            classify=pool_classifier(scenario),
         )
         if on_stack:
             on_stack(stack)
@@ -105,6 +120,21 @@ def run(
         order = {"aws": 0, "workload": 1, "controller": 2}
         result.timeline = sorted(result.timeline + decisions, key=lambda t: (round(t.at, 3), order[t.source]))
         result.report = build_report(store, scenario)
+        result.report["pools"] = [
+            {"name": p.name, "capacity_gpus": p.capacity_gpus, "max_gpus_in_use": fleet.max_gpus_in_use().get(p.name, 0)}
+            for p in scenario.pools
+        ]
+        result.runs = fleet.runs()
+        result.fleet_stops = list(fleet.stops)
+        result.history = store.all_history()
+        if hostile is not None:
+            result.stop_attempts = list(hostile.stops)
+            result.report["chaos"] = {
+                "injected": hostile.counts(),
+                "stops_refused": sum(1 for s in hostile.stops if s.refused),
+                "dead_letters": len(stack.dead_letters),
+                "aborted_executions": len(hostile.aborted_executions),
+            }
         result.alerts = stack.alerts()
         if on_stack:
             on_stack(stack)
@@ -121,6 +151,7 @@ def _replay(
     bucket = stack.parameters["CheckpointBucketName"]
     submissions = sorted(scenario.jobs, key=lambda j: (j.submit_at, j.name))
     interruptions = sorted(scenario.interruptions, key=lambda i: (i.at, i.job))
+    by_hand = sorted((f for f in scenario.faults if isinstance(f, StoppedByHand)), key=lambda f: (f.at, f.job))
     horizon = scenario.horizon or (
         max(j.submit_at for j in scenario.jobs) + 3 * sum(j.duration for j in scenario.jobs) + 3600
     )
@@ -138,8 +169,20 @@ def _replay(
         while submissions and submissions[0].submit_at <= elapsed:
             job = submissions.pop(0)
             event = submission_event(job, scenario.pool(job.pool), bucket, clock.now(), stack.region)
-            on_event(stack.put_event(event))
-            stack.drain()
+            if stack.hostile is not None:
+                stack.emit(event)  # duplicated and delayed like any other event
+                stack.pump(on_event)
+            else:
+                on_event(stack.put_event(event))
+                stack.drain()
+            changed = True
+        while by_hand and by_hand[0].at <= elapsed:
+            fault = by_hand.pop(0)
+            stopped = _stop_by_hand(stack, store.get(fault.job))
+            result.stopped_by_hand += [stopped] if stopped else []
+            why = f"stopped {stopped} outside the controller" if stopped else "no live run to stop"
+            result.timeline.append(TimelineEntry(elapsed, "workload", fault.job, "stopped by hand", why))
+            stack.pump(on_event)
             changed = True
         while interruptions and interruptions[0].at <= elapsed:
             cut = interruptions.pop(0)
@@ -156,11 +199,49 @@ def _replay(
         if elapsed >= horizon:
             return
         target = clock.now() + tick_s
-        for upcoming in (submissions[:1], interruptions[:1]):
+        for upcoming in (submissions[:1], interruptions[:1], by_hand[:1]):
             if upcoming:
                 target = min(target, START + getattr(upcoming[0], "submit_at", getattr(upcoming[0], "at", 0)))
         clock.advance_to(target)
         changed = stack.pump(on_event) > 0
+
+
+def _stop_by_hand(stack: EmulatedStack, record) -> str | None:
+    """Stop the job's current run as a person would (console, CLI): not through the controller."""
+    if record is None or not record.run_id or record.status.is_terminal:
+        return None
+    try:
+        if record.service == "sagemaker":
+            stack.client("sagemaker").stop_training_job(TrainingJobName=record.run_id)
+        else:
+            stack.client("batch").terminate_job(jobId=record.run_id, reason="Stopped by hand")
+    except stack.client("sagemaker").exceptions.ClientError:
+        return None  # already ending: nothing to stop
+    return record.run_name or record.run_id
+
+
+def pool_classifier(scenario: Scenario):
+    """(pool, GPUs) of a run from what it asked the service for: a SageMaker run by its
+    instance type and count, a Batch run by its job queue and GPU resource requirement."""
+    sagemaker = {p.instance_type: p for p in scenario.pools if p.service == "sagemaker" and p.instance_type}
+    batch = {f"{p.name}-queue": p for p in scenario.pools if p.service == "batch"}
+
+    def classify(service: str, request: dict) -> tuple[str, int] | None:
+        if service == "sagemaker":
+            config = request.get("ResourceConfig") or {}
+            pool = sagemaker.get(config.get("InstanceType"))
+            if pool is None:
+                return None
+            return pool.name, int(config.get("InstanceCount") or 0) * pool.gpus_per_instance
+        queue = str(request.get("jobQueue", "")).rsplit("/", 1)[-1]
+        pool = batch.get(queue)
+        if pool is None:
+            return None
+        requirements = (request.get("containerOverrides") or {}).get("resourceRequirements") or []
+        gpus = sum(int(r.get("value", 0)) for r in requirements if r.get("type") == "GPU")
+        return pool.name, gpus
+
+    return classify
 
 
 def _all_done(store, names: set[str]) -> bool:
@@ -271,7 +352,20 @@ def build_report(store, scenario: Scenario) -> dict:
         "lost_gpu_seconds": round(sum(j["lost_gpu_seconds"] for j in jobs), 3),
         "stops_without_fresh_checkpoint": sum(r.stops_without_fresh_checkpoint for r in records.values()),
         "preemption_details": details,
+        "stuck": [
+            {"name": r.name, "state": STATE_NAMES[r.status], "reason": _last_reason(r, history)}
+            for r in sorted(records.values(), key=lambda r: r.name)
+            if not r.status.is_terminal
+        ],
     }
+
+
+def _last_reason(record, history: list[dict]) -> str | None:
+    """Why a job is where it is: its outcome reason, else its newest decision's reason."""
+    if record.outcome_reason:
+        return record.outcome_reason
+    mine = [e for e in history if e["job"] == record.name and e.get("reason")]
+    return mine[-1]["reason"] if mine else None
 
 
 def print_result(result: DemoResult, out: TextIO) -> None:
@@ -301,6 +395,20 @@ def print_result(result: DemoResult, out: TextIO) -> None:
         check = "checkpoint confirmed before the stop" if p["checkpoint_confirmed_before_stop"] else "NO fresh checkpoint"
         why = f"preempted for {p['preemptor']}" if p["kind"] == "preempted" else "stopped before its spot instance went away"
         out.write(f"  {p['victim']} {why} at {_duration(p['at_s'])}: {check}\n")
+    for pool in report.get("pools", []):
+        out.write(
+            f"  pool {pool['name']}: at most {pool['max_gpus_in_use']} of {pool['capacity_gpus']} GPUs in use "
+            "(measured on the simulated fleet)\n"
+        )
+    for job in report.get("stuck", []):
+        out.write(f"  stuck: {job['name']} {job['state']} ({job['reason'] or 'no reason recorded'})\n")
+    if "chaos" in report:
+        chaos = report["chaos"]
+        injected = ", ".join(f"{k} {v}" for k, v in chaos["injected"].items()) or "nothing"
+        out.write(
+            f"  hostile world: injected {injected}; stops refused {chaos['stops_refused']}, "
+            f"dead-lettered events {chaos['dead_letters']}, executions aborted {chaos['aborted_executions']}\n"
+        )
     out.write(f"  alerts published: {len(result.alerts)}\n")
     for job, text in result.explanations.items():
         out.write(f"\nexplain {job}\n{text}\n")

@@ -95,6 +95,21 @@ class FleetJob:
     last_checkpoint_at: float | None
 
 
+@dataclass(frozen=True)
+class FleetStop:
+    """A stop (StopTrainingJob / TerminateJob) of a run, as the run saw it arrive."""
+
+    run: str
+    job_id: str
+    at: float
+    started: bool  # the run had started working
+    unsaved_work_s: float  # work since its newest checkpoint (or its start): what a stop loses
+
+
+# (pool, GPUs) that a run occupies, from its service and request; None if in no pool.
+Classify = Callable[[str, dict], "tuple[str, int] | None"]
+
+
 @dataclass
 class _Job:
     service: str
@@ -121,6 +136,9 @@ class _Job:
     handled_request_at: float | None = None
     instance_id: str | None = None  # Batch: the EC2 instance it runs on (spot interruptions)
     container_instance_arn: str | None = None
+    pool: str | None = None
+    gpus: int = 0
+    checkpointed_progress: float = 0.0  # progress saved in the newest checkpoint it can resume from
 
     def progress(self, t: float) -> float:
         if self.final_progress is not None:
@@ -164,8 +182,15 @@ class SimulatedFleet:
         batch_cluster: str = "preemptor-batch",
         spot_warning_s: float = 120.0,
         s3_events: bool = True,
+        classify: Classify | None = None,
     ) -> None:
         self._clock = clock
+        # GPUs in use per pool, measured from runs that exist (created and not ended), not
+        # from the controller's table: what the pool's owner would see.
+        self._classify = classify
+        self._in_use: dict[str, int] = {}
+        self._max_in_use: dict[str, int] = {}
+        self.stops: list[FleetStop] = []
         self._s3 = s3_client
         self._emit = emit
         self._startup_s = {SAGEMAKER: sagemaker_startup_s, BATCH: batch_startup_s}
@@ -242,6 +267,38 @@ class SimulatedFleet:
             self._schedule(now + self._spot_warning_s, job, "instance_terminated", job.instance_id)
             return job.instance_id
 
+    def gpus_in_use(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._in_use)
+
+    def max_gpus_in_use(self) -> dict[str, int]:
+        """The most GPUs each pool ever had in use at once."""
+        with self._lock:
+            return dict(self._max_in_use)
+
+    def runs(self) -> list[dict]:
+        """Every run the fleet has seen: name, id, service, pool, GPUs, status, times."""
+        with self._lock:
+            return [
+                {
+                    "name": j.name, "job_id": j.job_id, "service": j.service, "pool": j.pool, "gpus": j.gpus,
+                    "status": j.status, "created_at": j.created_at, "phase": j.phase,
+                    "tags": _tags(j.service, j.request),
+                }
+                for j in self._jobs.values()
+            ]
+
+    def _occupy(self, job: _Job, sign: int) -> None:
+        if job.pool is None or not job.gpus:
+            return
+        self._in_use[job.pool] = self._in_use.get(job.pool, 0) + sign * job.gpus
+        self._max_in_use[job.pool] = max(self._max_in_use.get(job.pool, 0), self._in_use[job.pool])
+
+    def _record_stop(self, job: _Job, now: float) -> None:
+        started = job.phase == "running"
+        unsaved = max(0.0, job.progress(now) - job.checkpointed_progress) if started else 0.0
+        self.stops.append(FleetStop(job.name, job.job_id, now, started, unsaved))
+
     def process_due(self) -> None:
         """Deliver everything due at the clock's current time without advancing it."""
         self._process(self._clock.now())
@@ -261,6 +318,7 @@ class SimulatedFleet:
         job.status = "InProgress/Starting"
         with self._lock:
             self._jobs[_key(SAGEMAKER, name)] = job
+            self._occupy(job, +1)
             self._record(now, job, "created: InProgress/Starting")
             self._schedule(now, job, "emit", self._sagemaker_event(job))
             self._schedule(job.start_at, job, "start")
@@ -271,6 +329,7 @@ class SimulatedFleet:
             job = self._jobs.get(_key(SAGEMAKER, name))
             if job is None or job.phase == "ended":
                 return
+            self._record_stop(job, now)
             job.stop_requested_at = now
             job.status = "Stopping/Stopping"
             self._record(now, job, "stop requested: Stopping/Stopping")
@@ -296,6 +355,7 @@ class SimulatedFleet:
         )
         with self._lock:
             self._jobs[_key(BATCH, job_id)] = job
+            self._occupy(job, +1)
             moto_patches.set_batch_job_status(job_id, "RUNNABLE")
             job.status = "RUNNABLE"
             self._record(now, job, "submitted: RUNNABLE")
@@ -308,6 +368,7 @@ class SimulatedFleet:
             job = self._jobs.get(_key(BATCH, job_id))
             if job is None or job.phase == "ended":
                 return
+            self._record_stop(job, now)
             job.stop_requested_at = now
             job.stop_reason = reason
             self._record(now, job, f"terminate requested: {reason}")
@@ -330,7 +391,10 @@ class SimulatedFleet:
         every = _float_or_none(environment.get(ENV_CHECKPOINT_EVERY))
         duration = _float_or_none(environment.get(ENV_DURATION))
         on_stop = environment.get(ENV_CHECKPOINT_ON_STOP)
+        placed = self._classify(service, request) if self._classify else None
         return _Job(
+            pool=placed[0] if placed else None,
+            gpus=placed[1] if placed else 0,
             service=service,
             name=name,
             job_id=job_id,
@@ -430,6 +494,7 @@ class SimulatedFleet:
         job.phase = "running"
         job.work_started_at = t
         job.progress_at_start = min(progress, job.duration_s)
+        job.checkpointed_progress = job.progress_at_start
         if checkpoint_at is not None:
             job.last_checkpoint_at = checkpoint_at
         resumed = f", resumed at progress {job.progress_at_start:g}s" if progress else ""
@@ -451,6 +516,7 @@ class SimulatedFleet:
     def _end(self, job: _Job, t: float, completed: bool) -> bool:
         job.final_progress = job.progress(t)
         job.phase = "ended"
+        self._occupy(job, -1)
         if job.service == SAGEMAKER:
             status = "Completed" if completed else "Stopped"
             moto_patches.set_training_job_status(job.name, status, status)
@@ -477,6 +543,7 @@ class SimulatedFleet:
         body = json.dumps({"progress_s": progress, "job": job.name})
         put = self._s3.put_object(Bucket=job.bucket, Key=key, Body=body.encode("utf-8"))
         job.last_checkpoint_at = t
+        job.checkpointed_progress = progress
         self._record(t, job, f"{why}: {key}")
         if self._s3_events:
             self._emit(self._object_created(job, key, len(body), put.get("ETag", "").strip('"')))
@@ -662,6 +729,12 @@ class SimulatedFleet:
             duration_s=job.duration_s,
             last_checkpoint_at=job.last_checkpoint_at,
         )
+
+
+def _tags(service: str, request: dict) -> dict[str, str]:
+    if service == SAGEMAKER:
+        return {t["Key"]: t["Value"] for t in request.get("Tags") or []}
+    return dict(request.get("tags") or {})
 
 
 def _key(service: str, job_id: str) -> str:

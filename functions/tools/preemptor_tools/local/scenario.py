@@ -11,6 +11,10 @@ jobs:
 Times are seconds from the start of the scenario; `priority` is 0..1000 or a tier name.
 Batch pools take `gpus` per job instead of `instances`, and may list spot interruptions:
 `interruptions: [{at: 1800, job: sweep}]` reclaims the instance under the job's current run.
+
+A hostile world (see `hostile.py`): `chaos: {seed, throttle_rate, duplicate_rate, reorder_rate,
+transaction_conflict_rate, crash_rate}` and `faults: [{type: stop_denied, at, job, duration},
+{type: stopped_by_hand, at, job}, {type: workflow_crash, at}]`.
 """
 
 from __future__ import annotations
@@ -18,12 +22,12 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from preemptor.config import PoolConfig
+from preemptor.config import JobDefinition, PoolConfig
 
 ACCOUNT = "123456789012"
 ROLE_ARN = f"arn:aws:iam::{ACCOUNT}:role/preemptor-training"
@@ -53,12 +57,61 @@ class SpotInterruption(BaseModel):
     job: str
 
 
+class Chaos(BaseModel):
+    """How hostile the emulated AWS is (see `hostile.py`): rates in [0, 1), and the seed every
+    draw comes from, so a scenario replays the same way each time."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int = 0
+    throttle_rate: float = Field(default=0.0, ge=0, lt=1)
+    duplicate_rate: float = Field(default=0.0, ge=0, lt=1)
+    reorder_rate: float = Field(default=0.0, ge=0, lt=1)
+    transaction_conflict_rate: float = Field(default=0.0, ge=0, lt=1)
+    crash_rate: float = Field(default=0.0, ge=0, lt=1)
+
+
+class StopDenied(BaseModel):
+    """From `at` for `duration` seconds, stopping any run of `job` fails with AccessDenied."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["stop_denied"]
+    at: float = Field(ge=0)
+    job: str
+    duration: float = Field(gt=0)
+
+
+class StoppedByHand(BaseModel):
+    """At `at`, someone stops `job`'s current run outside the controller."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["stopped_by_hand"]
+    at: float = Field(ge=0)
+    job: str
+
+
+class WorkflowCrash(BaseModel):
+    """The first workflow execution to run a step after `at` dies (ABORTED) after that step."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["workflow_crash"]
+    at: float = Field(ge=0)
+
+
+Fault = Annotated[StopDenied | StoppedByHand | WorkflowCrash, Field(discriminator="type")]
+
+
 class Scenario(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     pools: list[PoolConfig]
     jobs: list[ScenarioJob]
     interruptions: list[SpotInterruption] = Field(default_factory=list)
+    chaos: Chaos | None = None
+    faults: list[Fault] = Field(default_factory=list)
     policy: dict[str, Any] = Field(default_factory=dict)
     horizon: float | None = Field(default=None, gt=0)
 
@@ -82,7 +135,16 @@ class Scenario(BaseModel):
             job = by_name.get(cut.job)
             if job is None or pools[job.pool].service != "batch":
                 raise ValueError(f"interruption at {cut.at}: {cut.job!r} is not a job of a Batch pool")
+        for fault in self.faults:
+            job_name = getattr(fault, "job", None)
+            if job_name is not None and job_name not in by_name:
+                raise ValueError(f"{fault.type} at {fault.at}: unknown job {job_name!r}")
         return self
+
+    @property
+    def hostile(self) -> bool:
+        """Whether the emulated AWS says no here (any chaos or fault)."""
+        return self.chaos is not None or bool(self.faults)
 
     @classmethod
     def load(cls, path: str | Path) -> "Scenario":
@@ -110,39 +172,54 @@ DEFAULT_SCENARIO = Scenario(
 )
 
 
+def local_pool(pool: PoolConfig) -> PoolConfig:
+    """`pool` as the emulated stack runs it: a Batch pool without an allow-list gets the job
+    queue and job definition the demo creates for it (`<pool>-queue`, `<pool>-training`)."""
+    if pool.service != "batch":
+        return pool
+    return pool.model_copy(
+        update={
+            "job_queue": pool.job_queue or f"{pool.name}-queue",
+            "job_definitions": pool.job_definitions or (JobDefinition(name=f"{pool.name}-training"),),
+        }
+    )
+
+
 def submission_event(job: ScenarioJob, pool: PoolConfig, bucket: str, at: float, region: str) -> dict:
-    """The `Job Submitted` event a user (or `preemptor submit`) would put on the bus."""
+    """The `Job Submitted` event a team (or `preemptor submit`) puts on the stack's bus,
+    under the team's own source. What the pool decides (role, output, queue, checkpoint
+    prefix under `bucket`) is left to the controller."""
     env = {"PREEMPTOR_SIM_DURATION_S": str(int(job.duration))}
     if job.checkpoint_every:
         env["PREEMPTOR_SIM_CHECKPOINT_EVERY_S"] = str(int(job.checkpoint_every))
-    checkpoint_uri = f"s3://{bucket}/checkpoints/{job.name}"
     if pool.service == "sagemaker":
         request = {
             "AlgorithmSpecification": {"TrainingImage": IMAGE, "TrainingInputMode": "File"},
-            "RoleArn": ROLE_ARN,
             "ResourceConfig": {
                 "InstanceType": pool.instance_type or "ml.p5.48xlarge",
                 "InstanceCount": job.instances,
                 "VolumeSizeInGB": 200,
             },
-            "OutputDataConfig": {"S3OutputPath": f"s3://{bucket}/output/{job.name}"},
             "StoppingCondition": {"MaxRuntimeInSeconds": 5 * 24 * 3600},
             "Environment": env,
-            "CheckpointConfig": {"S3Uri": checkpoint_uri, "LocalPath": "/opt/ml/checkpoints"},
+            "CheckpointConfig": {"LocalPath": "/opt/ml/checkpoints"},
         }
         size = {"instances": job.instances}
     else:
+        definitions = local_pool(pool).job_definitions
         request = {
-            "jobQueue": f"{pool.name}-queue",
-            "jobDefinition": f"{pool.name}-training",
-            "containerOverrides": {"environment": [{"name": k, "value": v} for k, v in env.items()]},
+            "jobDefinition": definitions[0].name,
+            "containerOverrides": {
+                "environment": [{"name": k, "value": v} for k, v in env.items()],
+                "resourceRequirements": [{"type": "GPU", "value": str(job.gpus)}],
+            },
         }
         size = {"gpus": job.gpus}
     return {
         "version": "0",
         "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"preemptor-scenario/{job.name}")),
         "detail-type": "Job Submitted",
-        "source": "preemptor",
+        "source": f"preemptor.{job.team}",
         "account": ACCOUNT,
         "time": dt.datetime.fromtimestamp(at, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "region": region,
@@ -155,6 +232,5 @@ def submission_event(job: ScenarioJob, pool: PoolConfig, bucket: str, at: float,
             "service": pool.service,
             **size,
             "request": request,
-            "checkpoint_s3_uri": checkpoint_uri,
         },
     }

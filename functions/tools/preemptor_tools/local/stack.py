@@ -36,6 +36,7 @@ from preemptor.handlers import wiring
 from . import aws_calls, moto_patches
 from .clock import SimClock
 from .executions import wait_for_execution
+from .hostile import HostileWorld
 
 from ..paths import REPO_ROOT as ROOT
 TEMPLATE = ROOT / "template.yaml"
@@ -75,6 +76,7 @@ class Rule:
     name: str
     pattern: EventPattern
     function: str
+    bus: str = "default"  # the rule's EventBusName (physical name)
 
 
 @dataclass
@@ -109,8 +111,11 @@ class EmulatedStack:
         stack_name: str = "preemptor",
         region: str = "us-east-1",
         template_path: Path = TEMPLATE,
+        hostile: HostileWorld | None = None,
     ):
         self.clock = clock
+        self.hostile = hostile
+        self.dead_letters: list[tuple[dict, str]] = []  # events a function failed on, after retries
         self.stack_name = stack_name
         self.region = region
         self.template_path = template_path
@@ -155,7 +160,9 @@ class EmulatedStack:
         warnings.filterwarnings("ignore", message="No application metrics to publish")
         clock_module.use_clock(self.clock)
         self.calls.install()
-        moto_patches.install(self.clock, self.invoke_lambda)
+        moto_patches.install(self.clock, self._invoke_from_workflow)
+        if self.hostile is not None:
+            self.hostile.install(stop_execution=self._abort_execution)
         wiring.reset()
         self.session = boto3.session.Session(region_name=self.region)
         self._deploy(load_template(self.template_path))
@@ -203,6 +210,8 @@ class EmulatedStack:
         self.parameters.update(self.overrides)
         if not self.parameters.get("CheckpointBucketName"):
             self.parameters["CheckpointBucketName"] = f"{self.stack_name}-checkpoints"
+        if not self.parameters.get("ManagedRoleArnForTraining"):
+            self.parameters["ManagedRoleArnForTraining"] = f"arn:aws:iam::{ACCOUNT}:role/{self.stack_name}-training"
         resources = template["Resources"]
         globals_env = template.get("Globals", {}).get("Function", {}).get("Environment", {}).get("Variables", {})
 
@@ -245,7 +254,8 @@ class EmulatedStack:
             for event_name, event in props.get("Events", {}).items():
                 if event["Type"] == "EventBridgeRule":
                     pattern = json.dumps(self.resolve(event["Properties"]["Pattern"]))
-                    self.rules.append(Rule(f"{logical}{event_name}", EventPattern.load(pattern), name))
+                    bus = str(self.resolve(event["Properties"].get("EventBusName", "default")))
+                    self.rules.append(Rule(f"{logical}{event_name}", EventPattern.load(pattern), name, bus))
         # Functions share one process here, so they share one environment: the union of theirs.
         self._set_env(shared_env)
 
@@ -360,7 +370,7 @@ class EmulatedStack:
         module_name, attr = fn.handler.rsplit(".", 1)
         handler: Callable = getattr(importlib.import_module(module_name), attr)
         try:
-            with self.calls.acting_as(fn.name):
+            with self.calls.acting_as(fn.name), HostileWorld.acting_as(fn.name):
                 return handler(event, LambdaContext(function_name=fn.name, invoked_function_arn=fn.arn))
         finally:
             # With metrics disabled Powertools keeps what it did not publish; a Lambda
@@ -369,13 +379,62 @@ class EmulatedStack:
 
             metrics.clear_metrics()
 
-    def put_event(self, event: dict) -> RoutedEvent:
-        """Deliver an event to every function whose EventBridge rule matches it."""
+    def _invoke_from_workflow(self, function_name: str, event: dict) -> Any:
+        """A workflow step's Lambda (moto's Lambda calls this); in a hostile world it may die
+        after its work, before it returns."""
+        result = self.invoke_lambda(function_name, event)
+        if self.hostile is not None and self.hostile.crash_after_step(function_name, event):
+            raise moto_patches.LambdaRuntimeExited(
+                f"RequestId: emulated Error: Runtime exited with error: signal: killed ({function_name})"
+            )
+        return result
+
+    def _abort_execution(self, execution_arn: str, error: str, cause: str) -> None:
+        self.client("stepfunctions").stop_execution(executionArn=execution_arn, error=error, cause=cause)
+
+    # Lambda's asynchronous invocation (EventBridge targets): two retries, then the
+    # function's dead-letter queue.
+    ASYNC_ATTEMPTS = 3
+
+    @property
+    def submission_bus(self) -> str:
+        """The stack's own event bus, where teams put "Job Submitted" and "Job Cancelled"."""
+        return self.resources["SubmissionBus"]
+
+    def sender_bus(self, event: dict) -> str:
+        """The bus an event's sender puts it on: a team's `preemptor.<team>` events go to
+        the stack's bus, AWS services' events to the account's default bus."""
+        source = event.get("source") if isinstance(event, dict) else None
+        if isinstance(source, str) and source.startswith("preemptor"):
+            return self.submission_bus
+        return "default"
+
+    def put_event(self, event: dict, bus: str | None = None) -> RoutedEvent:
+        """Deliver an event put on `bus` (default: `sender_bus`) to every function whose
+        EventBridge rule on that bus matches it.
+
+        Without a hostile world a function's error is raised to the caller (a test wants to
+        see it); in a hostile world it is retried as Lambda retries an asynchronous
+        invocation, then recorded in `dead_letters` and as the result."""
         routed = RoutedEvent(event, self.clock.now())
+        bus = bus or self.sender_bus(event)
         for rule in self.rules:
-            if rule.pattern.matches_event(event):
-                routed.results.append(self.invoke_lambda(rule.function, event))
+            if rule.bus == bus and rule.pattern.matches_event(event):
+                routed.results.append(self._deliver(rule.function, event))
         return routed
+
+    def _deliver(self, function_name: str, event: dict) -> Any:
+        if self.hostile is None:
+            return self.invoke_lambda(function_name, event)
+        error: Exception | None = None
+        for _attempt in range(self.ASYNC_ATTEMPTS):
+            try:
+                return self.invoke_lambda(function_name, event)
+            except Exception as e:  # noqa: BLE001 - what Lambda's async retries see
+                error = e
+        reason = f"{type(error).__name__}: {error}"
+        self.dead_letters.append((event, reason))
+        return {"outcome": "failed", "reason": f"dead-lettered after {self.ASYNC_ATTEMPTS} attempts: {reason}"}
 
     def emit(self, event: dict) -> None:
         """Queue an event from the simulated fleet; `pump` routes it."""
@@ -385,8 +444,13 @@ class EmulatedStack:
         """Route queued events one by one, letting the workflows each one starts finish
         before the next (the fleet queues new events meanwhile); returns how many."""
         handled = 0
+        if self.hostile is not None:
+            self.outbox.extend(self.hostile.release_held())
         while self.outbox:
-            routed = self.put_event(self.outbox.popleft())
+            event = self.outbox.popleft()
+            if self.hostile is not None and not self.hostile.deliver(event):
+                continue  # held back: delivered late, after the next round's events
+            routed = self.put_event(event)
             self.drain()
             handled += 1
             if on_event:

@@ -63,6 +63,7 @@ def _register_job(self: BatchSimpleBackend, include_start_attempt: bool, job: Jo
         "parameters": copy.deepcopy(job.parameters or {}),
         "timeout": copy.deepcopy(job.timeout),
         "dependsOn": copy.deepcopy(job.depends_on or []),
+        "tags": dict(self.backend.list_tags_for_resource(job.arn) or {}),
     }
     notify(_SUBMITTED, job.job_id, request)
 

@@ -1,0 +1,365 @@
+"""A world that says no: the emulated AWS answering as real AWS does on a bad day.
+
+Given a scenario's `chaos:` rates and `faults:`, `HostileWorld` makes the emulated stack
+- throttle AWS calls the controller makes (`throttle_rate`), with each service's own
+  throttling error (DynamoDB `ThrottlingException`/`ProvisionedThroughputExceededException`,
+  SageMaker `ThrottlingException`, Batch `TooManyRequestsException`, S3 `SlowDown`, ...),
+  from a botocore `before-call` hook: on the clients the functions create, and on the
+  clients Step Functions' service integrations (`states:startExecution`, `sns:publish`) use;
+- cancel DynamoDB transactions (`transaction_conflict_rate`) with
+  `TransactionCanceledException`, one item's reason `TransactionConflict`;
+- deliver events twice (`duplicate_rate`: the copy, same `id`, arrives after newer events)
+  and late (`reorder_rate`: held back behind the events of the next delivery round);
+- kill a workflow step's Lambda after its work and before it returns (`crash_rate`):
+  Step Functions sees `Lambda.Unknown`;
+- `stop_denied` a job's stops (AccessDeniedException) for `duration` seconds;
+  `stopped_by_hand` (someone stops the job's run outside the controller, done by the demo
+  driver); `workflow_crash` (the next execution dies, ABORTED, after its first step).
+
+Stops of runs the controller did not launch (no `preemptor:managed=true` tag) are refused
+with AccessDeniedException, as the template's IAM condition on `aws:ResourceTag` does.
+
+Every decision comes from the seed: a draw is a hash of (seed, what, key, n-th draw for that
+key), so a run does not depend on the order threads happen to call in beyond what the key
+already fixes. What was injected is kept in `injected` (and counted by kind).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import copy
+import hashlib
+import json
+import re
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import botocore.handlers
+from botocore.awsrequest import AWSResponse
+
+from . import moto_patches
+from .clock import SimClock
+from .moto_patches import batch as batch_patches
+from .moto_patches import sagemaker as sagemaker_patches
+from .scenario import Chaos, Fault, StopDenied, WorkflowCrash
+
+# Who is calling AWS: the function whose handler runs in this context (set by the stack).
+ACTOR: contextvars.ContextVar[str | None] = contextvars.ContextVar("preemptor_actor", default=None)
+_PARAMS_KEY = "preemptor_hostile_params"
+_ACTOR_KEY = "preemptor_hostile_actor"
+_SEEN_KEY = "preemptor_hostile_seen"
+
+MANAGED_TAG = "preemptor:managed"
+
+# service -> [(error code, HTTP status, message)]: what each throttles with.
+_THROTTLING: dict[str, list[tuple[str, int, str]]] = {
+    "dynamodb": [
+        ("ThrottlingException", 400, "Rate of requests exceeds the allowed throughput."),
+        (
+            "ProvisionedThroughputExceededException",
+            400,
+            "The level of configured provisioned throughput for the table was exceeded. "
+            "Consider increasing your provisioning level with the UpdateTable API.",
+        ),
+    ],
+    "sagemaker": [("ThrottlingException", 400, "Rate exceeded")],
+    "batch": [("TooManyRequestsException", 429, "Too Many Requests")],
+    "s3": [("SlowDown", 503, "Please reduce your request rate.")],
+    "stepfunctions": [("ThrottlingException", 400, "Rate exceeded")],
+    "sns": [("Throttled", 400, "Rate exceeded")],
+    "ecs": [("ThrottlingException", 400, "Rate exceeded")],
+    "ec2": [("RequestLimitExceeded", 503, "Request limit exceeded.")],
+    "lambda": [("TooManyRequestsException", 429, "Rate Exceeded.")],
+    "cloudwatch": [("Throttling", 400, "Rate exceeded")],
+}
+_DEFAULT_THROTTLING = [("ThrottlingException", 400, "Rate exceeded")]
+
+_STOP_OPERATIONS = {("sagemaker", "StopTrainingJob"), ("batch", "TerminateJob"), ("batch", "CancelJob")}
+
+
+@dataclass
+class Injection:
+    at: float
+    kind: str
+    actor: str
+    detail: str
+
+
+@dataclass
+class StopAttempt:
+    """A stop the controller asked AWS for, and whether AWS refused it."""
+
+    at: float
+    actor: str
+    run: str
+    managed: bool
+    refused: str | None  # the reason it was refused, None if AWS accepted it
+
+
+@dataclass
+class HostileWorld:
+    clock: SimClock
+    start: float  # the scenario's time 0: fault times count from it
+    chaos: Chaos = field(default_factory=Chaos)
+    faults: list[Fault] = field(default_factory=list)
+    injected: list[Injection] = field(default_factory=list)
+    stops: list[StopAttempt] = field(default_factory=list)
+    aborted_executions: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.RLock()
+        self._draws: Counter = Counter()
+        self._held: list[dict] = []
+        self._seen_executions: set[str] = set()
+        self._crashes = sorted(
+            (f for f in self.faults if isinstance(f, WorkflowCrash)), key=lambda f: f.at
+        )
+        self._installed: list[tuple[str, Callable]] = []
+        self._unsubscribe: list[Callable[[], None]] = []
+        self._stop_execution: Callable[[str], None] | None = None
+
+    # ------------------------------------------------------------------ install
+
+    def install(self, stop_execution: Callable[[str, str, str], None]) -> None:
+        """Hook botocore (sessions created from now on) and the workflows' Lambda steps."""
+        self._stop_execution = stop_execution
+        for event, handler in (("before-parameter-build", self._stash_params), ("before-call", self._before_call)):
+            botocore.handlers.BUILTIN_HANDLERS.append((event, handler))
+            self._installed.append((event, handler))
+        self._unsubscribe.append(moto_patches.on_lambda_task_returned(self._lambda_task_returned))
+        _hook_service_integrations(self)
+
+    def uninstall(self) -> None:
+        for spec in self._installed:
+            if spec in botocore.handlers.BUILTIN_HANDLERS:
+                botocore.handlers.BUILTIN_HANDLERS.remove(spec)
+        self._installed.clear()
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        self._unsubscribe.clear()
+
+    @staticmethod
+    @contextmanager
+    def acting_as(actor: str) -> Iterator[None]:
+        token = ACTOR.set(actor)
+        try:
+            yield
+        finally:
+            ACTOR.reset(token)
+
+    # ------------------------------------------------------------------ draws
+
+    def _draw(self, what: str, key: str) -> float:
+        with self._lock:
+            n = self._draws[(what, key)]
+            self._draws[(what, key)] = n + 1
+        digest = hashlib.sha256(f"{self.chaos.seed}|{what}|{key}|{n}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64
+
+    def _record(self, kind: str, actor: str, detail: str) -> None:
+        with self._lock:
+            self.injected.append(Injection(self.clock.now(), kind, actor, detail))
+
+    def counts(self) -> dict[str, int]:
+        return dict(sorted(Counter(i.kind for i in self.injected).items()))
+
+    # ------------------------------------------------------------------ AWS calls
+
+    def _stash_params(self, params: dict, context: dict, **_: Any) -> None:
+        context[_PARAMS_KEY] = copy.deepcopy(params) if isinstance(params, dict) else {}
+
+    def _before_call(self, model: Any, context: dict, **_: Any) -> tuple[AWSResponse, dict] | None:
+        if context.get(_SEEN_KEY):
+            return None  # a client that has the hook twice (session and client): decide once
+        context[_SEEN_KEY] = True
+        actor = context.get(_ACTOR_KEY) or ACTOR.get()
+        if actor is None:
+            return None  # the test harness, the fleet, the demo driver: AWS as usual
+        service = model.service_model.service_name
+        operation = model.name
+        params = context.get(_PARAMS_KEY) or {}
+        if (service, operation) in _STOP_OPERATIONS:
+            refused = self._refuse_stop(actor, service, operation, params)
+            if refused is not None:
+                return refused
+        key = f"{actor}|{service}|{operation}"
+        if (
+            service == "dynamodb"
+            and operation == "TransactWriteItems"
+            and self.chaos.transaction_conflict_rate
+            and self._draw("conflict", key) < self.chaos.transaction_conflict_rate
+        ):
+            return self._transaction_conflict(actor, params)
+        if self.chaos.throttle_rate and self._draw("throttle", key) < self.chaos.throttle_rate:
+            choices = _THROTTLING.get(service, _DEFAULT_THROTTLING)
+            code, status, message = choices[int(self._draw("throttle-code", key) * len(choices))]
+            self._record("throttle", actor, f"{service}:{operation} {code}")
+            return _error(status, code, message)
+        return None
+
+    def _refuse_stop(self, actor: str, service: str, operation: str, params: dict) -> tuple[AWSResponse, dict] | None:
+        now = self.clock.now()
+        if service == "sagemaker":
+            run = str(params.get("TrainingJobName", ""))
+            tags = _safe(lambda: sagemaker_patches.training_job_tags(run), {})
+            resource = f"training-job/{run}"
+        else:
+            job_id = str(params.get("jobId", ""))
+            described = _safe(lambda: batch_patches.get_batch_job(job_id), {})
+            run = described.get("jobName", job_id)
+            tags = described.get("tags") or {}
+            resource = f"job/{job_id}"
+        managed = tags.get(MANAGED_TAG) == "true"
+        reason = None
+        if not managed:
+            reason = "not launched by the controller (no preemptor:managed=true tag)"
+        for fault in self.faults:
+            if isinstance(fault, StopDenied) and _run_of(run, fault.job) and fault.at <= now - self.start < fault.at + fault.duration:
+                reason = f"stop_denied fault on {fault.job}"
+        with self._lock:
+            self.stops.append(StopAttempt(now, actor, run, managed, reason))
+        if reason is None:
+            return None
+        self._record("stop-denied", actor, f"{service}:{operation} {run}: {reason}")
+        action = f"{'sagemaker' if service == 'sagemaker' else 'batch'}:{operation}"
+        message = (
+            f"User: arn:aws:sts::123456789012:assumed-role/{actor}-role/{actor} is not authorized to "
+            f"perform: {action} on resource: arn:aws:{service}:us-east-1:123456789012:{resource} "
+            f"because no identity-based policy allows the {action} action"
+        )
+        return _error(400 if service == "sagemaker" else 403, "AccessDeniedException", message)
+
+    def _transaction_conflict(self, actor: str, params: dict) -> tuple[AWSResponse, dict]:
+        items = params.get("TransactItems") or [{}]
+        conflicting = int(self._draw("conflict-item", actor) * len(items))
+        reasons = [
+            {"Code": "TransactionConflict", "Message": "Transaction is ongoing for the item"}
+            if i == conflicting
+            else {"Code": "None"}
+            for i in range(len(items))
+        ]
+        codes = ", ".join(r["Code"] for r in reasons)
+        self._record("transaction-conflict", actor, f"TransactWriteItems item {conflicting} of {len(items)}")
+        response = _error(
+            400,
+            "TransactionCanceledException",
+            f"Transaction cancelled, please refer cancellation reasons for specific reasons [{codes}]",
+        )
+        response[1]["CancellationReasons"] = reasons
+        return response
+
+    # ------------------------------------------------------------------ Lambda steps
+
+    def crash_after_step(self, function_name: str, event: Any) -> bool:
+        """Whether this workflow step's Lambda dies after doing its work (crash_rate)."""
+        if not self.chaos.crash_rate:
+            return False
+        key = f"{function_name}|{json.dumps(event, sort_keys=True, default=str)[:512]}"
+        if self._draw("crash", key) < self.chaos.crash_rate:
+            self._record("lambda-crash", function_name, "runtime exited after the step's work")
+            return True
+        return False
+
+    def _lambda_task_returned(self, execution_arn: str, state_name: str) -> None:
+        with self._lock:
+            first = execution_arn not in self._seen_executions
+            self._seen_executions.add(execution_arn)
+            due = first and self._crashes and self._crashes[0].at <= self.clock.now() - self.start
+            if due:
+                self._crashes.pop(0)
+        if not due:
+            return
+        self._record("workflow-crash", "states", f"{execution_arn} after {state_name!r}")
+        self.aborted_executions.append(execution_arn)
+        assert self._stop_execution is not None
+        self._stop_execution(execution_arn, "Preemptor.EmulatedCrash", f"the execution died after {state_name!r}")
+
+    # ------------------------------------------------------------------ events
+
+    def release_held(self) -> list[dict]:
+        """Events held back by the last delivery round: delivered after the new ones."""
+        with self._lock:
+            held, self._held = self._held, []
+        return held
+
+    def deliver(self, event: dict) -> bool:
+        """Decide the fate of `event` about to be delivered: False if it is held back for the
+        next round (late); a duplicate may be queued for the next round too."""
+        key = str(event.get("id"))
+        late = event.get("_preemptor_late", False)
+        if not late and self.chaos.reorder_rate and self._draw("reorder", key) < self.chaos.reorder_rate:
+            held = dict(event)
+            held["_preemptor_late"] = True
+            with self._lock:
+                self._held.append(held)
+            self._record("event-late", "events", f"{event.get('detail-type')} {key}")
+            return False
+        if not event.get("_preemptor_copy") and self.chaos.duplicate_rate and self._draw("duplicate", key) < self.chaos.duplicate_rate:
+            copy_ = copy.deepcopy(event)
+            copy_["_preemptor_copy"] = True
+            copy_["_preemptor_late"] = True
+            with self._lock:
+                self._held.append(copy_)
+            self._record("event-duplicate", "events", f"{event.get('detail-type')} {key}")
+        event.pop("_preemptor_late", None)
+        event.pop("_preemptor_copy", None)
+        return True
+
+
+def _run_of(run: str, job: str) -> bool:
+    """A run belongs to a job when it is named after it (`job`, `job-r2`, ...)."""
+    return re.fullmatch(re.escape(job) + r"(-r\d+)?", run) is not None
+
+
+def _safe(get: Callable[[], Any], default: Any) -> Any:
+    try:
+        return get()
+    except KeyError:
+        return default
+
+
+def _error(status: int, code: str, message: str) -> tuple[AWSResponse, dict]:
+    http = AWSResponse("https://emulated.invalid/", status, {}, None)
+    parsed = {
+        "Error": {"Code": code, "Message": message},
+        "ResponseMetadata": {"HTTPStatusCode": status, "HTTPHeaders": {}, "RetryAttempts": 0},
+    }
+    return http, parsed
+
+
+_INTEGRATION_MODULES = (
+    "moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_sfn",
+    "moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_sns",
+)
+
+
+def _hook_service_integrations(world: HostileWorld) -> None:
+    """moto's service integrations build their clients with `boto_client_for` from the default
+    session (created before the hooks); give those clients the hooks, acting as "states"."""
+    import importlib
+
+    from .moto_patches._core import replace
+
+    for name in _INTEGRATION_MODULES:
+        module = importlib.import_module(name)
+        original = module.__dict__.get("boto_client_for")
+        if original is None or getattr(original, "_preemptor_hostile", False):
+            continue
+
+        def hooked(*args: Any, _original: Callable = original, **kwargs: Any) -> Any:
+            client = _original(*args, **kwargs)
+
+            def mark(context: dict, **_: Any) -> None:
+                context[_ACTOR_KEY] = "states"
+
+            client.meta.events.register("before-parameter-build", mark)
+            client.meta.events.register("before-parameter-build", world._stash_params)
+            client.meta.events.register("before-call", world._before_call)
+            return client
+
+        hooked._preemptor_hostile = True  # type: ignore[attr-defined]
+        replace(module, "boto_client_for", hooked)
