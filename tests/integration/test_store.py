@@ -7,8 +7,9 @@ import pytest
 from moto import mock_aws
 from template_support import table_key_schema
 
-from preemptor.adapters.store import JobsStore
-from preemptor.core.errors import CapacityExhausted, ConflictError
+from aws_faults import aws_says_no, transaction_conflict
+from preemptor.adapters.store import EVENT_CLAIM_S, GSI, USAGE_SETTLE_S, JobsStore, record_to_item
+from preemptor.core.errors import CapacityExhausted, ConflictError, TransactionConflict
 from preemptor.core.jobs import JobRecord
 from preemptor.core.model import JobState
 
@@ -120,3 +121,163 @@ def test_run_alias_maps_a_run_to_its_job_and_incarnation(store):
     store.transition(admitted, running, [JobState.ADMITTED], alias=True)
     assert store.find_run("sagemaker", "a-r2") == ("a", 1)
     assert store.find_run("sagemaker", "unknown") is None
+
+
+# -- nothing lost (issue 8, finding 4) -----------------------------------------------------
+
+
+def _running(store: JobsStore, name: str = "a", gpus: int = 32) -> JobRecord:
+    record = _job(name, gpus=gpus)
+    store.put_new(record)
+    admitted = _admit(store, record)
+    running = admitted.with_changes(status=JobState.RUNNING, run_id=f"{name}-run", run_name=name, started_at=10.0)
+    return store.transition(admitted, running, [JobState.ADMITTED], alias=True)
+
+
+def test_a_transition_from_an_older_read_keeps_a_checkpoint_noted_meanwhile(store):
+    # Given a running job read by the scheduling cycle
+    seen = _running(store)
+    # And a checkpoint noted by the S3 event handler after that read
+    store.note_checkpoint("a", 500.0)
+    # When the cycle marks it as a victim from its older read
+    store.transition(seen, seen.with_changes(status=JobState.PREEMPTING, preempted_by="b"), [JobState.RUNNING])
+    # Then the checkpoint time is still there (a whole-item put would have erased it)
+    stored = store.get("a")
+    assert stored.status is JobState.PREEMPTING
+    assert stored.last_checkpoint_at == 500.0
+
+
+def test_a_transition_from_an_older_read_never_undoes_a_cancel_requested_meanwhile(store):
+    # Given a running job read by the scheduling cycle
+    seen = _running(store)
+    # And a cancel recorded after that read
+    assert store.request_cancel(store.get("a"), 20.0)
+    # When the cycle tries to mark it as a victim from its older read
+    try:
+        store.transition(seen, seen.with_changes(status=JobState.PREEMPTING, preempted_by="b"), [JobState.RUNNING])
+    except ConflictError:
+        pass  # refused: the cycle re-reads and judges
+    # Then the cancel is not lost
+    assert store.get("a").cancel_requested is True
+
+
+def test_a_transaction_conflict_is_retried_never_taken_as_done(store):
+    # Given a running job holding 32 GPUs
+    seen = _running(store)
+    # When DynamoDB cancels the release once for a concurrent transaction
+    with aws_says_no(store.client, "TransactWriteItems", transaction_conflict(2), times=1) as refused:
+        store.transition(seen, seen.with_changes(status=JobState.COMPLETED), [JobState.RUNNING], usage_delta=-32)
+    # Then it was retried: the job is completed and its GPUs are free
+    assert len(refused) == 1
+    assert store.get("a").status is JobState.COMPLETED
+    assert store.pool("p5")["used_gpus"] == 0
+
+
+def test_a_transaction_conflict_that_persists_is_a_retryable_error_not_a_conflict(store):
+    seen = _running(store)
+    # When every attempt is cancelled for a concurrent transaction
+    with aws_says_no(store.client, "TransactWriteItems", transaction_conflict(2)):
+        with pytest.raises(TransactionConflict) as raised:
+            store.transition(seen, seen.with_changes(status=JobState.COMPLETED), [JobState.RUNNING], usage_delta=-32)
+    # Then the caller sees a retryable error (the workflow retries it), not "already done"
+    assert not isinstance(raised.value, ConflictError)
+    assert store.get("a").status is JobState.RUNNING
+    assert store.pool("p5")["used_gpus"] == 32
+
+
+def test_an_event_is_claimed_by_one_handler_only(store):
+    # Given two deliveries of one event handled at the same time
+    # When both try to claim it
+    first = store.claim_event("evt-1", now=100.0)
+    second = store.claim_event("evt-1", now=100.5)
+    # Then exactly one may handle it
+    assert (first, second) == (True, False)
+    store.finish_event("evt-1", now=101.0, outcome="accepted")
+    assert store.claim_event("evt-1", now=5000.0) is False
+
+
+def test_a_claim_given_back_after_a_failure_lets_the_retry_handle_the_event(store):
+    assert store.claim_event("evt-2", now=100.0)
+    # When handling failed and the claim is given back
+    store.release_event("evt-2")
+    # Then EventBridge's retry of the event is handled
+    assert store.claim_event("evt-2", now=160.0)
+
+
+def test_a_claim_of_a_crashed_handler_expires(store):
+    assert store.claim_event("evt-3", now=100.0)
+    assert not store.claim_event("evt-3", now=100.0 + 30)
+    assert store.claim_event("evt-3", now=100.0 + EVENT_CLAIM_S + 1)
+
+
+def _lagging_index(params: dict) -> dict | None:
+    """The pool's capacity index has not caught up yet: it answers with no job."""
+    if params.get("IndexName") == GSI:
+        return {"Items": [], "Count": 0, "ScannedCount": 0, "ResponseMetadata": {"HTTPStatusCode": 200}}
+    return None
+
+
+def _answer(client, operation, response_for):
+    """Like aws_says_no, for a successful canned answer (an index that lags)."""
+    return aws_says_no(client, operation, response_for)
+
+
+def test_the_usage_recount_never_trusts_a_lagging_index(store):
+    # Given a job just admitted (32 GPUs), which the eventually consistent index does not show yet
+    _running(store)
+    # When reconcile recounts while the index lags
+    with _answer(store.client, "Query", _lagging_index):
+        first = store.recount_usage("p5", now=1000.0)
+    # Then usage is left alone (dropping it to 0 would let the next cycle oversubscribe)
+    assert not first.applied
+    assert store.pool("p5")["used_gpus"] == 32
+    # And once the index has caught up, the next recount finds nothing to repair
+    second = store.recount_usage("p5", now=1000.0 + USAGE_SETTLE_S + 1)
+    assert (second.applied, second.counted, second.stored) == (False, 32, 32)
+    assert store.pool("p5")["used_gpus"] == 32
+
+
+def test_the_usage_recount_repairs_drift_seen_twice_a_settle_time_apart(store):
+    # Given a pool whose usage says 40 GPUs while its only running job holds 32
+    _running(store)
+    store.set_pool_usage("p5", 40)
+    # When reconcile recounts once, then again after the settle time
+    first = store.recount_usage("p5", now=1000.0)
+    assert not first.applied and store.pool("p5")["used_gpus"] == 40
+    second = store.recount_usage("p5", now=1000.0 + USAGE_SETTLE_S + 1)
+    # Then the second recount writes what it counted
+    assert second.applied and (second.stored, second.counted) == (40, 32)
+    assert store.pool("p5")["used_gpus"] == 32
+
+
+def test_the_usage_recount_refuses_when_usage_moved_between_its_observations(store):
+    # Given drift seen once
+    _running(store)
+    store.set_pool_usage("p5", 40)
+    store.recount_usage("p5", now=1000.0)
+    # When an admission changes usage before the second look
+    late = _job("late", gpus=8)
+    store.put_new(late)
+    _admit(store, late)
+    second = store.recount_usage("p5", now=1000.0 + USAGE_SETTLE_S + 1)
+    # Then nothing is written on the strength of the old observation
+    assert not second.applied
+    assert store.pool("p5")["used_gpus"] == 48
+
+
+def test_the_usage_recount_reads_each_holder_consistently(store):
+    # Given a job that ended, which the lagging index still lists as holding capacity
+    seen = _running(store)
+    store.transition(seen, seen.with_changes(status=JobState.COMPLETED), [JobState.RUNNING], usage_delta=-32)
+    stale_item = record_to_item(seen)
+
+    def index_still_lists_it(params: dict) -> dict | None:
+        if params.get("IndexName") == GSI:
+            return {"Items": [stale_item], "Count": 1, "ScannedCount": 1, "ResponseMetadata": {"HTTPStatusCode": 200}}
+        return None
+
+    # When reconcile recounts
+    with _answer(store.client, "Query", index_still_lists_it):
+        result = store.recount_usage("p5", now=1000.0)
+    # Then the ended job does not count
+    assert result.counted == 0 and store.pool("p5")["used_gpus"] == 0

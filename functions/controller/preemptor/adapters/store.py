@@ -1,29 +1,48 @@
 """The jobs table (DynamoDB): jobs, run aliases, pools with their usage, the decision log.
 
-Every status change is a conditional write on the old status (and incarnation), and every
-change of a pool's usage happens in the same transaction as the status change that causes
-it, so capacity is taken and released exactly once, whatever the event order.
+Every status change is a field-level `UpdateItem` under a condition on the old status,
+incarnation and version, and every change of a pool's usage happens in the same
+transaction as the status change that causes it, so capacity is taken and released exactly
+once, whatever the event order. Only the fields a transition changes are written: a field
+another writer set meanwhile (a cancel, a checkpoint time) is never overwritten.
+
+A transaction DynamoDB cancels for a concurrent one (`TransactionConflict`) wrote nothing:
+it is retried here with backoff and jitter, then surfaces as the retryable
+`TransactionConflict`, never as "already done". A failed condition is re-read and judged.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import random
+import time
 import uuid
+from dataclasses import dataclass, fields as dataclass_fields
 from decimal import Decimal
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
-from ..core.errors import CapacityExhausted, ConflictError, JobNotFound, Throttled
+from ..core.errors import CapacityExhausted, ConflictError, JobNotFound, TransactionConflict
 from ..core.jobs import JobRecord
 from ..core.model import JobState, PastPreemption, TeamUsage
+from ..core.s3uri import S3Uri
+from .errors import translate
 
 GSI = "ByPoolStatus"
 EVENT_TTL_S = 7 * 24 * 3600
+EVENT_CLAIM_S = 15 * 60  # a claim outlives the intake function's timeout; then a retry may take it
+USAGE_SETTLE_S = 5 * 60  # far beyond the index's propagation delay (normally under a second)
+TRANSACT_ATTEMPTS = 5
+TRANSACT_BACKOFF_S = 0.05  # full jitter: attempt n sleeps up to 0.05 x 2^n s
 _JSON_FIELDS = ("request", "labels")
-_THROTTLING = {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
+_INT_FIELDS = ("gpus", "priority", "incarnation", "preemptions", "stops_without_fresh_checkpoint", "version", "launch_attempts")
+_FLOAT_FIELDS = ("lost_gpu_seconds",)
+# Fields another writer may set while a transition is decided, without changing the
+# decision: a transition whose read missed only these is re-applied on the fresh item.
+_NOTES = frozenset({"last_checkpoint_at", "nominated_at"})
 
 _LOG_SEQ = itertools.count()
 _ser = TypeSerializer()
@@ -51,12 +70,6 @@ def _unmarshal(item: dict) -> dict:
     return {k: _from_attr(v) for k, v in item.items()}
 
 
-def _prefix_key(uri: str) -> str:
-    """`s3://bucket/a/b` -> `bucket/a/b/`: one spelling of a checkpoint prefix."""
-    path = uri.removeprefix("s3://").rstrip("/")
-    return path + "/"
-
-
 def job_key(name: str) -> dict:
     return {"pk": {"S": f"JOB#{name}"}, "sk": {"S": "JOB"}}
 
@@ -82,15 +95,83 @@ def index_keys(record: JobRecord) -> dict:
     return {}
 
 
+def _stored_value(record: JobRecord, name: str) -> Any:
+    value = getattr(record, name)
+    if name == "status":
+        return value.value
+    if name in _JSON_FIELDS:
+        return json.dumps(value, sort_keys=True)
+    return value
+
+
 def record_to_item(record: JobRecord) -> dict:
-    fields = {f: getattr(record, f) for f in record.__dataclass_fields__}
-    fields["status"] = record.status.value
-    for name in _JSON_FIELDS:
-        fields[name] = json.dumps(fields[name], sort_keys=True)
+    fields = {f: _stored_value(record, f) for f in record.__dataclass_fields__}
     fields.update(index_keys(record))
     item = _marshal(fields)
     item.update(job_key(record.name))
     return item
+
+
+def changed_fields(old: JobRecord, new: JobRecord) -> dict[str, Any]:
+    """The stored attributes `new` changes (None: remove), index keys included."""
+    out = {
+        f.name: _stored_value(new, f.name)
+        for f in dataclass_fields(JobRecord)
+        if f.name != "version" and getattr(old, f.name) != getattr(new, f.name)
+    }
+    old_index, new_index = index_keys(old), index_keys(new)
+    for key in ("gsi1pk", "gsi1sk"):
+        if old_index.get(key) != new_index.get(key):
+            out[key] = new_index.get(key)
+    return out
+
+
+def _update_expression(changes: dict[str, Any], version: int) -> dict:
+    """SET/REMOVE of `changes` plus the version bump, with placeholders for every name."""
+    names, values, sets, removes = {"#ver": "version"}, {":ver1": _to_attr(version + 1)}, ["#ver = :ver1"], []
+    for i, (field, value) in enumerate(sorted(changes.items())):
+        names[f"#f{i}"] = field
+        if value is None:
+            removes.append(f"#f{i}")
+        else:
+            values[f":v{i}"] = _to_attr(value)
+            sets.append(f"#f{i} = :v{i}")
+    expression = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
+    return {"UpdateExpression": expression, "ExpressionAttributeNames": names, "ExpressionAttributeValues": values}
+
+
+def _version_condition(version: int) -> str:
+    # Items written before versions existed have none: they are at version 0.
+    return "(attribute_not_exists(#ver) OR #ver = :ver)" if version == 0 else "#ver = :ver"
+
+
+def replace_version(record: JobRecord, version: int) -> JobRecord:
+    return record.with_changes(version=version)
+
+
+def _rebase(seen: JobRecord, new: JobRecord, current: JobRecord | None, expect: tuple[JobState, ...]) -> JobRecord | None:
+    """`new`'s changes applied on `current`, if what changed since `seen` was read is only
+    notes the change does not touch; None when the change must be judged again."""
+    if current is None or current.status not in expect or current.incarnation != seen.incarnation:
+        return None
+    if current.version == seen.version:
+        return None  # the condition failed for another reason (the index keys, a lost race)
+    moved = {f.name for f in dataclass_fields(JobRecord) if f.name != "version" and getattr(current, f.name) != getattr(seen, f.name)}
+    ours = {f.name for f in dataclass_fields(JobRecord) if f.name != "version" and getattr(new, f.name) != getattr(seen, f.name)}
+    if not moved <= _NOTES or moved & ours:
+        return None
+    return current.with_changes(**{name: getattr(new, name) for name in ours})
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRecount:
+    """What a usage recount of a pool saw and did."""
+
+    pool: str
+    stored: int
+    counted: int
+    applied: bool
+    reason: str  # in-step | drift-seen | drift-unconfirmed | usage-moved | repaired
 
 
 def item_to_record(item: dict) -> JobRecord:
@@ -100,36 +181,57 @@ def item_to_record(item: dict) -> JobRecord:
     for name in _JSON_FIELDS:
         if name in kwargs:
             kwargs[name] = json.loads(kwargs[name])
-    for name in ("gpus", "priority", "incarnation", "preemptions", "stops_without_fresh_checkpoint"):
+    for name in _INT_FIELDS:
         if name in kwargs:
             kwargs[name] = int(kwargs[name])
-    for name in ("lost_gpu_seconds",):
+    for name in _FLOAT_FIELDS:
         if name in kwargs:
             kwargs[name] = float(kwargs[name])
     return JobRecord(**kwargs)
 
 
 class JobsStore:
-    """Typed access to the jobs table. `client` is a boto3 DynamoDB client."""
+    """Typed access to the jobs table. `client` is a boto3 DynamoDB client; `sleep` and
+    `rng` pace the retries of conflicting transactions (injected by tests)."""
 
-    def __init__(self, table_name: str, client: Any):
+    def __init__(
+        self,
+        table_name: str,
+        client: Any,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ):
         self.table = table_name
         self.client = client
+        self._sleep = sleep
+        self._rng = rng or random.Random()
 
     # -- errors ---------------------------------------------------------------------------
     def _call(self, method: str, **kwargs) -> dict:
         try:
             return getattr(self.client, method)(**kwargs)
         except ClientError as e:
-            code = e.response.get("Error", {}).get("Code", "")
-            if code == "ConditionalCheckFailedException":
-                raise ConflictError(f"{method}: condition failed") from e
-            if code == "TransactionCanceledException":
-                reasons = [r.get("Code") for r in e.response.get("CancellationReasons", [])]
-                raise ConflictError(f"{method}: transaction cancelled: {reasons}") from e
-            if code in _THROTTLING:
-                raise Throttled(f"{method}: {code}") from e
-            raise
+            raise translate(e, f"DynamoDB {method}") from e
+
+    def _pages(self, operation: str, **kwargs) -> Iterator[dict]:
+        """Every item of a query or scan, page after page (botocore's paginator)."""
+        try:
+            for page in self.client.get_paginator(operation).paginate(**kwargs):
+                yield from page.get("Items", [])
+        except ClientError as e:
+            raise translate(e, f"DynamoDB {operation}") from e
+
+    def _transact(self, items: list[dict]) -> None:
+        """TransactWriteItems, retried with full-jitter backoff while DynamoDB cancels it
+        for a concurrent transaction (nothing was written); then `TransactionConflict`."""
+        for attempt in range(TRANSACT_ATTEMPTS):
+            try:
+                self._call("transact_write_items", TransactItems=items)
+                return
+            except TransactionConflict:
+                if attempt == TRANSACT_ATTEMPTS - 1:
+                    raise
+                self._sleep(self._rng.uniform(0, TRANSACT_BACKOFF_S * 2**attempt))
 
     # -- pools ----------------------------------------------------------------------------
     def ensure_pool(self, name: str, capacity_gpus: int) -> None:
@@ -148,14 +250,79 @@ class JobsStore:
         return _unmarshal(item) if item else None
 
     def set_pool_usage(self, name: str, used_gpus: int) -> None:
-        """Overwrite usage (used by reconcile after recounting the capacity-holding jobs)."""
+        """Overwrite usage unconditionally: only for seeding a table (benchmarks, tests).
+        Reconcile repairs usage with `recount_usage`."""
         self._call(
             "update_item",
             TableName=self.table,
             Key=pool_key(name),
-            UpdateExpression="SET used_gpus = :u",
-            ExpressionAttributeValues={":u": _to_attr(used_gpus)},
+            UpdateExpression="SET used_gpus = :u, usage_seq = if_not_exists(usage_seq, :zero) + :one",
+            ExpressionAttributeValues={":u": _to_attr(used_gpus), ":zero": _to_attr(0), ":one": _to_attr(1)},
         )
+
+    def recount_usage(self, pool: str, now: float, settle_s: float = USAGE_SETTLE_S) -> UsageRecount:
+        """Recount the GPUs held in `pool` and repair the pool's `used_gpus` if it drifted.
+
+        The holders are found through the pool's index (eventually consistent: a job admitted
+        a moment ago may be missing) and each is confirmed by a consistent read (a job that
+        ended a moment ago does not count). Usage is written only when the same drift is seen
+        twice, `settle_s` apart, with no change of usage in between (`usage_seq`, bumped by
+        every usage change, unchanged): by then the index has caught up, so an admission it
+        did not show yet is never undercounted. The write is conditional on the observed
+        usage and sequence. Run it under the pool's lease.
+        """
+        stored = self.pool(pool) or {}
+        used, seq = int(stored.get("used_gpus", 0)), int(stored.get("usage_seq", 0))
+        counted = 0
+        for item in self._pages(
+            "query",
+            TableName=self.table,
+            IndexName=GSI,
+            KeyConditionExpression="gsi1pk = :p",
+            ExpressionAttributeValues={":p": {"S": f"{pool}#ACTIVE"}},
+        ):
+            current = self.get(_from_attr(item["pk"]).removeprefix("JOB#"))
+            if current is not None and current.pool == pool and current.status.holds_capacity:
+                counted += current.gpus
+        suspect = stored.get("recount_suspect")
+        suspect = json.loads(suspect) if suspect else None
+        if counted == used:
+            if suspect:
+                self._pool_update(pool, "REMOVE recount_suspect", seq, used)
+            return UsageRecount(pool, used, counted, False, "in-step")
+        observation = {"seq": seq, "used": used, "counted": counted}
+        if suspect is None or {k: suspect.get(k) for k in observation} != observation:
+            reason = "drift-seen" if suspect is None else "usage-moved"
+            self._pool_update(pool, "SET recount_suspect = :s", seq, used, {":s": json.dumps({**observation, "at": now})})
+            return UsageRecount(pool, used, counted, False, reason)
+        if now - float(suspect["at"]) < settle_s:
+            return UsageRecount(pool, used, counted, False, "drift-unconfirmed")
+        applied = self._pool_update(
+            pool,
+            "SET used_gpus = :c, usage_seq = :next REMOVE recount_suspect",
+            seq,
+            used,
+            {":c": counted, ":next": seq + 1},
+        )
+        return UsageRecount(pool, used, counted, applied, "repaired" if applied else "usage-moved")
+
+    def _pool_update(self, pool: str, expression: str, seq: int, used: int, values: dict | None = None) -> bool:
+        """An update of the pool item if its usage and usage sequence are still as observed."""
+        attr_values = {":seq": _to_attr(seq), ":used": _to_attr(used)}
+        attr_values.update({k: _to_attr(v) for k, v in (values or {}).items()})
+        try:
+            self._call(
+                "update_item",
+                TableName=self.table,
+                Key=pool_key(pool),
+                UpdateExpression=expression,
+                ConditionExpression="(attribute_not_exists(usage_seq) OR usage_seq = :seq) AND "
+                "(attribute_not_exists(used_gpus) OR used_gpus = :used)",
+                ExpressionAttributeValues=attr_values,
+            )
+            return True
+        except ConflictError:
+            return False
 
     def remember_waits(self, pool: str, waiting: list[dict], now: float) -> None:
         """Keep the latest plan's reasons why jobs wait on the pool item, for `explain`."""
@@ -242,9 +409,8 @@ class JobsStore:
         It is already running, so usage is added without a capacity condition.
         """
         try:
-            self._call(
-                "transact_write_items",
-                TransactItems=[
+            self._transact(
+                [
                     {
                         "Put": {
                             "TableName": self.table,
@@ -254,7 +420,7 @@ class JobsStore:
                     },
                     self._usage_update(record.pool, record.gpus, limit=None),
                     {"Put": {"TableName": self.table, "Item": self._alias_item(record)}},
-                ],
+                ]
             )
             return True
         except ConflictError:
@@ -283,42 +449,30 @@ class JobsStore:
         return [item_to_record(i) for i in out.get("Items", [])]
 
     def active(self, pool: str) -> list[JobRecord]:
-        """Every job that holds capacity in the pool (bounded by the pool's size)."""
-        return [item_to_record(i) for i in self._query_all(f"{pool}#ACTIVE")]
-
-    def count_pending(self, pool: str) -> int:
-        return sum(1 for _ in self._query_all(f"{pool}#PENDING", select_count=True))
-
-    def _query_all(self, partition: str, select_count: bool = False) -> Iterator[dict]:
-        kwargs = {
-            "TableName": self.table,
-            "IndexName": GSI,
-            "KeyConditionExpression": "gsi1pk = :p",
-            "ExpressionAttributeValues": {":p": {"S": partition}},
-        }
-        while True:
-            out = self._call("query", **kwargs)
-            yield from out.get("Items", [])
-            if "LastEvaluatedKey" not in out:
-                return
-            kwargs["ExclusiveStartKey"] = out["LastEvaluatedKey"]
+        """Every job that holds capacity in the pool (bounded by the pool's size), as the
+        eventually consistent index shows them."""
+        return [
+            item_to_record(i)
+            for i in self._pages(
+                "query",
+                TableName=self.table,
+                IndexName=GSI,
+                KeyConditionExpression="gsi1pk = :p",
+                ExpressionAttributeValues={":p": {"S": f"{pool}#ACTIVE"}},
+            )
+        ]
 
     def all_jobs(self) -> list[JobRecord]:
         """Every job (a scan: for the CLI and reports, never on the scheduling path)."""
         return [item_to_record(i) for i in self._scan("JOB")]
 
     def _scan(self, sk_prefix: str) -> Iterator[dict]:
-        kwargs = {
-            "TableName": self.table,
-            "FilterExpression": "begins_with(sk, :s)",
-            "ExpressionAttributeValues": {":s": {"S": sk_prefix}},
-        }
-        while True:
-            out = self._call("scan", **kwargs)
-            yield from out.get("Items", [])
-            if "LastEvaluatedKey" not in out:
-                return
-            kwargs["ExclusiveStartKey"] = out["LastEvaluatedKey"]
+        return self._pages(
+            "scan",
+            TableName=self.table,
+            FilterExpression="begins_with(sk, :s)",
+            ExpressionAttributeValues={":s": {"S": sk_prefix}},
+        )
 
     # -- transitions ----------------------------------------------------------------------
     def transition(
@@ -330,56 +484,94 @@ class JobsStore:
         pool_limit: int | None = None,
         alias: bool = False,
     ) -> JobRecord:
-        """Write `new` over `record` if the stored job still has one of the `expect` statuses
-        and the same incarnation; move pool usage by `usage_delta` in the same transaction.
+        """Write what `new` changes from `record` (field by field) if the stored job still has
+        one of the `expect` statuses, the same incarnation and the version `record` was read
+        at; move pool usage by `usage_delta` in the same transaction. Returns the written record.
 
-        With a positive delta and `pool_limit`, the write fails with CapacityExhausted rather
-        than push usage above the limit. Raises ConflictError when the job moved meanwhile.
+        When the version moved only because of notes (a checkpoint time, a nomination) the
+        same change is applied on the fresh item; any other change meanwhile (a status, a
+        cancel request...) raises ConflictError, and the caller re-reads and judges. With a
+        positive delta and `pool_limit`, raises CapacityExhausted rather than push usage
+        above the limit. A transaction DynamoDB keeps cancelling for concurrent ones raises
+        the retryable TransactionConflict.
         """
+        expect = tuple(expect)
+        for _ in range(3):
+            try:
+                self._transact(self._transition_items(record, new, expect, usage_delta, pool_limit, alias))
+                return replace_version(new, record.version + 1)
+            except ConflictError as e:
+                if usage_delta > 0 and pool_limit is not None and len(e.reasons) > 1 and e.reasons[1] == "ConditionalCheckFailed":
+                    raise CapacityExhausted(f"pool {record.pool} cannot take {usage_delta} more GPUs") from e
+                current = self.get(record.name)
+                rebased = _rebase(record, new, current, expect)
+                if rebased is None:
+                    moved = "gone" if current is None else f"{current.status.value}, incarnation {current.incarnation}"
+                    raise ConflictError(f"job {record.name} moved meanwhile ({moved})", e.reasons) from e
+                record, new = current, rebased
+        raise ConflictError(f"job {record.name} kept changing")
+
+    def _transition_items(
+        self, record: JobRecord, new: JobRecord, expect: tuple[JobState, ...], usage_delta: int, pool_limit: int | None, alias: bool
+    ) -> list[dict]:
+        update = _update_expression(changed_fields(record, new), record.version)
         status_keys = {f":s{i}": {"S": s.value} for i, s in enumerate(expect)}
-        values = {**status_keys, ":inc": _to_attr(record.incarnation)}
-        condition = f"#st IN ({', '.join(status_keys)}) AND incarnation = :inc"
-        put = {
-            "Put": {
-                "TableName": self.table,
-                "Item": record_to_item(new),
-                "ConditionExpression": condition,
-                "ExpressionAttributeNames": {"#st": "status"},
-                "ExpressionAttributeValues": values,
-            }
-        }
-        items = [put]
+        update["ExpressionAttributeNames"]["#st"] = "status"
+        update["ExpressionAttributeNames"]["#inc"] = "incarnation"
+        update["ExpressionAttributeValues"].update(status_keys)
+        update["ExpressionAttributeValues"][":inc"] = _to_attr(record.incarnation)
+        update["ExpressionAttributeValues"][":ver"] = _to_attr(record.version)
+        condition = f"#st IN ({', '.join(status_keys)}) AND #inc = :inc AND {_version_condition(record.version)}"
+        items = [{"Update": {"TableName": self.table, "Key": job_key(record.name), "ConditionExpression": condition, **update}}]
         if usage_delta:
             items.append(self._usage_update(record.pool, usage_delta, pool_limit))
         if alias:
             items.append({"Put": {"TableName": self.table, "Item": self._alias_item(new)}})
-        try:
-            self._call("transact_write_items", TransactItems=items)
-        except ConflictError as e:
-            if usage_delta > 0 and pool_limit is not None and self._capacity_was_the_reason(e):
-                raise CapacityExhausted(f"pool {record.pool} cannot take {usage_delta} more GPUs") from e
-            raise
-        return new
-
-    @staticmethod
-    def _capacity_was_the_reason(error: ConflictError) -> bool:
-        cause = error.__cause__
-        if not isinstance(cause, ClientError):
-            return False
-        reasons = cause.response.get("CancellationReasons", [])
-        return len(reasons) > 1 and reasons[1].get("Code") == "ConditionalCheckFailed"
+        return items
 
     def _usage_update(self, pool: str, delta: int, limit: int | None) -> dict:
         update = {
             "TableName": self.table,
             "Key": pool_key(pool),
-            "UpdateExpression": "SET used_gpus = if_not_exists(used_gpus, :zero) + :d",
-            "ExpressionAttributeValues": {":d": _to_attr(delta), ":zero": _to_attr(0)},
+            "UpdateExpression": "SET used_gpus = if_not_exists(used_gpus, :zero) + :d, "
+            "usage_seq = if_not_exists(usage_seq, :zero) + :one",
+            "ExpressionAttributeValues": {":d": _to_attr(delta), ":zero": _to_attr(0), ":one": _to_attr(1)},
         }
         if limit is not None and delta > 0:
             update["ConditionExpression"] = "attribute_not_exists(used_gpus) OR used_gpus <= :lim"
             update["ExpressionAttributeValues"][":lim"] = _to_attr(limit - delta)
         return {"Update": update}
+
+    def update_fields(self, record: JobRecord, expect: Iterable[JobState], **changes: Any) -> JobRecord:
+        """Set a few fields of a job (no usage change) under the same conditions as
+        `transition`; returns the written record."""
+        return self.transition(record, record.with_changes(**changes), expect)
+
+    def request_cancel(self, record: JobRecord, now: float) -> bool:
+        """Record that the job's owner cancelled it, whatever it is doing (a field-level
+        write that bumps the version, so no transition decided before it can undo it).
+        False if the job meanwhile left the status it was read in."""
+        try:
+            self._call(
+                "update_item",
+                TableName=self.table,
+                Key=job_key(record.name),
+                UpdateExpression="SET cancel_requested = :t, cancel_requested_at = :now, "
+                "#ver = if_not_exists(#ver, :zero) + :one",
+                ConditionExpression="#st = :st AND #inc = :inc",
+                ExpressionAttributeNames={"#st": "status", "#inc": "incarnation", "#ver": "version"},
+                ExpressionAttributeValues={
+                    ":t": _to_attr(True),
+                    ":now": _to_attr(now),
+                    ":zero": _to_attr(0),
+                    ":one": _to_attr(1),
+                    ":st": {"S": record.status.value},
+                    ":inc": _to_attr(record.incarnation),
+                },
+            )
+            return True
+        except ConflictError:
+            return False
 
     def nominate(self, name: str, at: float) -> None:
         """Mark a pending job as the one its victims' GPUs are handed to."""
@@ -413,14 +605,16 @@ class JobsStore:
     # -- fair share and the preemption budget (per pool, bounded reads) -------------------
     def team_usage(self, pool: str) -> list[TeamUsage]:
         """Decayed GPU usage of each team's ended runs in the pool (one item per team)."""
-        out = self._call(
-            "query",
-            TableName=self.table,
-            KeyConditionExpression="pk = :p AND begins_with(sk, :u)",
-            ExpressionAttributeValues={":p": {"S": f"POOL#{pool}"}, ":u": {"S": "USAGE#"}},
-            ConsistentRead=True,
-        )
-        items = [_unmarshal(i) for i in out.get("Items", [])]
+        items = [
+            _unmarshal(i)
+            for i in self._pages(
+                "query",
+                TableName=self.table,
+                KeyConditionExpression="pk = :p AND begins_with(sk, :u)",
+                ExpressionAttributeValues={":p": {"S": f"POOL#{pool}"}, ":u": {"S": "USAGE#"}},
+                ConsistentRead=True,
+            )
+        ]
         return [TeamUsage(i["team"], float(i["gpu_seconds"]), float(i["at"])) for i in items]
 
     def add_usage(self, pool: str, team: str, gpus: int, started_at: float, ended_at: float, half_life_s: float) -> None:
@@ -469,7 +663,7 @@ class JobsStore:
         )
 
     def preemptions_since(self, pool: str, since: float) -> list[PastPreemption]:
-        out = self._call(
+        items = self._pages(
             "query",
             TableName=self.table,
             KeyConditionExpression="pk = :p AND sk BETWEEN :a AND :b",
@@ -481,7 +675,7 @@ class JobsStore:
         )
         return [
             PastPreemption(pool, float(i["at"]), int(i["gpus"]), float(i["lost_gpu_seconds"]), i["victim"])
-            for i in map(_unmarshal, out.get("Items", []))
+            for i in map(_unmarshal, items)
         ]
 
     # -- run aliases: service job -> controller job ---------------------------------------
@@ -514,7 +708,7 @@ class JobsStore:
         self._call(
             "put_item",
             TableName=self.table,
-            Item=_marshal({"pk": f"CKPT#{_prefix_key(checkpoint_s3_uri)}", "sk": "CKPT", "job": job}),
+            Item=_marshal({"pk": f"CKPT#{S3Uri.parse(checkpoint_s3_uri).location}", "sk": "CKPT", "job": job}),
         )
 
     def find_checkpoint_owner(self, bucket: str, key: str) -> str | None:
@@ -554,13 +748,13 @@ class JobsStore:
         self._call("put_item", TableName=self.table, Item=_marshal(fields))
 
     def history(self, job: str) -> list[dict]:
-        out = self._call(
+        items = self._pages(
             "query",
             TableName=self.table,
             KeyConditionExpression="pk = :p AND begins_with(sk, :l)",
             ExpressionAttributeValues={":p": {"S": f"JOB#{job}"}, ":l": {"S": "LOG#"}},
         )
-        return [self._log_entry(i) for i in out.get("Items", [])]
+        return [self._log_entry(i) for i in items]
 
     def all_history(self) -> list[dict]:
         """Every log entry of every job, in time order (for the demo timeline and reports)."""
@@ -574,39 +768,52 @@ class JobsStore:
         return entry
 
     # -- intake idempotency ---------------------------------------------------------------
-    def event_seen(self, event_id: str) -> bool:
-        item = self._call(
-            "get_item", TableName=self.table, Key={"pk": {"S": f"EVENT#{event_id}"}, "sk": {"S": "EVENT"}}
-        ).get("Item")
-        return item is not None
+    def claim_event(self, event_id: str, now: float) -> bool:
+        """Claim an event for handling (a conditional put: of two deliveries handled at
+        once, one wins). False if it was handled, or is being handled, already. A claim
+        whose handler died expires after EVENT_CLAIM_S, so a retry may handle the event."""
+        try:
+            self._call(
+                "put_item",
+                TableName=self.table,
+                Item=_marshal(
+                    {
+                        "pk": f"EVENT#{event_id}",
+                        "sk": "EVENT",
+                        "state": "in-progress",
+                        "claim_expires": now + EVENT_CLAIM_S,
+                        "expires_at": int(now + EVENT_TTL_S),
+                    }
+                ),
+                ConditionExpression="attribute_not_exists(pk) OR (#state = :progress AND claim_expires < :now)",
+                ExpressionAttributeNames={"#state": "state"},
+                ExpressionAttributeValues={":progress": {"S": "in-progress"}, ":now": _to_attr(now)},
+            )
+            return True
+        except ConflictError:
+            return False
 
-    def remember_event(self, event_id: str, now: float, outcome: str) -> None:
-        self._call(
-            "put_item",
-            TableName=self.table,
-            Item=_marshal(
-                {
-                    "pk": f"EVENT#{event_id}",
-                    "sk": "EVENT",
-                    "outcome": outcome,
-                    "expires_at": int(now + EVENT_TTL_S),
-                }
-            ),
-        )
-
-    def count(self, counter: str, by: int = 1) -> None:
+    def finish_event(self, event_id: str, now: float, outcome: str) -> None:
+        """Mark a claimed event handled, with its outcome (kept for EVENT_TTL_S)."""
         self._call(
             "update_item",
             TableName=self.table,
-            Key={"pk": {"S": "STATS"}, "sk": {"S": "STATS"}},
-            UpdateExpression="ADD #c :b",
-            ExpressionAttributeNames={"#c": counter},
-            ExpressionAttributeValues={":b": _to_attr(by)},
+            Key={"pk": {"S": f"EVENT#{event_id}"}, "sk": {"S": "EVENT"}},
+            UpdateExpression="SET #state = :done, outcome = :o, expires_at = :e REMOVE claim_expires",
+            ExpressionAttributeNames={"#state": "state"},
+            ExpressionAttributeValues={":done": {"S": "done"}, ":o": _to_attr(outcome), ":e": _to_attr(int(now + EVENT_TTL_S))},
         )
 
-    def counters(self) -> dict:
-        item = self._call("get_item", TableName=self.table, Key={"pk": {"S": "STATS"}, "sk": {"S": "STATS"}}).get(
-            "Item"
-        )
-        data = _unmarshal(item) if item else {}
-        return {k: v for k, v in data.items() if k not in ("pk", "sk")}
+    def release_event(self, event_id: str) -> None:
+        """Give a claim back after a failed handling, so EventBridge's retry handles it."""
+        try:
+            self._call(
+                "delete_item",
+                TableName=self.table,
+                Key={"pk": {"S": f"EVENT#{event_id}"}, "sk": {"S": "EVENT"}},
+                ConditionExpression="#state = :progress",
+                ExpressionAttributeNames={"#state": "state"},
+                ExpressionAttributeValues={":progress": {"S": "in-progress"}},
+            )
+        except ConflictError:
+            pass  # already finished: nothing to give back

@@ -57,6 +57,25 @@ class JobRecord:
     spared_until: float | None = None
     nominated_at: float | None = None  # victims were last chosen for it (capacity handover)
     guaranteed: bool = False  # admitted by the starvation guard: never a victim
+    # False for an adopted run without the preemptor:managed=true tag: IAM lets the
+    # controller stop only tagged runs, so it holds capacity but is never a victim.
+    stoppable: bool = True
+    # The scheduling cycle (execution name and cycle number) that admitted it or chose it
+    # as a victim: a retried plan step returns what it already reserved.
+    decided_by: str | None = None
+    # Optimistic concurrency: bumped by every transition and cancel request; a transition
+    # is written only if the stored version is still the one it was decided on.
+    version: int = 0
+    # Launches the service refused for good (validation, quota, a taken name): the job is
+    # retried after `not_before` (backoff), and failed after MAX_LAUNCH_ATTEMPTS.
+    launch_attempts: int = 0
+    not_before: float | None = None
+    last_launch_error: str | None = None
+    cancel_requested_at: float | None = None
+
+    def backing_off(self, now: float) -> bool:
+        """A pending job whose last launch was refused waits until `not_before`."""
+        return self.not_before is not None and now < self.not_before
 
     @property
     def next_run_name(self) -> str:
@@ -99,6 +118,7 @@ class JobRecord:
             restart_overhead_s=self.restart_overhead_s,
             spared_until=self.spared_until,
             guaranteed=self.guaranteed,
+            stoppable=self.stoppable,
         )
 
     def with_changes(self, **changes) -> "JobRecord":

@@ -3,6 +3,14 @@
 Events arrive at least once and in any order. Each one is parsed (malformed or unknown
 events are rejected or ignored with a reason, never raised), deduplicated by its id, and
 matched to a job and incarnation; an event about an older incarnation is stale and ignored.
+
+It is also the trust boundary. A submission or a cancel acts for the team of its source
+(`preemptor.<team>`): the team must be configured (when `teams` is), the priority within its
+ceiling, and the service call is built from the pool's allow-list (`core.requests.
+admit_request`); a cancel stops only the team's own jobs. A run launched outside the
+controller is adopted only if its tags are well-formed and within the same bounds, and is a
+victim only if the controller may stop it. Every refusal is a "rejected" result whose reason
+starts with a stable code (a `Refusal`), which the handler logs and counts.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from ..core import events as ev
 from ..core.errors import ConflictError
 from ..core.jobs import JobRecord
 from ..core.model import JobState
-from ..core.requests import resolve_priority
+from ..core.requests import Refusal, RequestRefused, admit_request
 
 SAGEMAKER_OUTCOMES = {"Completed": "completed", "Failed": "failed", "Stopped": "stopped"}
 BATCH_OUTCOMES = {"SUCCEEDED": "completed", "FAILED": "failed"}
@@ -35,6 +43,11 @@ class IntakeResult:
 
     def to_dict(self) -> dict:
         return {"outcome": self.outcome, "reason": self.reason, "job": self.job, "workflow": self.workflow}
+
+    @property
+    def code(self) -> str:
+        """The stable part of `reason` (before the first colon), for metrics and logs."""
+        return self.reason.split(":", 1)[0]
 
 
 MAX_EVENT_AGE_S = 3600  # the rules' MaximumEventAgeInSeconds
@@ -68,14 +81,17 @@ class Intake:
         try:
             event = ev.parse_event(raw, tiers=self.settings.policy.tiers)
         except ev.EventRejected as e:
-            self.store.count("rejected_events")
             return IntakeResult("rejected", f"{e.reason}: {e.detail}")
         if isinstance(event, ev.Ignored):
             return IntakeResult("ignored", event.reason)
-        if self.store.event_seen(event.event_id):
+        if not self.store.claim_event(event.event_id, now):
             return IntakeResult("duplicate", f"event {event.event_id} already handled")
-        result = self._dispatch(event, now)
-        self.store.remember_event(event.event_id, now, result.outcome)
+        try:
+            result = self._dispatch(event, now)
+        except BaseException:
+            self.store.release_event(event.event_id)  # EventBridge retries it
+            raise
+        self.store.finish_event(event.event_id, now, result.outcome)
         return result
 
     def _dispatch(self, event: object, now: float) -> IntakeResult:
@@ -96,22 +112,46 @@ class Intake:
         return IntakeResult("ignored", f"no handler for {type(event).__name__}")
 
     # -- the controller's own events -----------------------------------------------------
+    @staticmethod
+    def _refuse(reason: str, detail: str, job: str | None = None) -> IntakeResult:
+        return IntakeResult("rejected", f"{reason}: {detail}", job)
+
+    def _team_refusal(self, team: str, priority: int) -> tuple[Refusal, str] | None:
+        policy = self.settings.policy
+        if not policy.team_listed(team):
+            return Refusal.UNKNOWN_TEAM, f"team {team!r} is not configured"
+        ceiling = policy.max_priority(team)
+        if priority > ceiling:
+            return Refusal.ABOVE_TEAM_CEILING, f"priority {priority} is above team {team!r}'s ceiling {ceiling}"
+        return None
+
     def _submitted(self, event: "ev.JobSubmitted", now: float) -> IntakeResult:
         req = event.request
+        priority = req.priority
+        refusal = self._team_refusal(req.team, priority)
+        if refusal:
+            return self._refuse(*refusal, req.name)
         pool = self.settings.pool(req.pool)
         if pool is None:
-            self.store.count("rejected_events")
-            return IntakeResult("rejected", f"bad-request: pool {req.pool!r} is not configured", req.name)
-        priority = resolve_priority(req.priority, self.settings.policy.tiers)
+            return self._refuse(Refusal.UNKNOWN_POOL, f"pool {req.pool!r} is not configured", req.name)
+        try:
+            admitted = admit_request(
+                req,
+                pool,
+                checkpoint_bucket=self.settings.checkpoint_bucket,
+                default_role_arn=self.settings.training_role_arn,
+            )
+        except RequestRefused as e:
+            return self._refuse(e.reason, f"{e.field}: {e.detail}" if e.field else e.detail, req.name)
         record = JobRecord(
             name=req.name,
             team=req.team,
             priority=priority,
             pool=req.pool,
             service=req.service,
-            gpus=req.gpu_demand(pool.gpus_per_instance),
-            request=req.request,
-            checkpoint_s3_uri=req.checkpoint_s3_uri,
+            gpus=admitted.gpus,
+            request=admitted.request,
+            checkpoint_s3_uri=admitted.checkpoint_s3_uri,
             submitted_at=_submission_time(event.time, now),
             sla_s=req.sla_s,
             labels=dict(req.labels),
@@ -137,6 +177,10 @@ class Intake:
         record = self.store.get(event.name)
         if record is None:
             return IntakeResult("ignored", f"unknown job {event.name}", event.name)
+        if record.team != event.team:
+            return self._refuse(
+                Refusal.NOT_YOUR_JOB, f"job {event.name} belongs to team {record.team!r}, not {event.team!r}", event.name
+            )
         if record.status is JobState.PENDING:
             try:
                 self.store.transition(record, record.with_changes(status=JobState.CANCELLED, ended_at=now), [JobState.PENDING])
@@ -197,29 +241,42 @@ class Intake:
 
     def _maybe_adopt(self, event, service: str, run_id: str, status: str, now: float) -> IntakeResult:
         running = status in ("InProgress", "RUNNING")
+        tags = event.tags or {}
+        if ev.launched_by_controller(tags):
+            # Our own run, whose start event beat the run alias: the launch records it.
+            return IntakeResult("ignored", f"own run: {service} run {run_id} was launched by the controller")
         try:
-            tags = ev.adoption_tags(event.tags or {}, tiers=self.settings.policy.tiers)
+            claims = ev.adoption_tags(tags, tiers=self.settings.policy.tiers)
         except ev.EventRejected as e:
-            self.store.count("rejected_events")
-            return IntakeResult("rejected", f"{e.reason}: {e.detail}")
-        if tags is None or not running:
+            return self._refuse(e.reason, e.detail)
+        if claims is None or not running:
             return IntakeResult("ignored", f"not managed: {service} run {run_id} has no preemptor tags")
-        priority, team, pool_name = tags
-        pool = self.settings.pool(pool_name) if pool_name else self._pool_for_service(service)
-        if pool is None:
-            return IntakeResult("ignored", f"not adoptable: no pool {pool_name!r} for {service} run {run_id}")
+        refusal = self._team_refusal(claims.team, claims.priority)
+        if refusal:
+            return self._refuse(*refusal)
+        pool = self.settings.pool(claims.pool) if claims.pool else self._pool_for_service(service)
+        if pool is None or pool.service != service:
+            return self._refuse(Refusal.UNKNOWN_POOL, f"no {service} pool {claims.pool!r} for run {run_id}")
         if service == "sagemaker":
-            gpus = (event.instance_count or 1) * pool.gpus_per_instance
-            name = event.training_job_name
-            checkpoint = event.checkpoint_s3_uri or ""
+            demand = self._sagemaker_demand(event, pool)
+            if isinstance(demand, IntakeResult):
+                return demand
+            gpus, name, checkpoint = demand, event.training_job_name, event.checkpoint_s3_uri or ""
         else:
-            gpus = int((event.tags or {}).get("preemptor:gpus", pool.gpus_per_instance))
-            name = event.job_name
-            checkpoint = (event.tags or {}).get("preemptor:checkpoint", "")
+            gpus = claims.gpus if claims.gpus is not None else pool.gpus_per_instance
+            name, checkpoint = event.job_name, claims.checkpoint_s3_uri or ""
+        if gpus > pool.capacity_gpus:
+            return self._refuse(
+                Refusal.BAD_TAG, f"{gpus} GPUs is more than pool {pool.name!r} holds ({pool.capacity_gpus})"
+            )
+        try:
+            ev.validate_job_name(name)
+        except ValueError as e:
+            return self._refuse(Refusal.BAD_TAG, f"run name: {e}")
         record = JobRecord(
             name=name,
-            team=team,
-            priority=priority,
+            team=claims.team,
+            priority=claims.priority,
             pool=pool.name,
             service=service,
             gpus=gpus,
@@ -232,13 +289,31 @@ class Intake:
             started_at=now,
             first_started_at=now,
             adopted=True,
+            # IAM lets the controller stop only runs tagged preemptor:managed=true.
+            stoppable=claims.managed,
         )
         if not self.store.put_adopted(record):
             return IntakeResult("duplicate", f"{name} already known", name)
         if checkpoint:
             self.store.put_checkpoint_alias(checkpoint, name)
-        self.store.log(name, now, "adopted", "tagged-outside-controller", f"{gpus} GPUs counted in {pool.name}")
+        stop = "stoppable" if claims.managed else "not stoppable (no preemptor:managed=true tag)"
+        self.store.log(name, now, "adopted", "tagged-outside-controller", f"{gpus} GPUs counted in {pool.name}, {stop}")
         return IntakeResult("accepted", "adopted", name)
+
+    def _sagemaker_demand(self, event: "ev.TrainingJobStateChanged", pool) -> "int | IntakeResult":
+        """GPUs of an adopted training job, counted from its own ResourceConfig: every
+        instance group in full, each of the pool's instance type."""
+        groups = event.instance_groups or ((event.instance_type, event.instance_count or 0),)
+        instances = 0
+        for instance_type, count in groups:
+            if pool.instance_type and instance_type and instance_type != pool.instance_type:
+                return self._refuse(
+                    Refusal.BAD_DEMAND, f"instance type {instance_type} is not pool {pool.name!r}'s {pool.instance_type}"
+                )
+            instances += count
+        if instances <= 0:
+            return self._refuse(Refusal.BAD_DEMAND, f"training job {event.training_job_name} states no instance count")
+        return instances * pool.gpus_per_instance
 
     def _pool_for_service(self, service: str):
         return next((p for p in self.settings.pools if p.service == service), None)

@@ -1,0 +1,89 @@
+"""Make the emulated AWS say no: a botocore `before-call` hook that answers one operation
+with a real error shape (code, message, HTTP status, extra response members) instead of
+sending it to moto.
+
+botocore turns a response returned by a `before-call` handler into the call's result, and
+raises `ClientError` for an error response exactly as it does for one from the wire.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+from botocore.awsrequest import AWSResponse
+
+
+def error_response(code: str, message: str = "", status: int = 400, **extra: Any) -> dict:
+    return {
+        "Error": {"Code": code, "Message": message},
+        "ResponseMetadata": {"HTTPStatusCode": status, "RetryAttempts": 0},
+        **extra,
+    }
+
+
+THROTTLING = {
+    "dynamodb": error_response("ThrottlingException", "Rate of requests exceeds the allowed throughput.", 400),
+    "sagemaker": error_response("ThrottlingException", "Rate exceeded", 400),
+    "batch": error_response("TooManyRequestsException", "Too Many Requests", 429),
+    "s3": error_response("SlowDown", "Please reduce your request rate.", 503),
+}
+
+
+def transaction_conflict(items: int) -> dict:
+    """TransactWriteItems cancelled because a concurrent transaction touched an item."""
+    reasons = [{"Code": "None"} for _ in range(items)]
+    reasons[0] = {"Code": "TransactionConflict", "Message": "Transaction is ongoing for the item"}
+    return error_response(
+        "TransactionCanceledException",
+        f"Transaction cancelled, please refer cancellation reasons for specific reasons [{', '.join(r['Code'] for r in reasons)}]",
+        400,
+        CancellationReasons=reasons,
+    )
+
+
+SAGEMAKER_NOT_FOUND = error_response("ValidationException", "Requested resource not found.", 400)
+
+
+def _call_params(request: dict) -> dict:
+    """The call's parameters: the decoded body of a JSON-protocol request (DynamoDB,
+    SageMaker, Batch), else the request's URL and query (S3)."""
+    body = request.get("body")
+    if isinstance(body, (bytes, str)) and body[:1] in (b"{", "{"):
+        return json.loads(body)
+    return {"url": request.get("url", ""), "query": request.get("query_string", {})}
+
+
+@contextmanager
+def aws_says_no(
+    client: Any,
+    operation: str,
+    response: dict | Callable[[dict], dict | None],
+    times: int | None = None,
+) -> Iterator[list[dict]]:
+    """Answer `operation` (e.g. "TransactWriteItems") of `client` with `response`.
+
+    `response` may be a function of the call's parameters returning an error response, or
+    None to let that call through. `times` limits how many calls are refused. Yields the
+    parameters of each refused call.
+    """
+    refused: list[dict] = []
+    service = client.meta.service_model.service_id.hyphenize()
+    event = f"before-call.{service}.{operation}"
+
+    def handler(params: dict, **_: Any):
+        if times is not None and len(refused) >= times:
+            return None
+        body = response(_call_params(params)) if callable(response) else response
+        if body is None:
+            return None
+        refused.append(params)
+        status = body["ResponseMetadata"]["HTTPStatusCode"]
+        return AWSResponse("https://emulated", status, {}, None), body
+
+    client.meta.events.register(event, handler, unique_id=f"aws-says-no-{id(handler)}")
+    try:
+        yield refused
+    finally:
+        client.meta.events.unregister(event, unique_id=f"aws-says-no-{id(handler)}")
