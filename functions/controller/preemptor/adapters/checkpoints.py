@@ -4,25 +4,15 @@ from __future__ import annotations
 
 import json
 from typing import Any
-from urllib.parse import urlparse
 
 from botocore.exceptions import ClientError
 
-from ..core.errors import ServiceRejected, Throttled
+from ..core.errors import CheckpointLocationUnavailable
+from ..core.s3uri import S3Uri
+from .errors import classify, code_of, translate
 
 CONTROL_DIR = "_preemptor"
 REQUEST_KEY = f"{CONTROL_DIR}/checkpoint-request.json"
-
-
-def split_uri(uri: str) -> tuple[str, str]:
-    """`s3://bucket/prefix` -> (bucket, 'prefix/'), the prefix always ending in a slash."""
-    parsed = urlparse(uri)
-    if parsed.scheme != "s3" or not parsed.netloc:
-        raise ValueError(f"not an s3:// URI: {uri!r}")
-    prefix = parsed.path.lstrip("/")
-    if prefix and not prefix.endswith("/"):
-        prefix += "/"
-    return parsed.netloc, prefix
 
 
 class CheckpointStore:
@@ -33,34 +23,54 @@ class CheckpointStore:
         """Epoch seconds of the newest checkpoint object under `uri`, None if there is none.
 
         Objects under `<uri>/_preemptor/` are the controller's own and do not count.
+
+        Raises:
+            CheckpointLocationUnavailable: the location is invalid, its bucket does not
+                exist, or the controller may not list it (one job's problem: the caller
+                records it and carries on with the others).
+            Throttled, ServiceUnavailable: retry later.
         """
-        bucket, prefix = split_uri(uri)
+        location = _parse(uri)
+        prefix = location.key_prefix
         newest = None
         try:
-            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=location.bucket, Prefix=prefix):
                 for obj in page.get("Contents", []):
                     if obj["Key"][len(prefix):].startswith(CONTROL_DIR + "/"):
                         continue
                     stamp = obj["LastModified"].timestamp()
                     newest = stamp if newest is None else max(newest, stamp)
         except ClientError as e:
-            raise self._translate(e, f"ListObjectsV2 {uri}") from e
+            raise _translate(e, f"ListObjectsV2 {location}") from e
         return newest
 
     def request(self, uri: str, now: float, reason: str) -> str:
-        """Write the checkpoint-request marker a training helper watches; returns its key."""
-        bucket, prefix = split_uri(uri)
-        key = prefix + REQUEST_KEY
+        """Write the checkpoint-request marker a training helper watches; returns its URI.
+
+        Raises the same errors as `newest`.
+        """
+        location = _parse(uri)
+        key = location.key(REQUEST_KEY)
         body = json.dumps({"requested_at": now, "reason": reason}).encode()
         try:
-            self.client.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json")
+            self.client.put_object(Bucket=location.bucket, Key=key, Body=body, ContentType="application/json")
         except ClientError as e:
-            raise self._translate(e, f"PutObject s3://{bucket}/{key}") from e
-        return f"s3://{bucket}/{key}"
+            raise _translate(e, f"PutObject s3://{location.bucket}/{key}") from e
+        return f"s3://{location.bucket}/{key}"
 
-    @staticmethod
-    def _translate(error: ClientError, what: str) -> Exception:
-        code = error.response.get("Error", {}).get("Code", "")
-        if code in ("SlowDown", "Throttling", "ThrottlingException"):
-            return Throttled(f"{what}: {code}")
-        return ServiceRejected(f"{what}: {code}")
+
+def _parse(uri: str) -> S3Uri:
+    try:
+        return S3Uri.parse(uri)
+    except ValueError as e:
+        raise CheckpointLocationUnavailable(str(e), "InvalidUri") from e
+
+
+def _translate(error: ClientError, what: str) -> Exception:
+    """Retryable errors stay retryable; anything else (NoSuchBucket, AccessDenied...) is
+    this location's problem."""
+    kind = classify(error)
+    if kind.retryable:
+        return translate(error, what)
+    reason = code_of(error) or kind.value
+    return CheckpointLocationUnavailable(f"{what}: {reason}", reason)

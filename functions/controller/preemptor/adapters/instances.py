@@ -7,7 +7,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from ..core.errors import ServiceRejected, Throttled
+from .errors import translate
 
 
 def cluster_of(container_instance_arn: str) -> str | None:
@@ -29,9 +29,6 @@ class InstanceResolver:
         try:
             out = self.ecs.describe_container_instances(cluster=cluster, containerInstances=[container_instance_arn])
         except ClientError as e:
-            code = e.response.get("Error", {}).get("Code", "")
-            if code in ("ThrottlingException", "Throttling"):
-                raise Throttled(f"DescribeContainerInstances: {code}") from e
-            raise ServiceRejected(f"DescribeContainerInstances: {code}") from e
+            raise translate(e, "DescribeContainerInstances") from e
         found = out.get("containerInstances", [])
         return found[0].get("ec2InstanceId") if found else None

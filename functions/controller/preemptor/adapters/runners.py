@@ -12,12 +12,14 @@ from typing import Any, Protocol
 
 from botocore.exceptions import ClientError
 
-from ..core.errors import ServiceJobNotFound, ServiceRejected, Throttled
+from ..core.errors import RunNameTaken, ServiceJobNotFound
 from ..core.jobs import JobRecord
+from .errors import ErrorKind, classify, code_of, is_sagemaker_not_found, translate
 
 MANAGED_TAG = "preemptor:managed"
+JOB_TAG = "preemptor:job"
+INCARNATION_TAG = "preemptor:incarnation"
 CHECKPOINT_ENV = "PREEMPTOR_CHECKPOINT_S3_URI"
-_THROTTLING = {"ThrottlingException", "TooManyRequestsException", "Throttling"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,25 +48,17 @@ class Runner(Protocol):
 def controller_tags(record: JobRecord) -> dict[str, str]:
     return {
         MANAGED_TAG: "true",
-        "preemptor:job": record.name,
-        "preemptor:incarnation": str(record.incarnation),
+        JOB_TAG: record.name,
+        INCARNATION_TAG: str(record.incarnation),
         "preemptor:team": record.team,
         "preemptor:priority": str(record.priority),
         "preemptor:pool": record.pool,
     }
 
 
-def _code(error: ClientError) -> str:
-    return error.response.get("Error", {}).get("Code", "")
-
-
-def _translate(error: ClientError, what: str) -> Exception:
-    code = _code(error)
-    if code in _THROTTLING:
-        return Throttled(f"{what}: {code}")
-    if code in ("ResourceNotFound", "ResourceNotFoundException"):
-        return ServiceJobNotFound(f"{what}: {code}")
-    return ServiceRejected(f"{what}: {code}: {error.response.get('Error', {}).get('Message', '')}")
+def is_own_run(tags: dict[str, str], record: JobRecord) -> bool:
+    """Does a run with these tags belong to this incarnation of this job?"""
+    return tags.get(JOB_TAG) == record.name and tags.get(INCARNATION_TAG) == str(record.incarnation)
 
 
 class SageMakerRunner:
@@ -96,25 +90,46 @@ class SageMakerRunner:
         try:
             self.client.create_training_job(**request)
         except ClientError as e:
-            if _code(e) == "ResourceInUse":
+            if classify(e) is ErrorKind.ALREADY_EXISTS and self._is_ours(name, record):
                 return name  # this incarnation was already created by an earlier attempt
-            raise _translate(e, f"CreateTrainingJob {name}") from e
+            if classify(e) is ErrorKind.ALREADY_EXISTS:
+                raise RunNameTaken(f"CreateTrainingJob {name}: the name belongs to another run", code_of(e)) from e
+            raise translate(e, f"CreateTrainingJob {name}") from e
         return name
+
+    def _is_ours(self, name: str, record: JobRecord) -> bool:
+        """Training job names are unique for good: a name in use is ours only if the run
+        carries this incarnation's tags (an earlier attempt of this launch created it)."""
+        try:
+            arn = self.client.describe_training_job(TrainingJobName=name)["TrainingJobArn"]
+            tags = {t["Key"]: t["Value"] for t in self._all_tags(arn)}
+        except ClientError as e:
+            if is_sagemaker_not_found(e):
+                return False
+            raise translate(e, f"DescribeTrainingJob {name}") from e
+        return is_own_run(tags, record)
+
+    def _all_tags(self, arn: str) -> list[dict]:
+        return [t for page in self.client.get_paginator("list_tags").paginate(ResourceArn=arn) for t in page.get("Tags", [])]
 
     def stop(self, run_id: str, reason: str) -> None:
         """Ask SageMaker to stop the job (SIGTERM, ~120 s grace). Stopping twice is harmless."""
         try:
             self.client.stop_training_job(TrainingJobName=run_id)
         except ClientError as e:
-            if _code(e) == "ValidationException" and self.state(run_id).phase != "running":
-                return  # already stopping or ended
-            raise _translate(e, f"StopTrainingJob {run_id}") from e
+            if is_sagemaker_not_found(e):
+                raise ServiceJobNotFound(f"StopTrainingJob {run_id}: no such training job") from e
+            if code_of(e) == "ValidationException" and self.state(run_id).phase != "running":
+                return  # already stopping or ended (SageMaker refuses a stop in those states)
+            raise translate(e, f"StopTrainingJob {run_id}") from e
 
     def state(self, run_id: str) -> RunState:
         try:
             job = self.client.describe_training_job(TrainingJobName=run_id)
         except ClientError as e:
-            raise _translate(e, f"DescribeTrainingJob {run_id}") from e
+            if is_sagemaker_not_found(e):
+                raise ServiceJobNotFound(f"DescribeTrainingJob {run_id}: no such training job") from e
+            raise translate(e, f"DescribeTrainingJob {run_id}") from e
         status = job["TrainingJobStatus"]
         return RunState(self._PHASES.get(status, "running"), status, job.get("FailureReason"))
 
@@ -132,11 +147,12 @@ class BatchRunner:
         """Submit the job of the record's current incarnation.
 
         Batch job names are not unique, so a retry first looks for a live job of the same
-        name in the queue and returns it instead of submitting a second one.
+        name in the queue carrying this incarnation's tags, and returns it instead of
+        submitting a second one.
         """
         request = copy.deepcopy(record.request)
         name = record.next_run_name
-        existing = self._find_live(request["jobQueue"], name)
+        existing = self._find_live(request["jobQueue"], name, record)
         if existing:
             return existing
         request["jobName"] = name
@@ -150,31 +166,38 @@ class BatchRunner:
         try:
             return self.client.submit_job(**request)["jobId"]
         except ClientError as e:
-            raise _translate(e, f"SubmitJob {name}") from e
+            raise translate(e, f"SubmitJob {name}") from e
 
-    def _find_live(self, queue: str, name: str) -> str | None:
+    def _find_live(self, queue: str, name: str, record: JobRecord) -> str | None:
         try:
-            out = self.client.list_jobs(jobQueue=queue, filters=[{"name": "JOB_NAME", "values": [name]}])
+            live = [
+                job["jobId"]
+                for page in self.client.get_paginator("list_jobs").paginate(
+                    jobQueue=queue, filters=[{"name": "JOB_NAME", "values": [name]}]
+                )
+                for job in page.get("jobSummaryList", [])
+                if job.get("status") not in ("SUCCEEDED", "FAILED")
+            ]
+            if not live:
+                return None
+            described = self.client.describe_jobs(jobs=live[:100]).get("jobs", [])
         except ClientError as e:
-            raise _translate(e, f"ListJobs {name}") from e
-        for job in out.get("jobSummaryList", []):
-            if job.get("status") not in ("SUCCEEDED", "FAILED"):
-                return job["jobId"]
-        return None
+            raise translate(e, f"ListJobs {name}") from e
+        return next((j["jobId"] for j in described if is_own_run(j.get("tags") or {}, record)), None)
 
     def stop(self, run_id: str, reason: str) -> None:
         """Terminate the job (SIGTERM, SIGKILL ~30 s later). Terminating twice is harmless."""
         try:
             self.client.terminate_job(jobId=run_id, reason=reason[:255])
         except ClientError as e:
-            raise _translate(e, f"TerminateJob {run_id}") from e
+            raise translate(e, f"TerminateJob {run_id}") from e
 
     def state(self, run_id: str) -> RunState:
         try:
             jobs = self.client.describe_jobs(jobs=[run_id]).get("jobs", [])
         except ClientError as e:
-            raise _translate(e, f"DescribeJobs {run_id}") from e
-        if not jobs:
+            raise translate(e, f"DescribeJobs {run_id}") from e
+        if not jobs:  # Batch answers a job it does not know with an empty list, not an error
             raise ServiceJobNotFound(f"DescribeJobs {run_id}: no such job")
         status = jobs[0]["status"]
         return RunState(self._PHASES.get(status, "running"), status, jobs[0].get("statusReason"))

@@ -8,7 +8,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from ..core.errors import ServiceRejected, Throttled
+from .errors import ErrorKind, classify, translate
 
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -32,10 +32,7 @@ class WorkflowStarter:
                 stateMachineArn=self.arns[workflow], name=name, input=json.dumps(payload, sort_keys=True)
             )
         except ClientError as e:
-            code = e.response.get("Error", {}).get("Code", "")
-            if code == "ExecutionAlreadyExists":
+            if classify(e) is ErrorKind.ALREADY_EXISTS:  # ExecutionAlreadyExists: a redelivery
                 return None
-            if code in ("ThrottlingException", "Throttling"):
-                raise Throttled(f"StartExecution {workflow}: {code}") from e
-            raise ServiceRejected(f"StartExecution {workflow}: {code}") from e
+            raise translate(e, f"StartExecution {workflow}") from e
         return out["executionArn"]

@@ -48,6 +48,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from preemptor.core.s3uri import S3Uri
 from preemptor_tools.local import moto_patches
 from preemptor_tools.local.clock import SimClock
 
@@ -742,10 +743,8 @@ def _key(service: str, job_id: str) -> str:
 
 
 def _split_s3_uri(uri: str) -> tuple[str, str]:
-    if not uri.startswith("s3://"):
-        raise ValueError(f"not an S3 URI: {uri!r}")
-    bucket, _, prefix = uri[len("s3://") :].partition("/")
-    return bucket, prefix.strip("/")
+    location = S3Uri.parse(uri, require_prefix=False)
+    return location.bucket, location.prefix
 
 
 def _float_or_none(value: Any) -> float | None:
