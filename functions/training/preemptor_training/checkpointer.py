@@ -156,7 +156,7 @@ class Checkpointer:
             signal.signal(signal.SIGTERM, self._previous_handler)
             self._installed = False
         if isinstance(exc, Stopped):
-            log.info("stopped after checkpoint at step %s", self.step, extra={"reason": "stopped"})
+            self._note("stopped", logging.INFO, "stopped after the checkpoint at step %s", self.step)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         # Only flags: the checkpoint is taken at the next step boundary, in the main flow.
