@@ -163,3 +163,19 @@ def test_the_running_process_answers_the_controllers_request_and_the_relaunch_do
     assert second.finish() == 0
     assert manifest(ckpt)["step"] == stopped_at
     assert f"resumed at step {stopped_at}" in second.lines
+
+
+def test_the_project_environment_has_the_helper_installed():
+    # Given the project's interpreter, started outside the checkout with no PYTHONPATH
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # When it imports the helper, Then it finds the package `make` installed
+    found = subprocess.run(
+        [sys.executable, "-c", "import preemptor_training, pathlib; print(pathlib.Path(preemptor_training.__file__).parent)"],
+        cwd="/",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+    )
+    assert found.returncode == 0, found.stderr
+    assert Path(found.stdout.strip()) == ROOT / "functions" / "training" / "preemptor_training"

@@ -19,7 +19,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from preemptor_training import Checkpointer, LocalStore, Manifest, Reason, ReservedName, Stopped
+from preemptor_training import Checkpointer, LocalStore, Manifest, Reason, ReservedName, RestoreFailed, Stopped
 from preemptor_training.manifest import MANIFEST, REQUEST_FILE, write_atomic
 
 START = 1_000_000.0  # the run's start on the fake clock
@@ -566,13 +566,29 @@ def test_a_batch_job_on_a_fresh_host_resumes_from_the_checkpoint_in_s3(tmp_path,
 def test_a_failed_upload_is_counted_and_the_local_checkpoint_stays_usable(tmp_path, s3, caplog):
     model, clock = Model(), Clock()
     caplog.set_level(logging.ERROR, logger="preemptor_training")
-    with checkpointer(tmp_path, model, clock, s3_uri="s3://no-such-bucket-here/x", s3_client=s3, upload=True, poll_s=1e9, every_s=1.0) as ckpt:
+    with checkpointer(tmp_path, model, clock, s3_uri=URI, s3_client=s3, upload=True, poll_s=1e9, every_s=1.0) as ckpt:
         ckpt.resume()
+        # Given the location became unwritable after the run started (here: the bucket is gone)
+        s3.delete_bucket(Bucket=BUCKET)
+        # When a checkpoint is taken
         run_steps(ckpt, model, clock, range(1))
     # Then the error code reached the count and the log, and the checkpoint is complete here
     assert ckpt.stats["upload-failed:NoSuchBucket"] == 1
     assert any(getattr(r, "reason", "") == "upload-failed:NoSuchBucket" for r in caplog.records)
     assert LocalStore(tmp_path).newest().step == 1
+
+
+def test_an_unreadable_mirror_at_start_refuses_to_train_from_scratch(tmp_path, s3):
+    # Given a Batch job whose checkpoint location cannot be read when it starts
+    model, clock = Model(), Clock()
+    model.load = lambda directory: pytest.fail("nothing was restored")
+    with checkpointer(tmp_path, model, clock, s3_uri="s3://no-such-bucket-here/x", s3_client=s3, upload=True) as ckpt:
+        # When it resumes, Then it stops with the S3 error code instead of starting at step 0
+        with pytest.raises(RestoreFailed) as failed:
+            ckpt.resume()
+    assert failed.value.code == "NoSuchBucket"
+    assert ckpt.stats["s3-restore-failed:NoSuchBucket"] == 1
+    assert model.saves == []
 
 
 def test_write_atomic_replaces_the_whole_file(tmp_path):

@@ -4,7 +4,7 @@ Standard library only; boto3 is imported when a checkpoint location is an `s3://
 The contract (directory layout, manifest, request marker, signals) is in docs/training.md.
 """
 
-from .checkpointer import Action, Checkpointer, Stopped
+from .checkpointer import Action, Checkpointer, RestoreFailed, Stopped
 from .environment import ENV_GRACE, ENV_POLL, ENV_S3_URI, SAGEMAKER_CHECKPOINT_DIR, Platform
 from .manifest import MANIFEST, REQUEST_FILE, FileEntry, Manifest, ManifestError, Reason
 from .requests import CheckpointRequest, MalformedRequest, parse_request
@@ -27,6 +27,7 @@ __all__ = [
     "Platform",
     "REQUEST_FILE",
     "Reason",
+    "RestoreFailed",
     "ReservedName",
     "S3Error",
     "S3Location",

@@ -46,6 +46,15 @@ class Stopped(SystemExit):
         self.manifest = manifest
 
 
+class RestoreFailed(RuntimeError):
+    """The mirrored checkpoints could not be read at start. Training does not start from
+    scratch then: its first checkpoints would bury the real ones (and pruning remove them)."""
+
+    def __init__(self, error: S3Error):
+        super().__init__(f"cannot read the checkpoints to resume from: {error}")
+        self.code = error.code
+
+
 class Action(IntEnum):
     """What a step boundary does; ranks agree on the largest (see `agree`)."""
 
@@ -153,7 +162,8 @@ class Checkpointer:
         self._finished.set()
         self._signalled.set()
         if self._installed:
-            signal.signal(signal.SIGTERM, self._previous_handler)
+            # None: the previous handler was not installed from Python; the default it is.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous_handler is None else self._previous_handler)
             self._installed = False
         if isinstance(exc, Stopped):
             self._note("stopped", logging.INFO, "stopped after the checkpoint at step %s", self.step)
@@ -191,6 +201,9 @@ class Checkpointer:
 
         With `upload`, a checkpoint in S3 newer than the local ones is copied here first.
         Torn checkpoints (no manifest, or files missing) are removed by the writer.
+
+        Raises:
+            RestoreFailed: with `upload`, S3 could not be read (or a copy was incomplete).
         """
         if self.writer:
             self.store.remove_torn()
@@ -227,7 +240,7 @@ class Checkpointer:
             return remote
         except S3Error as e:
             self._note(f"s3-restore-failed:{e.code}", logging.ERROR, "could not restore from %s: %s", self.s3.location, e)
-            return local
+            raise RestoreFailed(e) from e
 
     # -- the step boundary -----------------------------------------------------------------
     def step_done(self, step: int) -> None:
