@@ -19,7 +19,7 @@ from preemptor.core.model import JobState
 from .clock import SimClock
 from .fleet import FleetStop, SimulatedFleet
 from .hostile import HostileWorld, StopAttempt
-from .scenario import DEFAULT_SCENARIO, Chaos, Scenario, StoppedByHand, local_pool, submission_event
+from .scenario import DEFAULT_SCENARIO, ROLE_ARN, Chaos, Scenario, StoppedByHand, local_pool, submission_event
 from preemptor.service.scheduling import explain as explaining
 from .stack import EmulatedStack, RoutedEvent
 
@@ -82,6 +82,11 @@ def run(
     parameters = {
         "PoolsConfig": json.dumps([local_pool(p).model_dump(exclude_none=True) for p in scenario.pools]),
         "PolicyConfig": json.dumps(scenario.policy),
+        # What IAM lets the controller launch (tests/unit/test_iam.py evaluates every call).
+        "ManagedRoleArnForTraining": ROLE_ARN,
+        "TrainingInstanceTypes": ",".join(
+            sorted({p.instance_type for p in scenario.pools if p.service == "sagemaker" and p.instance_type})
+        ) or "ml.p5.48xlarge",
     }
     result = DemoResult()
     ids = itertools.count(1)
@@ -204,6 +209,10 @@ def _replay(
                 target = min(target, START + getattr(upcoming[0], "submit_at", getattr(upcoming[0], "at", 0)))
         clock.advance_to(target)
         changed = stack.pump(on_event) > 0
+        if stack.hostile is not None:
+            # The level-triggered safety net (reconcile every few minutes) is what repairs
+            # what a hostile world breaks; a calm demo reads better without its noise.
+            changed = stack.fire_schedules(on_event) > 0 or changed
 
 
 def _stop_by_hand(stack: EmulatedStack, record) -> str | None:
@@ -251,8 +260,8 @@ def _all_done(store, names: set[str]) -> bool:
 
 def _event_entry(routed: RoutedEvent, at: float) -> TimelineEntry | None:
     event = routed.event
-    if event.get("source") == "aws.s3":
-        return None  # routine: every checkpoint write (the intake notes its time)
+    if event.get("source") in ("aws.s3", "aws.events"):
+        return None  # routine: every checkpoint write (the intake notes its time), every reconcile
     detail = event.get("detail", {})
     outcome = routed.results[0] if routed.results else {"outcome": "unrouted", "reason": "no rule matched"}
     if event.get("detail-type") == "Job Submitted":

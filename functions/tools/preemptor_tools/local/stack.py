@@ -126,6 +126,7 @@ class EmulatedStack:
         self.resources: dict[str, str] = {}
         self.types: dict[str, str] = {}
         self.parameters: dict[str, str] = {}
+        self.schedules: list[ScheduledRule] = []  # the functions' `Schedule` events
         self.outbox: deque[dict] = deque()  # events emitted by the fleet, routed by `pump`
         self._mock = mock_aws(config=moto_patches.MOTO_CONFIG)
         self._env_backup: dict[str, str | None] = {}
@@ -252,6 +253,10 @@ class EmulatedStack:
             self.functions[name] = DeployedFunction(name, self.resolve({"Fn::GetAtt": [logical, "Arn"]}), props["Handler"], env)
             shared_env.update(env)
             for event_name, event in props.get("Events", {}).items():
+                if event["Type"] == "Schedule":
+                    period = _rate_seconds(str(self.resolve(event["Properties"]["Schedule"])))
+                    if period:
+                        self.schedules.append(ScheduledRule(f"{logical}{event_name}", name, period))
                 if event["Type"] == "EventBridgeRule":
                     pattern = json.dumps(self.resolve(event["Properties"]["Pattern"]))
                     bus = str(self.resolve(event["Properties"].get("EventBusName", "default")))
@@ -436,6 +441,33 @@ class EmulatedStack:
         self.dead_letters.append((event, reason))
         return {"outcome": "failed", "reason": f"dead-lettered after {self.ASYNC_ATTEMPTS} attempts: {reason}"}
 
+    def fire_schedules(self, on_event: Callable[[RoutedEvent], None] | None = None) -> int:
+        """Invoke every scheduled function whose rate has come round since the stack started
+        (EventBridge's "Scheduled Event"), letting the workflows it starts finish; returns how many."""
+        fired = 0
+        for rule in self.schedules:
+            if rule.next_at is None:
+                rule.next_at = self.clock.now() + rule.period_s
+            while rule.next_at <= self.clock.now():
+                event = {
+                    "version": "0",
+                    "id": f"{rule.name}-{int(rule.next_at)}",
+                    "detail-type": "Scheduled Event",
+                    "source": "aws.events",
+                    "account": ACCOUNT,
+                    "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(rule.next_at)),
+                    "region": self.region,
+                    "resources": [f"arn:aws:events:{self.region}:{ACCOUNT}:rule/{self.stack_name}-{rule.name}"],
+                    "detail": {},
+                }
+                routed = RoutedEvent(event, self.clock.now(), [self._deliver(rule.function, event)])
+                self.drain()
+                rule.next_at += rule.period_s
+                fired += 1
+                if on_event:
+                    on_event(routed)
+        return fired
+
     def emit(self, event: dict) -> None:
         """Queue an event from the simulated fleet; `pump` routes it."""
         self.outbox.append(event)
@@ -493,6 +525,25 @@ class EmulatedStack:
     def deps(self) -> wiring.Deps:
         """The same settings and adapters the functions use."""
         return wiring.deps()
+
+
+@dataclass
+class ScheduledRule:
+    """A function's `Schedule` event: invoked every `period_s` simulated seconds."""
+
+    name: str
+    function: str
+    period_s: float
+    next_at: float | None = None
+
+
+def _rate_seconds(expression: str) -> float | None:
+    """Seconds of a `rate(N unit)` schedule expression; None for cron expressions."""
+    match = re.fullmatch(r"rate\((\d+) (minute|minutes|hour|hours|day|days)\)", expression.strip())
+    if match is None:
+        return None
+    unit = {"minute": 60, "hour": 3600, "day": 86400}[match.group(2).rstrip("s")]
+    return int(match.group(1)) * unit
 
 
 class _CurrentStderr:

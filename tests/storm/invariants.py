@@ -1,0 +1,128 @@
+"""The controller's promises, stated once, checked against what the emulated world saw.
+
+Each check reads a `DemoResult` (the demo runner's record of a scenario: the report, every
+run the simulated fleet ran, every stop as the run saw it, every stop the controller asked
+AWS for, the runs stopped by hand, the controller's decision log) and returns the
+violations it found, each a sentence naming the job or pool. `violations(result, scenario)`
+runs them all.
+"""
+
+from __future__ import annotations
+
+import re
+
+from preemptor.core.policy import CheckpointTimeoutAction, Policy
+from preemptor_tools.local.demo import DemoResult
+from preemptor_tools.local.scenario import Scenario
+
+TERMINAL = {"Completed", "Failed", "Cancelled"}
+MANAGED_TAG = "preemptor:managed"
+# A stop is logged in the same instant the run sees it arrive; the fleet's clock and the
+# controller's may differ by a Lambda's own pinned time, never by a poll.
+_SAME_MOMENT_S = 1.0
+
+
+def fleet_never_above_capacity(result: DemoResult, scenario: Scenario) -> list[str]:
+    """GPUs of runs that exist (measured by the fleet, not the controller's table) never
+    exceed a pool's capacity."""
+    return [
+        f"pool {p['name']}: {p['max_gpus_in_use']} GPUs in use at once, capacity {p['capacity_gpus']}"
+        for p in result.report["pools"]
+        if p["max_gpus_in_use"] > p["capacity_gpus"]
+    ]
+
+
+def accepted_jobs_settle(result: DemoResult, scenario: Scenario) -> list[str]:
+    """Each accepted job ends in a terminal state, or is pending with a reason."""
+    stuck = {s["name"]: s for s in result.report["stuck"]}
+    out = []
+    for job in result.report["jobs"]:
+        if job["state"] == "Rejected" or job["state"] in TERMINAL:
+            continue
+        if job["state"] == "Pending" and stuck.get(job["name"], {}).get("reason"):
+            continue
+        reason = stuck.get(job["name"], {}).get("reason")
+        out.append(f"job {job['name']} ended the scenario {job['state']} ({reason or 'no reason'})")
+    return out
+
+
+def no_run_launched_twice(result: DemoResult, scenario: Scenario) -> list[str]:
+    """No incarnation of a job has two runs (and no run name is used twice)."""
+    out = []
+    names: dict[str, int] = {}
+    incarnations: dict[tuple[str, str], list[str]] = {}
+    for run in result.runs:
+        names[run["name"]] = names.get(run["name"], 0) + 1
+        tags = run["tags"]
+        if tags.get(MANAGED_TAG) == "true" and "preemptor:job" in tags:
+            key = (tags["preemptor:job"], tags.get("preemptor:incarnation", "?"))
+            incarnations.setdefault(key, []).append(run["job_id"])
+    out += [f"run name {name} launched {n} times" for name, n in sorted(names.items()) if n > 1]
+    out += [
+        f"job {job} incarnation {inc} launched {len(ids)} runs: {', '.join(ids)}"
+        for (job, inc), ids in sorted(incarnations.items())
+        if len(ids) > 1
+    ]
+    return out
+
+
+def no_stop_without_required_checkpoint(result: DemoResult, scenario: Scenario) -> list[str]:
+    """A running run the controller stops has a checkpoint as fresh as the policy demands
+    (work since it at most `checkpoint_max_age_s`), unless the controller stopped it
+    knowingly and said why (`checkpoint-timeout` only when the policy says stop anyway)."""
+    policy = Policy(**scenario.policy)
+    tags = {run["name"]: run["tags"] for run in result.runs}
+    out = []
+    for stop in result.fleet_stops:
+        if stop.run in result.stopped_by_hand or not stop.started:
+            continue
+        if stop.unsaved_work_s <= policy.checkpoint_max_age_s:
+            continue
+        job = tags.get(stop.run, {}).get("preemptor:job") or re.sub(r"-r\d+$", "", stop.run)
+        logged = [
+            e for e in result.history
+            if e["job"] == job and e["kind"] == "stop-requested" and abs(e["at"] - stop.at) <= _SAME_MOMENT_S
+        ]
+        declared = [e for e in logged if e["reason"] != "fresh-checkpoint"]
+        if not declared:
+            out.append(
+                f"run {stop.run} stopped with {stop.unsaved_work_s:.0f} s of work since its checkpoint "
+                f"(policy: {policy.checkpoint_max_age_s:.0f} s) and the controller "
+                + ("called it fresh" if logged else "logged no stop")
+            )
+        elif any(e["reason"] == "checkpoint-timeout" for e in declared) and (
+            policy.on_checkpoint_timeout != CheckpointTimeoutAction.STOP_ANYWAY
+        ):
+            out.append(f"run {stop.run} stopped after a checkpoint timeout, policy says {policy.on_checkpoint_timeout}")
+    return out
+
+
+def foreign_runs_never_stopped(result: DemoResult, scenario: Scenario) -> list[str]:
+    """Every stop of a run the controller did not launch is refused (IAM's managed-tag
+    condition), and no such run was stopped except by hand."""
+    out = [
+        f"stop of {a.run} (not launched by the controller) by {a.actor} was not refused"
+        for a in result.stop_attempts
+        if not a.managed and a.refused is None
+    ]
+    tags = {run["name"]: run["tags"] for run in result.runs}
+    out += [
+        f"run {s.run}, not launched by the controller, was stopped"
+        for s in result.fleet_stops
+        if tags.get(s.run, {}).get(MANAGED_TAG) != "true" and s.run not in result.stopped_by_hand
+    ]
+    return out
+
+
+INVARIANTS = (
+    fleet_never_above_capacity,
+    accepted_jobs_settle,
+    no_run_launched_twice,
+    no_stop_without_required_checkpoint,
+    foreign_runs_never_stopped,
+)
+
+
+def violations(result: DemoResult, scenario: Scenario) -> list[str]:
+    """Every invariant's violations, each prefixed with the invariant's name."""
+    return [f"{check.__name__}: {v}" for check in INVARIANTS for v in check(result, scenario)]
