@@ -437,6 +437,41 @@ def test_distributed_ranks_stop_together_when_one_rank_got_sigterm(tmp_path):
     assert not (tmp_path / MANIFEST).exists()
 
 
+def test_a_step_that_outlives_the_grace_is_reported_before_the_kill(tmp_path, caplog):
+    # Given a grace of 50 ms (real time: the watcher sleeps on the process's clock)
+    caplog.set_level(logging.ERROR, logger="preemptor_training")
+    model = Model()
+    with pytest.raises(Stopped):
+        with Checkpointer(tmp_path, save=model.save, load=model.load, environ={}, grace_s=0.05) as ckpt:
+            ckpt.resume()
+            ckpt.step_done(0)
+            ckpt.checkpoint(Reason.PERIODIC)
+            # When SIGTERM arrives and the step in progress goes on past the grace
+            os.kill(os.getpid(), signal.SIGTERM)
+            reported = threading.Event()
+            for _ in range(200):  # bounded: at most 10 s
+                if ckpt.stats["grace-exceeded"]:
+                    reported.set()
+                    break
+                threading.Event().wait(0.05)
+            # Then the log says so, naming the step the next run resumes at
+            assert reported.is_set()
+            ckpt.step_done(1)
+    assert [r.reason for r in caplog.records if r.levelno == logging.ERROR] == ["grace-exceeded"]
+    assert "resumes at step 1" in caplog.records[0].getMessage()
+
+
+@pytest.mark.parametrize(
+    "uri",
+    ["s3://bucket-only", "s3://bucket-only/", "https://bucket/prefix", "s3://Bad_Bucket/prefix", "bucket/prefix"],
+    ids=["bare-bucket", "bare-bucket-slash", "not-s3", "invalid-bucket-name", "no-scheme"],
+)
+def test_a_checkpoint_location_must_be_an_s3_prefix(tmp_path, uri):
+    model = Model()
+    with pytest.raises(ValueError, match="s3://bucket/prefix"):
+        Checkpointer(tmp_path, save=model.save, load=model.load, environ={}, s3_uri=uri)
+
+
 # -- configuration from the environment -------------------------------------------------------
 @pytest.mark.parametrize(
     ("environ", "grace"),

@@ -189,8 +189,8 @@ class Checkpointer:
         self._note(
             "grace-exceeded",
             logging.ERROR,
-            "the step in progress did not end within the %.0f s grace: the service kills the process; "
-            "the next run resumes at step %s",
+            "the step in progress and its checkpoint did not end within the %g s grace: the service "
+            "kills the process; the next run resumes at step %s",
             self.grace_s,
             self.last.step if self.last else 0,
         )
@@ -309,7 +309,7 @@ class Checkpointer:
             self._note(
                 "save-exceeds-grace",
                 logging.WARNING,
-                "a checkpoint takes %.1f s, longer than the %.0f s stop grace: a stop would lose the work since the previous one",
+                "a checkpoint takes %.1f s, longer than the %g s stop grace: a stop would lose the work since the previous one",
                 save_s,
                 self.grace_s,
             )
