@@ -461,6 +461,24 @@ def test_a_step_that_outlives_the_grace_is_reported_before_the_kill(tmp_path, ca
     assert "resumes at step 1" in caplog.records[0].getMessage()
 
 
+def test_a_save_slower_than_the_grace_is_flagged_at_the_first_periodic_checkpoint(tmp_path):
+    # Given a save that takes longer than the stop grace (20 ms against 1 ms)
+    model, clock = Model(), Clock()
+    slow = model.save
+
+    def save(directory: Path, step: int) -> None:
+        threading.Event().wait(0.02)
+        slow(directory, step)
+
+    with Checkpointer(tmp_path, save=save, load=model.load, environ={}, clock=clock, every_s=1.0, grace_s=0.001) as ckpt:
+        ckpt.resume()
+        # When the first periodic checkpoint is taken, long before any stop
+        run_steps(ckpt, model, clock, range(1))
+    # Then the mismatch is reported then, with the measured save time in the manifest
+    assert ckpt.stats["save-exceeds-grace"] == 1
+    assert root_manifest(tmp_path).save_s >= 0.02
+
+
 @pytest.mark.parametrize(
     "uri",
     ["s3://bucket-only", "s3://bucket-only/", "https://bucket/prefix", "s3://Bad_Bucket/prefix", "bucket/prefix"],
