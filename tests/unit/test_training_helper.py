@@ -585,6 +585,27 @@ def test_the_marker_in_s3_is_read_at_most_once_per_poll_interval(tmp_path, s3):
     assert reads == ["checkpoints/experiment/_preemptor/checkpoint-request.json"] * 4
 
 
+def test_an_unchanged_marker_in_s3_is_not_parsed_again_and_a_changed_one_is(tmp_path, s3):
+    marker_key = "checkpoints/experiment/_preemptor/checkpoint-request.json"
+    conditional: list[bool] = []
+    s3.meta.events.register("provide-client-params.s3.GetObject", lambda params, **kw: conditional.append("IfNoneMatch" in params))
+    # Given a marker in S3 the helper cannot use
+    s3.put_object(Bucket=BUCKET, Key=marker_key, Body=b"{not json")
+    model, clock = Model(), Clock()
+    with checkpointer(tmp_path, model, clock, s3_uri=URI, s3_client=s3, upload=False, poll_s=1.0) as ckpt:
+        ckpt.resume()
+        # When it is polled at three boundaries
+        run_steps(ckpt, model, clock, range(3))
+        # Then it is parsed (and reported) once: the later reads are conditional (304, no body)
+        assert ckpt.stats["request-malformed"] == 1
+        assert conditional == [False, True, True]
+        # And when the controller replaces it with a request, the next boundary answers it
+        s3.put_object(Bucket=BUCKET, Key=marker_key, Body=json.dumps({"requested_at": clock.now, "reason": "preemption"}).encode())
+        run_steps(ckpt, model, clock, range(3, 4))
+    assert model.saves == [4]
+    assert root_manifest(tmp_path).requested_at == START + 3
+
+
 def test_an_unreadable_marker_location_is_counted_and_training_goes_on(tmp_path, s3):
     model, clock = Model(), Clock()
     with checkpointer(tmp_path, model, clock, s3_uri="s3://no-such-bucket-here/x", s3_client=s3, upload=False, poll_s=1.0) as ckpt:
