@@ -7,7 +7,7 @@ The contract (directory layout, manifest, request marker, signals) is in docs/tr
 from .checkpointer import Action, Checkpointer, RestoreFailed, Stopped
 from .environment import ENV_GRACE, ENV_POLL, ENV_S3_URI, SAGEMAKER_CHECKPOINT_DIR, Platform
 from .manifest import MANIFEST, REQUEST_FILE, FileEntry, Manifest, ManifestError, Reason
-from .requests import CheckpointRequest, MalformedRequest, parse_request
+from .marker import CheckpointRequest, MalformedRequest, parse_request
 from .s3 import S3Error, S3Location
 from .store import LocalStore, ReservedName
 

@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping
 
 from .environment import Platform, Settings, detect_platform, process_started_at, settings_from
 from .manifest import Manifest, Reason
-from .requests import MalformedRequest, RequestBook, Verdict, parse_request
+from .marker import MalformedRequest, RequestBook, Verdict, parse_request
 from .s3 import S3Error, S3Location, S3Mirror
 from .store import LocalStore
 
