@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 from preemptor.config import PoolConfig
 from preemptor.core.jobs import JobRecord
 from preemptor_tools.local.clock import SimClock
 from preemptor_tools.local.demo import START
 from preemptor_tools.local.fleet import SimulatedFleet
-from preemptor_tools.local.scenario import ScenarioJob, submission_event
+from preemptor_tools.local.scenario import ScenarioJob, local_pool, submission_event
 from preemptor_tools.local.stack import EmulatedStack, RoutedEvent
 
 P5 = PoolConfig(name="p5", service="sagemaker", instance_type="ml.p5.48xlarge", instances=8, gpus_per_instance=8)
@@ -71,13 +71,17 @@ class Emulation:
 
 
 @contextmanager
-def emulation(pools: list[PoolConfig] = (P5,), policy: dict | None = None, **fleet_options) -> Iterator[Emulation]:
+def emulation(
+    pools: list[PoolConfig] = (P5,), policy: dict | None = None, hostile: Any = None, **fleet_options
+) -> Iterator[Emulation]:
+    """The stack and a fleet on one clock; `hostile(clock)` builds a HostileWorld for it."""
     clock = SimClock(START)
     parameters = {
-        "PoolsConfig": json.dumps([p.model_dump(exclude_none=True) for p in pools]),
+        "PoolsConfig": json.dumps([local_pool(p).model_dump(exclude_none=True) for p in pools]),
         "PolicyConfig": json.dumps(policy or {}),
     }
-    with EmulatedStack(clock, parameters=parameters) as stack:
+    world = hostile(clock) if hostile is not None else None
+    with EmulatedStack(clock, parameters=parameters, hostile=world) as stack:
         fleet_options.setdefault("ecs_client", stack.client("ecs"))
         fleet_options.setdefault("ec2_client", stack.client("ec2"))
         fleet = SimulatedFleet(clock, stack.client("s3"), stack.emit, **fleet_options)

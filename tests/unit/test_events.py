@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preemptor.core.events import (
+    AdoptionTags,
     BatchJobStateChanged,
     BatchJobStatus,
     CheckpointWritten,
@@ -82,6 +83,7 @@ EXPECTED: dict[str, type | str] = {
     "batch/aws-batch-user-guide__batch-job-state-change__1399a7c6.json": BatchJobStateChanged,
     "batch/aws-batch-user-guide__batch-job-state-change__5b40fa52.json": BatchJobStateChanged,
     BATCH_2022: BatchJobStateChanged,
+    "batch/constructed__batch-job-state-change__running-tagged.json": BatchJobStateChanged,
     # EC2 and Auto Scaling
     "ec2/amazon-cloudwatch-events-use__ec2-instance-state-change-notification__a1494d33.json": Ignored,
     "ec2/amazon-cloudwatch-events-use__ec2-instance-terminate-lifecycle-action__a7c62813.json": Ignored,
@@ -275,7 +277,7 @@ def test_tagged_training_job_is_adoptable(relpath, status, secondary, end_time):
     # Then status, checkpoint location and (priority, team, pool) come through
     assert (event.status, event.secondary_status, event.end_time) == (status, secondary, end_time)
     assert event.checkpoint_s3_uri == "s3://preemptor-checkpoints/research/kmeans-1"
-    assert adoption_tags(event.tags) == (500, "research", "p5")
+    assert adoption_tags(event.tags) == AdoptionTags(500, "research", "p5", None, None, managed=False)
 
 
 @pytest.mark.parametrize("status", [pytest.param(s.value, id=s.value) for s in TrainingJobStatus])
@@ -650,10 +652,11 @@ def test_parsing_does_not_mutate_the_input(relpath: str):
 
 
 def test_job_submitted_sagemaker_sample():
-    # Given our SageMaker submission (tier name, instances from ResourceConfig)
+    # Given our SageMaker submission (tier name, source preemptor.research)
     # When it is parsed
     event = parse_event(load_raw(SUBMITTED_SAGEMAKER))
-    # Then the request is resolved: priority 500, 2 instances, checkpoint from the body
+    # Then the request is resolved: priority 500, the team of the source; the demand and the
+    # checkpoint prefix are the pool's and the controller's to set (tests/unit/test_requests.py)
     assert isinstance(event, JobSubmitted)
     request = event.request
     assert (request.name, request.team, request.priority, request.pool, request.service) == (
@@ -663,30 +666,84 @@ def test_job_submitted_sagemaker_sample():
         "p5",
         "sagemaker",
     )
-    assert (request.gpus, request.instances, request.sla_s) == (None, 2, 86400)
-    assert request.checkpoint_s3_uri == "s3://preemptor-checkpoints/research/llm-pretrain-7b"
-    assert request.gpu_demand(gpus_per_instance=8) == 16
+    assert (request.gpus, request.instances, request.sla_s, request.checkpoint_s3_uri) == (None, None, 86400, None)
 
 
 def test_job_submitted_batch_sample():
     # Given our Batch submission (integer priority, explicit gpus)
     # When it is parsed
     request = parse_event(load_raw(SUBMITTED_BATCH)).request
-    # Then gpus is the demand whatever the instance type
-    assert (request.priority, request.gpus, request.instances) == (200, 4, None)
-    assert request.gpu_demand(gpus_per_instance=8) == 4
+    # Then gpus is the demand whatever the instance type, the team that of the source
+    assert (request.priority, request.gpus, request.instances, request.team) == (200, 4, None, "platform")
     assert request.labels == {}
 
 
 def test_job_cancelled_sample():
-    # Given our cancel event / When it is parsed / Then it names the job
-    assert parse_event(load_raw(CANCELLED)).name == "llm-pretrain-7b"
+    # Given our cancel event / When it is parsed / Then it names the job and the sending team
+    event = parse_event(load_raw(CANCELLED))
+    assert (event.name, event.team) == ("llm-pretrain-7b", "research")
 
 
 def _without_body_key(relpath: str, key: str) -> dict[str, Any]:
     body = dict(sample(relpath)["detail"]["request"])
     del body[key]
     return body
+
+
+def with_source(relpath: str, source: str, **detail_changes: Any) -> dict[str, Any]:
+    event = with_detail(relpath, **detail_changes) if detail_changes else sample(relpath)
+    event["source"] = source
+    return event
+
+
+@pytest.mark.parametrize("relpath", [SUBMITTED_SAGEMAKER, CANCELLED])
+def test_the_bare_preemptor_source_is_no_longer_accepted(relpath):
+    # Given our own event under the old source, which says nothing about who sent it
+    # (before: accepted, so any principal could submit for any team)
+    error = rejection(with_source(relpath, "preemptor"))
+    # Then it is rejected, saying how to send it
+    assert error.reason == "bad-source" and "preemptor.<team>" in error.detail
+
+
+def test_the_team_is_the_sources_not_the_details():
+    # Given a submission without a team in its detail, sent as preemptor.vision
+    event = with_source(SUBMITTED_SAGEMAKER, "preemptor.vision", team=_DELETE)
+    # When it is parsed / Then the request is vision's
+    assert parse_event(event).request.team == "vision"
+
+
+@pytest.mark.parametrize("relpath", [SUBMITTED_SAGEMAKER, CANCELLED])
+def test_a_detail_naming_another_team_than_the_source_is_rejected(relpath):
+    # Given team intern's event whose detail claims team research
+    event = with_source(relpath, "preemptor.intern", team="research")
+    # When it is parsed / Then it is rejected with the reason, naming both
+    error = rejection(event)
+    assert error.reason == "team-mismatch"
+    assert "'research'" in error.detail and "'intern'" in error.detail
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        pytest.param("preemptor." + "a" * 100_000 + "\x00\n", id="100k-team-with-control-chars"),
+        pytest.param("preemptor.Research", id="upper-case"),
+        pytest.param("preemptor.", id="empty-team"),
+        pytest.param("preemptor.re search", id="space"),
+        pytest.param("preemptor.-research", id="leading-hyphen"),
+        pytest.param("preemptor." + "a" * 64, id="64-characters"),
+    ],
+)
+def test_a_malformed_team_in_the_source_is_rejected_and_shortened(source):
+    # Given a submission whose source names no well-formed team
+    error = rejection(with_source(SUBMITTED_SAGEMAKER, source, team=_DELETE))
+    # Then it is rejected with a bounded message
+    assert error.reason == "bad-source" and len(error.detail) < 300
+
+
+def test_an_unknown_detail_type_under_a_team_source_is_rejected():
+    event = with_source(CANCELLED, "preemptor.research")
+    event["detail-type"] = "Job Paused"
+    assert rejection(event).reason == "unknown-detail-type"
 
 
 @pytest.mark.parametrize(
@@ -697,23 +754,25 @@ def _without_body_key(relpath: str, key: str) -> dict[str, Any]:
         pytest.param(SUBMITTED_SAGEMAKER, {"priority": True}, "priority", id="priority-bool"),
         pytest.param(SUBMITTED_SAGEMAKER, {"pool": _DELETE}, "pool: Field required", id="missing-pool"),
         pytest.param(SUBMITTED_SAGEMAKER, {"pool": "  "}, "pool", id="blank-pool"),
-        pytest.param(SUBMITTED_SAGEMAKER, {"team": _DELETE}, "team: Field required", id="missing-team"),
         pytest.param(SUBMITTED_SAGEMAKER, {"name": "x" * 57}, "name must be 1..56", id="name-too-long"),
+        pytest.param(SUBMITTED_SAGEMAKER, {"name": "trailing-hyphen-"}, "name must be", id="name-trailing-hyphen"),
+        pytest.param(SUBMITTED_SAGEMAKER, {"name": "naïve"}, "name must be", id="name-not-ascii"),
+        pytest.param(SUBMITTED_SAGEMAKER, {"restart_overhead_s": 1e308}, "restart_overhead_s", id="restart-overhead-1e308"),
+        pytest.param(SUBMITTED_SAGEMAKER, {"expected_duration_s": 10**12}, "expected_duration_s", id="duration-beyond-a-year"),
+        pytest.param(SUBMITTED_SAGEMAKER, {"sla_s": 10**12}, "sla_s", id="sla-beyond-a-year"),
+        pytest.param(SUBMITTED_SAGEMAKER, {"labels": {"owner": "a\u0000b"}}, "labels.owner", id="label-control-char"),
+        pytest.param(SUBMITTED_SAGEMAKER, {"labels": {f"k{i}": "v" for i in range(51)}}, "labels", id="too-many-labels"),
         pytest.param(SUBMITTED_SAGEMAKER, {"name": "-leading-hyphen"}, "name must be", id="name-leading-hyphen"),
         pytest.param(SUBMITTED_SAGEMAKER, {"name": "under_score"}, "name must be", id="name-underscore"),
         pytest.param(SUBMITTED_SAGEMAKER, {"service": "ecs"}, "service", id="unknown-service"),
         pytest.param(SUBMITTED_SAGEMAKER, {"priorty": 5}, "priorty", id="typo-field"),
         pytest.param(SUBMITTED_SAGEMAKER, {"sla_s": 0}, "sla_s", id="sla-zero"),
         pytest.param(SUBMITTED_SAGEMAKER, {"labels": {"cost": 5}}, "labels.cost", id="label-not-string"),
-        pytest.param(SUBMITTED_SAGEMAKER, {"request": _without_body_key(SUBMITTED_SAGEMAKER, "RoleArn")}, "sagemaker request is missing RoleArn", id="sagemaker-body-no-role"),
-        pytest.param(SUBMITTED_SAGEMAKER, {"request": _without_body_key(SUBMITTED_SAGEMAKER, "CheckpointConfig")}, "checkpoint_s3_uri: Field required", id="sagemaker-no-checkpoint"),
-        pytest.param(SUBMITTED_SAGEMAKER, {"checkpoint_s3_uri": "s3://preemptor-checkpoints/elsewhere"}, "differs from request.CheckpointConfig.S3Uri", id="checkpoint-mismatch"),
-        pytest.param(SUBMITTED_SAGEMAKER, {"instances": 4}, "contradicts request.ResourceConfig.InstanceCount=2", id="instances-mismatch"),
+        pytest.param(SUBMITTED_SAGEMAKER, {"request": _without_body_key(SUBMITTED_SAGEMAKER, "StoppingCondition")}, "sagemaker request is missing StoppingCondition", id="sagemaker-body-no-stopping-condition"),
         pytest.param(SUBMITTED_SAGEMAKER, {"gpus": 0}, "gpus", id="zero-gpus"),
         pytest.param(SUBMITTED_BATCH, {"gpus": _DELETE}, "gpus is required for batch jobs", id="batch-no-gpus"),
         pytest.param(SUBMITTED_BATCH, {"gpus": "4"}, "gpus", id="batch-gpus-string"),
         pytest.param(SUBMITTED_BATCH, {"instances": 2}, "instances applies to sagemaker jobs only", id="batch-instances"),
-        pytest.param(SUBMITTED_BATCH, {"checkpoint_s3_uri": _DELETE}, "checkpoint_s3_uri: Field required", id="batch-no-checkpoint"),
         pytest.param(SUBMITTED_BATCH, {"checkpoint_s3_uri": "s3://bucket-only"}, "s3://bucket/prefix", id="checkpoint-bucket-only"),
         pytest.param(SUBMITTED_BATCH, {"checkpoint_s3_uri": "/local/path"}, "s3://bucket/prefix", id="checkpoint-not-s3"),
         pytest.param(SUBMITTED_BATCH, {"request": {"jobQueue": "q"}}, "batch request is missing jobDefinition", id="batch-body-no-definition"),
@@ -743,22 +802,6 @@ def test_checkpoint_uri_is_normalised():
     event = with_detail(SUBMITTED_BATCH, checkpoint_s3_uri="s3://preemptor-checkpoints/p/x/")
     # When it is parsed / Then the slash is dropped so "<prefix>/_preemptor/" is unambiguous
     assert parse_event(event).request.checkpoint_s3_uri == "s3://preemptor-checkpoints/p/x"
-
-
-def test_sagemaker_explicit_gpus_win_over_instances():
-    # Given a SageMaker submission stating its GPU demand directly
-    event = with_detail(SUBMITTED_SAGEMAKER, gpus=12)
-    # When it is parsed / Then gpus is the demand, whatever the instance type
-    assert parse_event(event).request.gpu_demand(gpus_per_instance=8) == 12
-
-
-@pytest.mark.parametrize("per_instance", [pytest.param(0, id="zero"), pytest.param(True, id="bool")])
-def test_gpu_demand_needs_positive_gpus_per_instance(per_instance):
-    # Given a SageMaker request counted in instances
-    request = parse_event(load_raw(SUBMITTED_SAGEMAKER)).request
-    # When the demand is computed with a bad per-instance count / Then it is refused
-    with pytest.raises(ValueError, match="gpus_per_instance"):
-        request.gpu_demand(per_instance)
 
 
 def test_job_request_is_frozen():
@@ -837,7 +880,7 @@ def test_configured_tiers_reach_job_submissions_and_adoption_tags():
     submitted = parse_event(event, tiers=policy.tiers)
     adopted = adoption_tags(tags, tiers=policy.tiers)
     # Then the tier resolves; with the default tiers it is refused
-    assert (submitted.request.priority, adopted) == (10, (10, "infra", None))
+    assert (submitted.request.priority, adopted.priority) == (10, 10)
     assert rejection(event).reason == "bad-request"
 
 
@@ -862,7 +905,23 @@ def test_rejection_is_a_preemptor_error():
 def test_adoption_tags(tags, expected):
     # Given the tags of a job the controller did not launch
     # When they are read / Then (priority, team, pool) or None (not ours to schedule)
-    assert adoption_tags(tags) == expected
+    claims = adoption_tags(tags)
+    assert (claims and (claims.priority, claims.team, claims.pool)) == expected
+
+
+@pytest.mark.parametrize(
+    ("extra", "gpus", "checkpoint", "managed"),
+    [
+        pytest.param({"preemptor:gpus": "8"}, 8, None, False, id="gpus"),
+        pytest.param({"preemptor:gpus": " 16 "}, 16, None, False, id="gpus-padded"),
+        pytest.param({"preemptor:checkpoint": "s3://ckpt-bucket/research/x/"}, None, "s3://ckpt-bucket/research/x", False, id="checkpoint"),
+        pytest.param({"preemptor:managed": "true"}, None, None, True, id="managed"),
+        pytest.param({"preemptor:managed": "yes"}, None, None, False, id="managed-only-when-true"),
+    ],
+)
+def test_adoption_tags_read_gpus_checkpoint_and_managed(extra, gpus, checkpoint, managed):
+    claims = adoption_tags({"preemptor:priority": "low", "preemptor:team": "research", **extra})
+    assert (claims.gpus, claims.checkpoint_s3_uri, claims.managed) == (gpus, checkpoint, managed)
 
 
 @pytest.mark.parametrize(
@@ -871,17 +930,26 @@ def test_adoption_tags(tags, expected):
         pytest.param({"preemptor:priority": "urgent", "preemptor:team": "r"}, "preemptor:priority", id="unknown-tier"),
         pytest.param({"preemptor:priority": "2000", "preemptor:team": "r"}, "preemptor:priority", id="out-of-range"),
         pytest.param({"preemptor:priority": "low", "preemptor:team": " "}, "preemptor:team", id="blank-team"),
+        pytest.param({"preemptor:priority": "low", "preemptor:team": "r" * 100_000 + "\x07"}, "preemptor:team", id="huge-team-control-char"),
+        pytest.param({"preemptor:priority": "low", "preemptor:team": "Research"}, "preemptor:team", id="upper-case-team"),
         pytest.param({"preemptor:priority": "low", "preemptor:team": "r", "preemptor:pool": ""}, "preemptor:pool", id="empty-pool"),
+        pytest.param({"preemptor:priority": "low", "preemptor:team": "r", "preemptor:gpus": "eight"}, "preemptor:gpus", id="gpus-eight"),
+        pytest.param({"preemptor:priority": "low", "preemptor:team": "r", "preemptor:gpus": "-512"}, "preemptor:gpus", id="gpus-negative"),
+        pytest.param({"preemptor:priority": "low", "preemptor:team": "r", "preemptor:gpus": "0"}, "preemptor:gpus", id="gpus-zero"),
+        pytest.param({"preemptor:priority": "low", "preemptor:team": "r", "preemptor:gpus": "1e3"}, "preemptor:gpus", id="gpus-float-text"),
+        pytest.param({"preemptor:priority": "low", "preemptor:team": "r", "preemptor:gpus": "9" * 40}, "preemptor:gpus", id="gpus-huge"),
+        pytest.param({"preemptor:priority": "low", "preemptor:team": "r", "preemptor:checkpoint": "/tmp/x"}, "preemptor:checkpoint", id="checkpoint-not-s3"),
     ],
 )
 def test_bad_adoption_tag_is_rejected(tags, named):
-    # Given preemptor tags with an unusable value
+    # Given preemptor tags with an unusable value (before: "preemptor:gpus=eight" raised
+    # ValueError out of the intake, "-512" was counted as -512 GPUs)
     # When they are read
     with pytest.raises(EventRejected) as caught:
         adoption_tags(tags)
-    # Then it is a bad value naming the tag
-    assert caught.value.reason == "bad-value"
-    assert named in caught.value.detail
+    # Then it is a bad tag naming the tag, with a bounded message
+    assert caught.value.reason == "bad-tag"
+    assert named in caught.value.detail and len(caught.value.detail) < 400
 
 
 # ------------------------------------------------------------------------ invariants
@@ -907,8 +975,9 @@ _SOURCES_AND_TYPES = [
     ("aws.ec2", "EC2 Spot Instance Interruption Warning"),
     ("aws.ec2", "EC2 Instance Rebalance Recommendation"),
     ("preemptor", "Job Submitted"),
-    ("preemptor", "Job Cancelled"),
-    ("preemptor", "Job Paused"),
+    ("preemptor.research", "Job Submitted"),
+    ("preemptor.research", "Job Cancelled"),
+    ("preemptor.research", "Job Paused"),
     ("aws.health", "AWS Health Event"),
 ]
 # Field names the parsers read, so generated details reach past the first missing field.
@@ -945,7 +1014,9 @@ _details = st.recursive(
     ),
     max_leaves=30,
 )
-_REASONS = {"invalid-json", "missing-field", "bad-value", "unknown-detail-type", "bad-request"}
+_REASONS = {
+    "invalid-json", "missing-field", "bad-value", "unknown-detail-type", "bad-request", "bad-source", "team-mismatch",
+}
 
 
 def _assert_parses_or_rejects(raw: Any) -> None:

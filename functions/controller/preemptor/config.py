@@ -4,39 +4,19 @@ from __future__ import annotations
 
 import json
 from enum import StrEnum
-from typing import Literal, Mapping
+from typing import Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from .core.policy import Policy
+from .core.pools import JobDefinition, PoolConfig
+
+__all__ = ["JobDefinition", "Mode", "PoolConfig", "Settings"]
 
 
 class Mode(StrEnum):
     ENFORCE = "enforce"  # act on decisions
     SHADOW = "shadow"  # decide and log, change nothing
-
-
-class PoolConfig(BaseModel):
-    """A capacity pool: either instances x GPUs per instance, or a GPU count."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str = Field(min_length=1)
-    service: Literal["sagemaker", "batch"] = "sagemaker"
-    instance_type: str | None = None
-    instances: int | None = Field(default=None, gt=0)
-    gpus_per_instance: int = Field(default=8, gt=0)
-    gpus: int | None = Field(default=None, gt=0)
-
-    @model_validator(mode="after")
-    def _has_size(self) -> "PoolConfig":
-        if self.gpus is None and self.instances is None:
-            raise ValueError(f"pool {self.name!r} needs 'instances' or 'gpus'")
-        return self
-
-    @property
-    def capacity_gpus(self) -> int:
-        return self.gpus if self.gpus is not None else self.instances * self.gpus_per_instance
 
 
 class Settings(BaseModel):
@@ -49,6 +29,10 @@ class Settings(BaseModel):
     policy: Policy = Field(default_factory=Policy)
     workflow_arns: dict[str, str] = Field(default_factory=dict)
     pending_window: int = Field(default=200, gt=0)
+    # Where every job's checkpoints live (s3://<bucket>/<team>/<job>), and the training
+    # role a SageMaker pool without its own `role_arn` passes (the one iam:PassRole allows).
+    checkpoint_bucket: str = ""
+    training_role_arn: str | None = None
 
     def pool(self, name: str) -> PoolConfig | None:
         return next((p for p in self.pools if p.name == name), None)
@@ -62,6 +46,8 @@ class Settings(BaseModel):
             mode=env.get("MODE", "enforce"),
             pools=[PoolConfig(**p) for p in json.loads(env.get("POOLS_CONFIG") or "[]")],
             policy=Policy(**json.loads(env.get("POLICY_CONFIG") or "{}")),
+            checkpoint_bucket=env.get("CHECKPOINT_BUCKET", ""),
+            training_role_arn=env.get("TRAINING_ROLE_ARN") or None,
             workflow_arns={
                 key: env[var]
                 for key, var in (

@@ -14,6 +14,11 @@ The parser is deliberately lenient where AWS's own samples disagree with each ot
 (time formats, where the EC2 instance id lives) and strict where a wrong guess would
 make the scheduler act wrongly (job status values, our own job requests).
 
+Our own events ("Job Submitted", "Job Cancelled") come from a team: their source is
+`preemptor.<team>`, and a team's principals may put events on the stack's bus only under
+their own source (the `events:source` IAM condition, README). So the team is read from the
+source, never from the detail: a detail whose `team` names another team is rejected.
+
 Pure: stdlib, pydantic and the rest of `core` only.
 """
 
@@ -30,20 +35,38 @@ from typing import Any, NoReturn, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from preemptor.core.errors import PreemptorError
-from preemptor.core.policy import DEFAULT_TIERS
+from preemptor.core.policy import DEFAULT_TIERS, validate_team_name
 from preemptor.core.requests import (
     JobRequest,
+    Refusal,
     format_validation_errors,
+    normalize_s3_prefix,
     resolve_priority,
     validate_job_name,
 )
 
-PREEMPTOR_SOURCE = "preemptor"
+# Teams send their events as `preemptor.<team>`. The bare `preemptor` of earlier versions
+# said nothing about the sender and is rejected.
+SOURCE_PREFIX = "preemptor."
+LEGACY_SOURCE = "preemptor"
 
 # Resource tags that let the controller adopt a job it did not launch.
 PRIORITY_TAG = "preemptor:priority"
 TEAM_TAG = "preemptor:team"
 POOL_TAG = "preemptor:pool"
+GPUS_TAG = "preemptor:gpus"  # Batch jobs: the GPUs the job holds
+CHECKPOINT_TAG = "preemptor:checkpoint"  # Batch jobs: the job's checkpoint prefix
+# Tags of runs the controller launched (`adapters.runners.controller_tags`): such a run is
+# never adopted, even when its start event arrives before the controller recorded the run.
+JOB_TAG = "preemptor:job"
+MANAGED_TAG = "preemptor:managed"
+_GPUS_TEXT = re.compile(r"[0-9]{1,6}")
+_MAX_TAG_VALUE = 256
+
+
+def submission_source(team: str) -> str:
+    """The EventBridge source under which `team` submits and cancels jobs."""
+    return SOURCE_PREFIX + validate_team_name(team)
 
 
 class TrainingJobStatus(StrEnum):
@@ -74,7 +97,10 @@ class EventRejected(PreemptorError):
 
     Attributes:
         reason: short machine code for metrics and tests: "invalid-json",
-            "missing-field", "bad-value", "unknown-detail-type" or "bad-request".
+            "missing-field", "bad-value", "unknown-detail-type", "bad-request",
+            "bad-source" (our own event under a source that names no team),
+            "team-mismatch" (a detail that names another team than its source) or
+            "bad-tag" (an adoption tag out of bounds).
         detail: a human-readable explanation naming the offending field.
     """
 
@@ -113,6 +139,8 @@ class TrainingJobStateChanged(_Event):
     end_time: float | None
     last_modified: float | None
     checkpoint_s3_uri: str | None
+    # ResourceConfig.InstanceGroups (heterogeneous clusters) as (instance type, count).
+    instance_groups: tuple[tuple[str, int], ...] = ()
 
 
 class BatchJobStateChanged(_Event):
@@ -153,15 +181,34 @@ class CheckpointWritten(_Event):
 
 
 class JobSubmitted(_Event):
-    """A team asked the controller to run a job (our own event)."""
+    """A team asked the controller to run a job (our own event). `request.team` is the
+    team of the source."""
 
     request: JobRequest
 
 
 class JobCancelled(_Event):
-    """A team asked the controller to cancel a job (our own event)."""
+    """A team (`team`, from the source) asked the controller to cancel a job (our own event)."""
 
     name: str
+    team: str
+
+
+@dataclass(frozen=True, slots=True)
+class AdoptionTags:
+    """What the tags of a run launched outside the controller claim about it.
+
+    `gpus` and `checkpoint_s3_uri` are read for Batch jobs (SageMaker events state their
+    instances and checkpoint config). `managed`: the run carries `preemptor:managed=true`,
+    the tag IAM lets the controller stop runs by.
+    """
+
+    priority: int
+    team: str
+    pool: str | None
+    gpus: int | None
+    checkpoint_s3_uri: str | None
+    managed: bool
 
 
 class Ignored(_Event):
@@ -216,47 +263,88 @@ def parse_event(
     Events are recognised by the pair (source, detail-type): only AWS can publish
     under an `aws.*` source, so a custom event cannot pose as a Spot interruption.
     Unknown detail-types from AWS are ignored (AWS adds event types all the time);
-    unknown detail-types under our own source are rejected, because they can only be
-    a producer bug and ignoring one could silently drop a job submission.
+    unknown detail-types under our own sources are rejected, because they can only be
+    a producer bug and ignoring one could silently drop a job submission. Our own
+    events carry the sending team in their source, `preemptor.<team>`.
 
     Raises:
         EventRejected: the event is malformed; `reason` is one of "invalid-json",
-            "missing-field", "bad-value", "unknown-detail-type", "bad-request".
+            "missing-field", "bad-value", "unknown-detail-type", "bad-request",
+            "bad-source", "team-mismatch".
     """
     envelope = _read_envelope(_as_object(raw))
+    if envelope.source == LEGACY_SOURCE or envelope.source.startswith(SOURCE_PREFIX):
+        return _own_event(envelope, tiers)
     parser = _PARSERS.get((envelope.source, envelope.detail_type))
     if parser is not None:
         return parser(envelope, _Fields(envelope.detail, "detail"), tiers)
-    if envelope.source == PREEMPTOR_SOURCE:
-        raise EventRejected(
-            "unknown-detail-type",
-            f"source {PREEMPTOR_SOURCE!r} has no detail-type {envelope.detail_type!r}",
-        )
     return Ignored(**envelope.common(), reason=f"not-handled: {envelope.detail_type}")
 
 
-def adoption_tags(
-    tags: Mapping[str, str], tiers: Mapping[str, int] = DEFAULT_TIERS
-) -> tuple[int, str, str | None] | None:
-    """Read (priority, team, pool) from the preemptor tags of a job we did not launch.
-
-    Returns None unless both `preemptor:priority` and `preemptor:team` are present:
-    a job without them is not under the scheduler. `preemptor:pool` is optional.
-    The priority tag is an integer or a name from `tiers`.
+def team_of_source(source: str) -> str:
+    """The team that sent an event under `source` (`preemptor.<team>`).
 
     Raises:
-        EventRejected: "bad-value" when a tag is present but unusable (unknown tier,
-            priority out of range, empty team or pool).
+        EventRejected: "bad-source" for the bare legacy source or a malformed team.
+    """
+    if source == LEGACY_SOURCE:
+        raise EventRejected(
+            "bad-source",
+            f"source {LEGACY_SOURCE!r} names no team; teams send their events as {SOURCE_PREFIX}<team>",
+        )
+    try:
+        return validate_team_name(source.removeprefix(SOURCE_PREFIX))
+    except ValueError as error:
+        raise EventRejected("bad-source", f"source: {error}") from error
+
+
+def launched_by_controller(tags: Mapping[str, str]) -> bool:
+    """Whether a run carries the job tags the controller puts on every run it launches."""
+    return JOB_TAG in tags
+
+
+def adoption_tags(tags: Mapping[str, str], tiers: Mapping[str, int] = DEFAULT_TIERS) -> AdoptionTags | None:
+    """Read what the preemptor tags of a run we did not launch claim about it.
+
+    Returns None unless both `preemptor:priority` and `preemptor:team` are present:
+    a run without them is not under the scheduler. `preemptor:pool`, `preemptor:gpus`
+    and `preemptor:checkpoint` are optional. The priority tag is an integer or a name
+    from `tiers`; the team a well-formed team name; GPUs a positive integer. Whether the
+    claims fit the configuration (the team's ceiling, the pool's capacity) is the
+    intake's to check.
+
+    Raises:
+        EventRejected: "bad-tag" when a tag is present but unusable (unknown tier,
+            priority out of range, malformed team, GPUs not a positive integer, a
+            checkpoint that is not an S3 prefix, an empty pool).
     """
     if PRIORITY_TAG not in tags or TEAM_TAG not in tags:
         return None
     try:
         priority = resolve_priority(tags[PRIORITY_TAG], tiers)
     except ValueError as error:
-        raise EventRejected("bad-value", f"tag {PRIORITY_TAG}: {error}") from error
-    team = _tag_text(tags, TEAM_TAG)
+        raise EventRejected(Refusal.BAD_TAG, f"tag {PRIORITY_TAG}: {error}") from error
+    try:
+        team = validate_team_name(tags[TEAM_TAG].strip())
+    except ValueError as error:
+        raise EventRejected(Refusal.BAD_TAG, f"tag {TEAM_TAG}: {error}") from error
     pool = _tag_text(tags, POOL_TAG) if POOL_TAG in tags else None
-    return priority, team, pool
+    gpus = None
+    if GPUS_TAG in tags:
+        text = tags[GPUS_TAG].strip()
+        gpus = int(text) if _GPUS_TEXT.fullmatch(text) else 0
+        if gpus <= 0:
+            raise EventRejected(
+                Refusal.BAD_TAG, f"tag {GPUS_TAG}: expected a positive integer, got {_shown(tags[GPUS_TAG])}"
+            )
+    checkpoint = None
+    if CHECKPOINT_TAG in tags:
+        try:
+            checkpoint = normalize_s3_prefix(tags[CHECKPOINT_TAG])
+        except ValueError as error:
+            raise EventRejected(Refusal.BAD_TAG, f"tag {CHECKPOINT_TAG}: {error}") from error
+    managed = tags.get(MANAGED_TAG) == "true"
+    return AdoptionTags(priority, team, pool, gpus, checkpoint, managed)
 
 
 def parse_timestamp(value: object, where: str = "time") -> float | None:
@@ -459,10 +547,7 @@ class _Fields:
 
 
 def _bad_value(where: str, expected: str, value: object) -> NoReturn:
-    shown = repr(value) if isinstance(value, str | int | float | bool) else type(value).__name__
-    if len(shown) > 80:
-        shown = shown[:77] + "..."
-    raise EventRejected("bad-value", f"{where}: {expected}, got {shown}")
+    raise EventRejected("bad-value", f"{where}: {expected}, got {_shown(value)}")
 
 
 def _from_epoch_ms(value: float, where: str) -> float:
@@ -474,9 +559,14 @@ def _from_epoch_ms(value: float, where: str) -> float:
 
 def _tag_text(tags: Mapping[str, str], key: str) -> str:
     value = tags[key]
-    if not isinstance(value, str) or not value.strip():
-        _bad_value(f"tag {key}", "expected a non-empty string", value)
+    if not isinstance(value, str) or not value.strip() or len(value) > _MAX_TAG_VALUE:
+        raise EventRejected(Refusal.BAD_TAG, f"tag {key}: expected 1..{_MAX_TAG_VALUE} characters, got {_shown(value)}")
     return value.strip()
+
+
+def _shown(value: object) -> str:
+    shown = repr(value) if isinstance(value, str | int | float | bool) else type(value).__name__
+    return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
 def _instance_id(detail: _Fields, resources: tuple[str, ...]) -> str:
@@ -522,7 +612,18 @@ def _training_job(
         end_time=detail.optional_time("TrainingEndTime"),
         last_modified=detail.optional_time("LastModifiedTime"),
         checkpoint_s3_uri=detail.optional_object("CheckpointConfig").optional_str("S3Uri"),
+        instance_groups=_instance_groups(resources),
     )
+
+
+def _instance_groups(resources: _Fields) -> tuple[tuple[str, int], ...]:
+    groups = []
+    for index, item in enumerate(resources.optional_list("InstanceGroups")):
+        if not isinstance(item, dict):
+            _bad_value(f"detail.ResourceConfig.InstanceGroups[{index}]", "expected an object", item)
+        group = _Fields(item, f"detail.ResourceConfig.InstanceGroups[{index}]")
+        groups.append((group.required_str("InstanceType"), group.optional_int("InstanceCount") or 0))
+    return tuple(groups)
 
 
 def _batch_job(
@@ -574,20 +675,36 @@ def _object_created(envelope: _Envelope, detail: _Fields, tiers: Mapping[str, in
     )
 
 
+def _own_event(envelope: _Envelope, tiers: Mapping[str, int]) -> DomainEvent:
+    team = team_of_source(envelope.source)
+    parser = _OWN_PARSERS.get(envelope.detail_type)
+    if parser is None:
+        raise EventRejected(
+            "unknown-detail-type", f"source {envelope.source!r} has no detail-type {envelope.detail_type!r}"
+        )
+    claimed = envelope.detail.get("team", team)
+    if claimed != team:
+        raise EventRejected(
+            Refusal.TEAM_MISMATCH,
+            f"detail.team {_shown(claimed)} is not the sending team {team!r} (source {envelope.source})",
+        )
+    return parser(envelope, _Fields(envelope.detail, "detail"), tiers, team)
+
+
 def _job_submitted(
-    envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int]
+    envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int], team: str
 ) -> JobSubmitted:
     try:
-        request = JobRequest.model_validate(envelope.detail, context={"tiers": tiers})
+        request = JobRequest.model_validate({**envelope.detail, "team": team}, context={"tiers": tiers})
     except ValidationError as error:
         raise EventRejected("bad-request", format_validation_errors(error)) from error
     return JobSubmitted(**envelope.common(), request=request)
 
 
 def _job_cancelled(
-    envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int]
+    envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int], team: str
 ) -> JobCancelled:
-    unexpected = sorted(str(key) for key in envelope.detail if key != "name")
+    unexpected = sorted(str(key) for key in envelope.detail if key not in ("name", "team"))
     if unexpected:
         raise EventRejected("bad-value", f"detail: unexpected keys {', '.join(unexpected)}")
     name = detail.required_str("name")
@@ -595,10 +712,16 @@ def _job_cancelled(
         validate_job_name(name)
     except ValueError as error:
         raise EventRejected("bad-value", f"detail.name: {error}") from error
-    return JobCancelled(**envelope.common(), name=name)
+    return JobCancelled(**envelope.common(), name=name, team=team)
 
 
-# Every parser takes the tiers so the table stays uniform; only "Job Submitted" uses them.
+# Our own events, by detail-type under any `preemptor.<team>` source; they get the team.
+_OWN_PARSERS: Mapping[str, Callable[[_Envelope, _Fields, Mapping[str, int], str], DomainEvent]] = {
+    "Job Submitted": _job_submitted,
+    "Job Cancelled": _job_cancelled,
+}
+
+# Every parser takes the tiers so the table stays uniform; none of AWS's events use them.
 _PARSERS: Mapping[
     tuple[str, str], Callable[[_Envelope, _Fields, Mapping[str, int]], DomainEvent]
 ] = {
@@ -607,6 +730,4 @@ _PARSERS: Mapping[
     ("aws.ec2", "EC2 Spot Instance Interruption Warning"): _spot_interruption,
     ("aws.ec2", "EC2 Instance Rebalance Recommendation"): _rebalance,
     ("aws.s3", "Object Created"): _object_created,
-    (PREEMPTOR_SOURCE, "Job Submitted"): _job_submitted,
-    (PREEMPTOR_SOURCE, "Job Cancelled"): _job_cancelled,
 }

@@ -17,6 +17,7 @@ gives. `docs/policy.md` is the reference of every knob.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Any, Mapping
 
@@ -25,6 +26,25 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 DEFAULT_TIERS: Mapping[str, int] = {"critical": 1000, "high": 500, "medium": 200, "low": 50}
 MAX_PRIORITY = 1000
 LOWEST_TIER = "lowest"  # in `spot_max_priority`: whatever the lowest configured tier is
+
+# A team name becomes an EventBridge source (`preemptor.<team>`), an S3 prefix
+# (`<bucket>/<team>/<job>`), a tag value and a principal tag: lower-case letters, digits
+# and hyphens, at most 63 characters, so it is valid in all four.
+TEAM_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+
+
+def validate_team_name(team: object) -> str:
+    """Check that `team` is a well-formed team name (see `TEAM_NAME`).
+
+    Raises:
+        ValueError: naming what is wrong, with the value shortened.
+    """
+    if not isinstance(team, str) or not TEAM_NAME.fullmatch(team):
+        shown = repr(team) if not isinstance(team, str) or len(team) <= 40 else repr(team[:37] + "...")
+        raise ValueError(
+            f"team must be 1..63 lower-case letters, digits or hyphens starting with a letter or digit, got {shown}"
+        )
+    return team
 
 
 class PreemptionMode(StrEnum):
@@ -101,6 +121,12 @@ class Budget(_Knob):
     window_s: float = Field(default=3600.0, gt=0)
     max_preemptions: int | None = Field(default=None, ge=0)
     max_gpu_hours: float | None = Field(default=None, ge=0)
+
+
+class TeamPolicy(_Knob):
+    """What one team may ask for: its highest priority (an integer or a tier name)."""
+
+    max_priority: int | str = MAX_PRIORITY
 
 
 class Quota(_Knob):
@@ -219,9 +245,13 @@ class Policy(PoolPolicy):
 
     tiers: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_TIERS))
     pools: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # The teams allowed to submit, with their priority ceilings. None: any well-formed team
+    # may submit at any priority.
+    teams: dict[str, TeamPolicy] | None = None
 
     _effective: dict[str, PoolPolicy] = PrivateAttr(default_factory=dict)
     _default: PoolPolicy | None = PrivateAttr(default=None)
+    _ceilings: dict[str, int] = PrivateAttr(default_factory=dict)
 
     @field_validator("tiers")
     @classmethod
@@ -257,7 +287,28 @@ class Policy(PoolPolicy):
             effective[name] = knobs
         self._default = default
         self._effective = effective
+        self._ceilings = self._resolve_teams()
         return self
+
+    def _resolve_teams(self) -> dict[str, int]:
+        ceilings = {}
+        for team, limits in (self.teams or {}).items():
+            try:
+                validate_team_name(team)
+            except ValueError as e:
+                raise ValueError(f"teams: {e}") from None
+            ceilings[team] = self.priority_value(limits.max_priority, f"teams.{team}.max_priority")
+        return ceilings
+
+    def team_listed(self, team: str) -> bool:
+        """Whether `team` may submit at all (every team when no `teams` are configured)."""
+        return self.teams is None or team in self._ceilings
+
+    def max_priority(self, team: str) -> int:
+        """The highest priority `team` may run at (MAX_PRIORITY when no `teams` are configured)."""
+        if self.teams is None:
+            return MAX_PRIORITY
+        return self._ceilings.get(team, -1)
 
     def _check_tier_names(self, where: str, knobs: PoolPolicy) -> None:
         known = ", ".join(sorted(self.tiers))

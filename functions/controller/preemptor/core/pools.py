@@ -1,0 +1,84 @@
+"""A capacity pool as the operator configures it: its size, and what a job in it may run as.
+
+The second half is the trust boundary of a submission: the training role, the output
+location, the network, the encryption keys, the Batch job queue and the job definitions a
+job in the pool runs with are the pool's, not the submitter's. `core.requests.admit_request`
+builds the service request from them and refuses a request that tries to set them.
+
+```json
+{"name": "p5", "service": "sagemaker", "instance_type": "ml.p5.48xlarge", "instances": 64,
+ "gpus_per_instance": 8, "role_arn": "arn:aws:iam::123456789012:role/training",
+ "output_s3_uri": "s3://ml-artifacts/p5", "subnets": ["subnet-0a"],
+ "security_group_ids": ["sg-0a"], "network_isolation": true, "kms_key_id": "alias/training"}
+{"name": "g5", "service": "batch", "gpus": 32, "job_queue": "g5-queue",
+ "job_definitions": ["eval:3", {"name": "research-train", "team": "research"}]}
+```
+
+Pure: pydantic only.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class JobDefinition(BaseModel):
+    """A Batch job definition a pool allows, exactly as requests name it (name, name:revision
+    or ARN). A definition that belongs to a team runs its command for that team only: other
+    teams may submit it, but not with a `command` override."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=1600)
+    team: str | None = None
+
+
+class PoolConfig(BaseModel):
+    """A capacity pool: either instances x GPUs per instance, or a GPU count; and the
+    allow-list of what its jobs run as."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    service: Literal["sagemaker", "batch"] = "sagemaker"
+    instance_type: str | None = None
+    instances: int | None = Field(default=None, gt=0)
+    gpus_per_instance: int = Field(default=8, gt=0)
+    gpus: int | None = Field(default=None, gt=0)
+    # -- SageMaker: what CreateTrainingJob gets from the pool -----------------------------
+    role_arn: str | None = None  # None: the stack's training role (ManagedRoleArnForTraining)
+    output_s3_uri: str | None = None  # None: s3://<checkpoint bucket>/_output
+    image_prefixes: tuple[str, ...] = ()  # allowed TrainingImage prefixes; empty: any image
+    subnets: tuple[str, ...] = ()
+    security_group_ids: tuple[str, ...] = ()
+    network_isolation: bool = False
+    inter_container_encryption: bool = False
+    kms_key_id: str | None = None  # output and volume encryption
+    # -- Batch: what SubmitJob gets from the pool -----------------------------------------
+    job_queue: str | None = None
+    job_definitions: tuple[JobDefinition, ...] = ()
+
+    @field_validator("job_definitions", mode="before")
+    @classmethod
+    def _names_as_definitions(cls, value: object) -> object:
+        if isinstance(value, list | tuple):
+            return tuple({"name": item} if isinstance(item, str) else item for item in value)
+        return value
+
+    @model_validator(mode="after")
+    def _has_size(self) -> "PoolConfig":
+        if self.gpus is None and self.instances is None:
+            raise ValueError(f"pool {self.name!r} needs 'instances' or 'gpus'")
+        if bool(self.subnets) != bool(self.security_group_ids):
+            raise ValueError(f"pool {self.name!r}: give both 'subnets' and 'security_group_ids', or neither")
+        return self
+
+    @property
+    def capacity_gpus(self) -> int:
+        return self.gpus if self.gpus is not None else self.instances * self.gpus_per_instance
+
+    def job_definition(self, name: str) -> JobDefinition | None:
+        """The allowed job definition `name`, or None when the pool does not allow it."""
+        return next((d for d in self.job_definitions if d.name == name), None)
