@@ -61,7 +61,7 @@ INTAKE_RULES = {
     "BatchJobStateChange": {"source": ["aws.batch"], "detail-type": ["Batch Job State Change"]},
     "SpotInterruptionWarning": {"source": ["aws.ec2"], "detail-type": ["EC2 Spot Instance Interruption Warning"]},
     "RebalanceRecommendation": {"source": ["aws.ec2"], "detail-type": ["EC2 Instance Rebalance Recommendation"]},
-    "PreemptorJobEvents": {"source": ["preemptor"], "detail-type": ["Job Submitted", "Job Cancelled"]},
+    "PreemptorJobEvents": {"source": [{"prefix": "preemptor."}], "detail-type": ["Job Submitted", "Job Cancelled"]},
     "CheckpointObjectCreated": {
         "source": ["aws.s3"],
         "detail-type": ["Object Created"],
@@ -498,8 +498,31 @@ def test_sample_event_reaches_exactly_the_rule_for_its_type(template, path):
     }
     # Then it reaches the rule for its source and detail-type, or none if intake does not handle it
     rule = _SUBSCRIBED.get(event.get("detail-type"))
-    expected = {rule} if rule and event.get("source") == INTAKE_RULES[rule]["source"][0] else set()
+    wanted = INTAKE_RULES[rule]["source"][0] if rule else None
+    source = str(event.get("source"))
+    ours = source.startswith(wanted["prefix"]) if isinstance(wanted, dict) else source == wanted
+    expected = {rule} if rule and ours else set()
     assert matched == expected
+
+
+def test_submissions_are_read_from_the_stacks_own_bus_and_aws_events_from_the_default_bus(template):
+    events = template["Resources"]["IntakeFunction"]["Properties"]["Events"]
+    buses = {name: e["Properties"].get("EventBusName") for name, e in events.items()}
+    # The submission rule listens on the stack's bus; AWS service events stay on the default bus
+    assert buses.pop("PreemptorJobEvents") == {"Ref": "SubmissionBus"}
+    assert set(buses.values()) == {None}
+    assert template["Resources"]["SubmissionBus"]["Type"] == "AWS::Events::EventBus"
+
+
+def test_a_teams_principals_may_put_events_on_the_bus_only_under_their_own_source(template):
+    (statement,) = template["Resources"]["TeamSubmitPolicy"]["Properties"]["PolicyDocument"]["Statement"]
+    assert (statement["Effect"], statement["Action"]) == ("Allow", "events:PutEvents")
+    assert statement["Resource"] == {"Fn::GetAtt": ["SubmissionBus", "Arn"]}
+    # The principal's preemptor-team tag names its team: events:source must be that team's
+    assert statement["Condition"]["StringEquals"]["events:source"] == "preemptor.${aws:PrincipalTag/preemptor-team}"
+    outputs = template["Outputs"]
+    assert outputs["TeamSubmitPolicyArn"]["Value"] == {"Ref": "TeamSubmitPolicy"}
+    assert outputs["SubmissionBusName"]["Value"] == {"Ref": "SubmissionBus"}
 
 
 # ---------------------------------------------------------------- alerts
