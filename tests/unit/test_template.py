@@ -41,7 +41,11 @@ FUNCTIONS = {
 STATE_MACHINES = {
     "ScheduleStateMachine": (
         "statemachines/schedule.asl.json",
-        {"PlanFunctionArn", "FinishCycleFunctionArn", "CheckpointFunctionArn", "JobControlFunctionArn", "AlertsTopicArn"},
+        {"PlanFunctionArn", "FinishCycleFunctionArn", "JobControlFunctionArn", "PreemptStateMachineArn", "AlertsTopicArn"},
+    ),
+    "PreemptStateMachine": (
+        "statemachines/preempt.asl.json",
+        {"CheckpointFunctionArn", "JobControlFunctionArn", "ScheduleStateMachineArn", "AlertsTopicArn"},
     ),
     "JobEndedStateMachine": (
         "statemachines/job_ended.asl.json",
@@ -294,12 +298,21 @@ def test_state_machine_may_invoke_exactly_the_functions_it_is_given(template, ma
     assert invokable == given
     asl = state_machine_definition_path(template["Resources"][machine]).read_text(encoding="utf-8")
     may_publish = any("SNSPublishMessagePolicy" in p for p in props["Policies"])
-    may_start = [p["StepFunctionsExecutionPolicy"] for p in props["Policies"] if "StepFunctionsExecutionPolicy" in p]
     assert may_publish == ("arn:aws:states:::sns:publish" in asl)
-    if "arn:aws:states:::states:startExecution" in asl:
-        assert may_start == [{"StateMachineName": {"Fn::GetAtt": ["ScheduleStateMachine", "Name"]}}]
-    else:
-        assert may_start == []
+    # The machines it may start are exactly those its ASL starts: through a substitution
+    # (`<Machine>Arn`) or itself (`$$.StateMachine.Id`, a busy pool continuing).
+    started = {k.removesuffix("Arn") for k in props["DefinitionSubstitutions"] if k.endswith("StateMachineArn")}
+    if "$$.StateMachine.Id" in asl:
+        started.add(machine)
+    if "arn:aws:states:::states:startExecution" not in asl:
+        started = set()
+    may_start = {p["StepFunctionsExecutionPolicy"]["StateMachineName"]["Fn::GetAtt"][0] for p in props["Policies"] if "StepFunctionsExecutionPolicy" in p}
+    statements = [st for p in props["Policies"] for st in p.get("Statement", [])]
+    for st in statements:
+        if st.get("Action") == "states:StartExecution":
+            suffix = st["Resource"]["Fn::Sub"].rsplit("${AWS::StackName}", 1)[1]
+            may_start |= {m for m in STATE_MACHINES if template["Resources"][m]["Properties"]["Name"]["Fn::Sub"].endswith(suffix)}
+    assert may_start == started
 
 
 # ---------------------------------------------------------------- data

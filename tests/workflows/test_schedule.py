@@ -1,4 +1,5 @@
-"""The schedule workflow (statemachines/schedule.asl.json) executed on moto."""
+"""The schedule workflow (statemachines/schedule.asl.json) and the preemption of each
+victim (statemachines/preempt.asl.json) executed on moto."""
 
 from __future__ import annotations
 
@@ -13,6 +14,13 @@ def _last_schedule(env) -> dict:
     return max(done, key=lambda e: e["startDate"])
 
 
+def _preemption_of(env, job: str) -> dict:
+    """The (last) preempt execution of `job`."""
+    runs = [e for e in env.executions("PreemptStateMachine") if f"-{job}-" in e["name"]]
+    assert runs, f"no preemption of {job} was started"
+    return max(runs, key=lambda e: e["startDate"])
+
+
 def test_admits_and_launches_into_free_capacity():
     with emulation() as env:
         # When a job is submitted into an empty pool
@@ -24,8 +32,14 @@ def test_admits_and_launches_into_free_capacity():
         run = _last_schedule(env)
         assert run["status"] == "SUCCEEDED"
         states = env.states_visited(run["executionArn"])
-        assert states[:4] == ["Start counting cycles", "Plan the pool", "Did we get the pool?", "Any jobs to launch?"]
-        assert "Launch the job" in states and "Preempt the victims" not in states
+        assert states[:5] == [
+            "Start counting cycles",
+            "Plan the pool",
+            "Did we get the pool?",
+            "Nothing given up yet",
+            "Any jobs to launch?",
+        ]
+        assert "Launch the job" in states and "Start the preemptions" not in states
         assert env.store.pool("p5")["used_gpus"] == 32
 
 
@@ -36,8 +50,9 @@ def test_preempts_after_a_fresh_checkpoint_then_launches_the_preemptor():
         env.advance(600)
         # When a critical job arrives
         env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1800)
-        # Then the sweep was stopped only after its checkpoint was confirmed, and requeued
-        run = _last_schedule(env)
+        # Then the sweep was stopped, in its own preempt execution, only after its checkpoint
+        # was confirmed, and requeued
+        run = _preemption_of(env, "sweep")
         states = env.states_visited(run["executionArn"])
         assert run["status"] == "SUCCEEDED"
         assert states.index("Confirm the checkpoint") < states.index("Stop the run") < states.index("Requeue the job")
@@ -47,9 +62,10 @@ def test_preempts_after_a_fresh_checkpoint_then_launches_the_preemptor():
         assert sweep.stops_without_fresh_checkpoint == 0
         kinds = env.kinds("sweep")
         assert kinds.index("checkpoint-confirmed") < kinds.index("stop-requested") < kinds.index("requeued")
-        # And the preemptor was launched in the same execution, after planning again
+        # And the preemption scheduled the pool once the GPUs were free: the preemptor runs
+        assert states[-2:] == ["Schedule the pool", "Done"]
         assert env.job("prod").status is JobState.RUNNING
-        assert states.count("Plan the pool") == 2
+        assert "Launch the job" in env.states_visited(_last_schedule(env)["executionArn"])
         # And the owners were told before the stop
         alerts = env.stack.alerts()
         assert any('"sweep"' in a and '"prod"' in a for a in alerts)
@@ -62,7 +78,7 @@ def test_checkpoint_timeout_stops_anyway_and_records_it():
         env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200)
         env.advance(600)
         env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1800)
-        run = _last_schedule(env)
+        run = _preemption_of(env, "sweep")
         states = env.states_visited(run["executionArn"])
         # Then the victim is stopped without a fresh checkpoint, and that is counted
         assert "Stop without a fresh checkpoint" in states
@@ -83,7 +99,8 @@ def test_checkpoint_timeout_spares_the_victim_when_policy_says_so():
         env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200)
         env.advance(600)
         env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1800)
-        run = _last_schedule(env)
+        run = _preemption_of(env, "sweep")
+        assert run["status"] == "SUCCEEDED"
         assert "Spare the victim" in env.states_visited(run["executionArn"])
         # Then the victim keeps running under its first incarnation and nothing was stopped
         sweep = env.job("sweep")

@@ -1,15 +1,25 @@
-"""One scheduling cycle of a pool: take the pool's lease, plan, and reserve what was decided.
+"""One scheduling cycle of a pool: take the pool's lease, plan, reserve what was decided,
+and let the lease go.
 
 The cycle is the only writer that admits jobs or marks victims, and it holds the pool's
-lease while it does; every write is still conditional, so even a cycle whose lease expired
-cannot oversubscribe the pool or stop a job twice.
+lease while it does, and only then: launches and preemptions (checkpoint and stop waits)
+run after it, each victim in its own workflow execution. Every write is still
+conditional, so even a cycle whose lease expired cannot oversubscribe the pool or stop a
+job twice.
+
+A plan step is idempotent when Step Functions retries it (the Lambda may have done its
+work and died before answering): the lease owner is the execution, and each admission or
+victim records the cycle that decided it (`decided_by`), so a retried step returns what
+it already reserved instead of reserving again or losing it.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 from ..adapters.store import JobsStore
+from ..adapters.workflows import execution_name
 from ..config import Mode, Settings
 from ..core.errors import ConflictError
 from ..core.jobs import JobRecord
@@ -18,7 +28,14 @@ from ..core.policy import Policy
 from ..core.explain import explain_job
 from ..core.planner import plan
 
-LEASE_TTL_S = 3 * 3600  # longer than the slowest preemption (checkpoint wait + stop wait)
+# The lease covers planning only (a plan step takes seconds; the plan Lambda times out
+# after 60 s and a retry keeps the lease, being the same owner). A holder that died keeps
+# the pool for this long at most; reconcile clears expired leases.
+LEASE_TTL_S = 300
+# Cycles one schedule execution runs (planning again while work arrives) before a fresh
+# execution continues: a busy pool never grows one execution's history toward the
+# 25,000-event cap, which cannot be caught.
+MAX_CYCLES = 5
 BUDGET_MEMORY_S = 7 * 86400  # preemption records outlive any sensible budget window
 
 
@@ -34,6 +51,8 @@ class CycleResult:
     waiting: list[dict]
     settings: dict
     oldest_wait_s: dict[str, float] = field(default_factory=dict)
+    rerun: bool = False  # work arrived while the lease was held: plan again
+    retried: bool = False  # a retried step: what this cycle had reserved was returned again
 
     def to_dict(self) -> dict:
         return {
@@ -47,7 +66,29 @@ class CycleResult:
             "has_admits": bool(self.admits),
             "has_preemptions": bool(self.preemptions),
             "oldest_wait_s": self.oldest_wait_s,
+            "rerun": self.rerun,
+            "retried": self.retried,
+            "max_cycles": MAX_CYCLES,
+            "continue_as": continuation_name(self.pool, self.owner),
         }
+
+
+def _digest(text: str, size: int) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:size]
+
+
+def continuation_name(pool: str, owner: str) -> str:
+    """The execution that continues `owner`'s scheduling of `pool` past its cycle bound:
+    deterministic (a retried start is refused as a duplicate), short whatever the chain."""
+    return execution_name("more", pool[:40], _digest(owner, 24))
+
+
+def preemption_names(job: str, incarnation: int, marked_at: float) -> tuple[str, str]:
+    """Execution names of a victim's preemption, and of the schedule it starts once the
+    GPUs are free: one per marking (the same victim may be marked again after being
+    spared), kept unique when a long job name is cut to fit 80 characters."""
+    tail = (_digest(job, 8), f"i{incarnation}", f"{int(marked_at)}")
+    return execution_name("preempt", job[:40], *tail), execution_name("freed", job[:40], *tail)
 
 
 def oldest_wait_by_tier(pending: list[JobRecord], policy: Policy, now: float) -> dict[str, float]:
@@ -82,19 +123,27 @@ def plan_cycle(
     pool_name: str,
     owner: str,
     now: float,
+    cycle: int = 0,
 ) -> CycleResult:
-    """Plan one pool and reserve the decision's admissions and victims."""
+    """Plan one pool under its lease, reserve the decision's admissions and victims, and
+    let the lease go (`rerun` tells whether work arrived meanwhile).
+
+    `owner` is the schedule execution's name, `cycle` the cycle number within it: a
+    retried step of the same cycle returns what it reserved before.
+    """
     pool_cfg = settings.pool(pool_name)
     if pool_cfg is None:
         raise ValueError(f"pool {pool_name!r} is not configured")
     stored = store.pool(pool_name)
     if stored is None or stored.get("capacity_gpus") != pool_cfg.capacity_gpus:
         store.ensure_pool(pool_name, pool_cfg.capacity_gpus)
-    if not store.acquire_lease(pool_name, owner, now, LEASE_TTL_S):
-        return CycleResult(pool_name, owner, False, [], [], [], settings.policy.workflow_settings(pool_name))
-
     workflow_settings = settings.policy.workflow_settings(pool_name)
+    if not store.acquire_lease(pool_name, owner, now, LEASE_TTL_S):
+        return CycleResult(pool_name, owner, False, [], [], [], workflow_settings)
+
+    mark = f"{owner}#{cycle}"
     pending, active, snapshot = read_snapshot(store, settings, pool_name, now)
+    earlier_admits, earlier_victims = _reserved_by(active, mark)
     decision = plan(snapshot, settings.policy, now)
     waiting = [
         {"job": e.job, "reason": e.reason.value, "detail": e.detail}
@@ -104,14 +153,46 @@ def plan_cycle(
     waits = oldest_wait_by_tier(pending, settings.policy, now)
     if settings.mode is Mode.SHADOW:
         _log_shadow(store, decision, now)
-        return CycleResult(pool_name, owner, True, [], [], waiting, workflow_settings, waits)
+        rerun = store.release_lease(pool_name, owner)
+        return CycleResult(pool_name, owner, True, [], [], waiting, workflow_settings, waits, rerun)
 
     by_name = {r.name: r for r in pending + active}
     _fail_exhausted(store, decision, by_name, now)
-    admits = _reserve_admissions(store, decision, by_name, pool_cfg.capacity_gpus, now)
-    preemptions = _mark_victims(store, decision, by_name, now)
+    admits = earlier_admits + _reserve_admissions(store, decision, by_name, pool_cfg.capacity_gpus, now, mark)
+    preemptions = earlier_victims + _mark_victims(store, decision, by_name, now, mark)
     store.remember_waits(pool_name, waiting, now)
-    return CycleResult(pool_name, owner, True, admits, preemptions, waiting, workflow_settings, waits)
+    rerun = store.release_lease(pool_name, owner)
+    retried = bool(earlier_admits or earlier_victims)
+    return CycleResult(pool_name, owner, True, admits, preemptions, waiting, workflow_settings, waits, rerun, retried)
+
+
+def _reserved_by(active: list[JobRecord], mark: str) -> tuple[list[dict], list[dict]]:
+    """What an earlier attempt of this very cycle reserved and did not hand over yet:
+    admitted jobs not launched, victims still being preempted."""
+    admits, victims = [], []
+    for r in active:
+        if r.decided_by != mark:
+            continue
+        if r.status is JobState.ADMITTED and not r.run_id:
+            admits.append({"job": r.name, "incarnation": r.incarnation, "gpus": r.gpus})
+        elif r.status is JobState.PREEMPTING and r.preempted_by:
+            victims.append(_victim_item(r, r.preempted_by, r.preempting_since, None))
+    return admits, victims
+
+
+def _victim_item(victim: JobRecord, preemptor: str, marked_at: float, lost_gpu_seconds: float | None) -> dict:
+    execution, then = preemption_names(victim.name, victim.incarnation, marked_at)
+    item = {
+        "job": victim.name,
+        "incarnation": victim.incarnation,
+        "preemptor": preemptor,
+        "gpus": victim.gpus,
+        "execution": execution,
+        "then": then,
+    }
+    if lost_gpu_seconds is not None:
+        item["lost_gpu_seconds"] = round(lost_gpu_seconds, 3)
+    return item
 
 
 def read_snapshot(
@@ -161,7 +242,7 @@ def finish_cycle(*, store: JobsStore, pool_name: str, owner: str) -> dict:
 
 
 def _reserve_admissions(
-    store: JobsStore, decision: Decision, by_name: dict[str, JobRecord], capacity: int, now: float
+    store: JobsStore, decision: Decision, by_name: dict[str, JobRecord], capacity: int, now: float, mark: str
 ) -> list[dict]:
     admitted = []
     for admission in decision.admits:
@@ -169,7 +250,9 @@ def _reserve_admissions(
         try:
             store.transition(
                 record,
-                record.with_changes(status=JobState.ADMITTED, admitted_at=now, guaranteed=admission.guaranteed),
+                record.with_changes(
+                    status=JobState.ADMITTED, admitted_at=now, guaranteed=admission.guaranteed, decided_by=mark
+                ),
                 expect=[JobState.PENDING],
                 usage_delta=record.gpus,
                 pool_limit=capacity,
@@ -188,7 +271,9 @@ def _reserve_admissions(
     return admitted
 
 
-def _mark_victims(store: JobsStore, decision: Decision, by_name: dict[str, JobRecord], now: float) -> list[dict]:
+def _mark_victims(
+    store: JobsStore, decision: Decision, by_name: dict[str, JobRecord], now: float, mark: str
+) -> list[dict]:
     marked = []
     for p in decision.preemptions:
         victim = by_name[p.victim]
@@ -200,6 +285,7 @@ def _mark_victims(store: JobsStore, decision: Decision, by_name: dict[str, JobRe
                     preempted_by=p.preemptor,
                     preempting_since=now,
                     last_checkpoint_at=victim.last_checkpoint_at,
+                    decided_by=mark,
                 ),
                 expect=[JobState.RUNNING],
             )
@@ -223,15 +309,7 @@ def _mark_victims(store: JobsStore, decision: Decision, by_name: dict[str, JobRe
         )
         store.log(p.preemptor, now, "preempting", "preempts-lower-priority", f"stopping {victim.name} ({victim.gpus} GPUs)")
         store.nominate(p.preemptor, now)
-        marked.append(
-            {
-                "job": victim.name,
-                "incarnation": victim.incarnation,
-                "preemptor": p.preemptor,
-                "gpus": victim.gpus,
-                "lost_gpu_seconds": round(p.lost_gpu_seconds, 3),
-            }
-        )
+        marked.append(_victim_item(victim, p.preemptor, now, p.lost_gpu_seconds))
     return marked
 
 
