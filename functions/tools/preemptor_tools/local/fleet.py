@@ -211,7 +211,11 @@ class SimulatedFleet:
         self._image = None
         if self._ecs is not None:
             self._ecs.create_cluster(clusterName=batch_cluster)
-            self._image = ec2_client.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+            # Any Amazon image will do; a filter keeps moto from serialising all of its AMIs.
+            images = ec2_client.describe_images(
+                Owners=["amazon"], Filters=[{"Name": "name", "Values": ["amzn2-ami-hvm-2.0.*"]}]
+            )["Images"] or ec2_client.describe_images(Owners=["amazon"])["Images"]
+            self._image = images[0]["ImageId"]
         self._lock = threading.RLock()
         self._jobs: dict[str, _Job] = {}
         self._queue: list[_Transition] = []

@@ -115,9 +115,7 @@ class HostileWorld:
         self._draws: Counter = Counter()
         self._held: list[dict] = []
         self._seen_executions: set[str] = set()
-        self._crashes = sorted(
-            (f for f in self.faults if isinstance(f, WorkflowCrash)), key=lambda f: f.at
-        )
+        self._crashed: set[int] = set()  # workflow_crash faults already spent (by id)
         self._installed: list[tuple[str, Callable]] = []
         self._unsubscribe: list[Callable[[], None]] = []
         self._stop_execution: Callable[[str], None] | None = None
@@ -268,9 +266,14 @@ class HostileWorld:
         with self._lock:
             first = execution_arn not in self._seen_executions
             self._seen_executions.add(execution_arn)
-            due = first and self._crashes and self._crashes[0].at <= self.clock.now() - self.start
+            elapsed = self.clock.now() - self.start
+            armed = sorted(
+                (f for f in self.faults if isinstance(f, WorkflowCrash) and id(f) not in self._crashed and f.at <= elapsed),
+                key=lambda f: f.at,
+            )
+            due = first and bool(armed)
             if due:
-                self._crashes.pop(0)
+                self._crashed.add(id(armed[0]))
         if not due:
             return
         self._record("workflow-crash", "states", f"{execution_arn} after {state_name!r}")

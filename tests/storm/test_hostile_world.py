@@ -1,0 +1,246 @@
+"""The hostile emulator says no the way AWS does: each failure's shape, scope and seed.
+
+One emulated stack serves the module; each test sets the world's rates and faults it needs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from botocore.exceptions import ClientError
+from emulation import START, Emulation, emulation
+from storm import steps
+
+from preemptor_tools.local.executions import wait_for_execution
+from preemptor_tools.local.hostile import HostileWorld
+from preemptor_tools.local.scenario import Chaos, StopDenied, WorkflowCrash
+from preemptor_tools.local.stack import DeployedFunction, _empty_zip
+
+ALWAYS = 0.999  # rates are < 1: "always" is as close as a rate gets
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[Emulation]:
+    with emulation(hostile=lambda clock: HostileWorld(clock, START)) as emulated:
+        yield emulated
+
+
+@pytest.fixture
+def world(env: Emulation) -> Iterator[HostileWorld]:
+    world = env.stack.hostile
+    yield world
+    world.chaos = Chaos()
+    world.faults = []
+
+
+def _code(error: ClientError) -> tuple[str, int]:
+    return error.response["Error"]["Code"], error.response["ResponseMetadata"]["HTTPStatusCode"]
+
+
+THROTTLED_CALLS = [
+    ("dynamodb", "list_tables", {}, {("ThrottlingException", 400), ("ProvisionedThroughputExceededException", 400)}),
+    ("sagemaker", "list_training_jobs", {}, {("ThrottlingException", 400)}),
+    ("batch", "describe_job_queues", {}, {("TooManyRequestsException", 429)}),
+    ("s3", "list_buckets", {}, {("SlowDown", 503)}),
+    ("stepfunctions", "list_state_machines", {}, {("ThrottlingException", 400)}),
+    ("sns", "list_topics", {}, {("Throttled", 400)}),
+]
+
+
+@pytest.mark.parametrize(
+    "service,operation,params,expected", THROTTLED_CALLS, ids=[c[0] for c in THROTTLED_CALLS]
+)
+def test_a_throttled_call_fails_with_its_services_own_throttling_error(
+    env: Emulation, world: HostileWorld, service: str, operation: str, params: dict, expected: set
+) -> None:
+    # Given a world that throttles every call
+    world.chaos = Chaos(seed=1, throttle_rate=ALWAYS)
+    client = env.stack.client(service)
+
+    # When a function calls the service
+    with HostileWorld.acting_as("preemptor-ScheduleFunction"), pytest.raises(ClientError) as raised:
+        getattr(client, operation)(**params)
+
+    # Then it sees the service's throttling error, as botocore raises it
+    assert _code(raised.value) in expected
+    # And the harness (no function acting) is never throttled: the world targets the controller
+    getattr(client, operation)(**params)
+
+
+def test_a_transaction_is_cancelled_with_one_item_in_transaction_conflict(env: Emulation, world: HostileWorld) -> None:
+    # Given a world whose DynamoDB cancels every transaction as conflicting
+    world.chaos = Chaos(seed=2, transaction_conflict_rate=ALWAYS)
+    dynamodb = env.stack.client("dynamodb")
+    table = env.stack.deps().settings.jobs_table
+    items = [{"Put": {"TableName": table, "Item": {"pk": {"S": f"STORM#{i}"}, "sk": {"S": "X"}}}} for i in range(3)]
+
+    # When a function writes a transaction
+    with HostileWorld.acting_as("preemptor-PlanFunction"), pytest.raises(ClientError) as raised:
+        dynamodb.transact_write_items(TransactItems=items)
+
+    # Then DynamoDB's cancellation names one conflicting item and writes nothing
+    assert _code(raised.value)[0] == "TransactionCanceledException"
+    reasons = [r["Code"] for r in raised.value.response["CancellationReasons"]]
+    assert sorted(reasons) == ["None", "None", "TransactionConflict"]
+    assert dynamodb.get_item(TableName=table, Key={"pk": {"S": "STORM#0"}, "sk": {"S": "X"}}).get("Item") is None
+
+
+def _training_job(env: Emulation, name: str, tags: dict[str, str]) -> None:
+    env.stack.client("sagemaker").create_training_job(
+        TrainingJobName=name,
+        AlgorithmSpecification={"TrainingImage": "123.dkr.ecr/train:1", "TrainingInputMode": "File"},
+        RoleArn="arn:aws:iam::123456789012:role/training",
+        OutputDataConfig={"S3OutputPath": "s3://bucket/output"},
+        ResourceConfig={"InstanceType": "ml.p5.48xlarge", "InstanceCount": 1, "VolumeSizeInGB": 100},
+        StoppingCondition={"MaxRuntimeInSeconds": 86_400},
+        Tags=[{"Key": k, "Value": v} for k, v in tags.items()],
+    )
+
+
+def test_stops_of_runs_the_controller_did_not_launch_are_refused(env: Emulation, world: HostileWorld) -> None:
+    # Given a run someone launched with the scheduler's tags but not the managed tag, and one
+    # the controller launched
+    _training_job(env, "adopted-run", {"preemptor:team": "vision", "preemptor:priority": "50"})
+    _training_job(env, "managed-run", {"preemptor:managed": "true", "preemptor:job": "managed-run"})
+    sagemaker = env.stack.client("sagemaker")
+
+    # When the controller stops both
+    with HostileWorld.acting_as("preemptor-JobControlFunction"):
+        with pytest.raises(ClientError) as refused:
+            sagemaker.stop_training_job(TrainingJobName="adopted-run")
+        sagemaker.stop_training_job(TrainingJobName="managed-run")
+
+    # Then IAM's managed-tag condition refuses the first only, and both attempts are on record
+    assert _code(refused.value) == ("AccessDeniedException", 400)
+    assert "sagemaker:StopTrainingJob" in refused.value.response["Error"]["Message"]
+    assert sagemaker.describe_training_job(TrainingJobName="adopted-run")["TrainingJobStatus"] == "InProgress"
+    assert sagemaker.describe_training_job(TrainingJobName="managed-run")["TrainingJobStatus"] == "Stopping"
+    attempts = {a.run: a for a in world.stops}
+    assert attempts["adopted-run"].refused and not attempts["adopted-run"].managed
+    assert attempts["managed-run"].refused is None
+
+
+def test_stop_denied_refuses_every_run_of_the_job_for_its_duration_only(env: Emulation, world: HostileWorld) -> None:
+    # Given two managed runs of job "victim" and a stop_denied fault on it from now for 600 s
+    elapsed = env.clock.now() - START
+    world.faults = [StopDenied(type="stop_denied", at=elapsed, job="victim", duration=600)]
+    _training_job(env, "victim-r2", {"preemptor:managed": "true"})
+    _training_job(env, "victim-r3", {"preemptor:managed": "true"})
+    sagemaker = env.stack.client("sagemaker")
+
+    # When the controller stops one during the window and the other after it
+    with HostileWorld.acting_as("preemptor-JobControlFunction"):
+        with pytest.raises(ClientError) as denied:
+            sagemaker.stop_training_job(TrainingJobName="victim-r2")
+        env.clock.advance(600)
+        sagemaker.stop_training_job(TrainingJobName="victim-r3")
+
+    # Then the first is AccessDenied and the second goes through
+    assert _code(denied.value)[0] == "AccessDeniedException"
+    assert sagemaker.describe_training_job(TrainingJobName="victim-r3")["TrainingJobStatus"] == "Stopping"
+
+
+def test_events_arrive_twice_and_late_but_every_one_arrives(env: Emulation, world: HostileWorld) -> None:
+    # Given a world that duplicates and delays half the events
+    world.chaos = Chaos(seed=3, duplicate_rate=0.5, reorder_rate=0.5)
+    delivered: list[str] = []
+    events = [{"id": f"storm-{i}", "source": "test.storm", "detail-type": "Ping", "detail": {}} for i in range(40)]
+
+    # When 40 events are emitted in two rounds, each round then pumped, and a last empty round
+    for batch in (events[:20], events[20:], []):
+        for event in batch:
+            env.stack.emit(dict(event))
+        env.stack.pump(lambda routed: delivered.append(routed.event["id"]))
+    env.stack.pump(lambda routed: delivered.append(routed.event["id"]))
+
+    # Then every event arrived, some twice (same id), and some after events emitted later
+    # (the fleet's own events of the runs other tests made are in the stream too)
+    delivered = [event_id for event_id in delivered if event_id.startswith("storm-")]
+    ids = [e["id"] for e in events]
+    assert set(delivered) == set(ids)
+    assert len(delivered) > len(ids)
+    position = {event_id: delivered.index(event_id) for event_id in ids}
+    assert any(position[a] > position[b] for a, b in zip(ids, ids[1:]))
+    assert world.counts()["event-duplicate"] > 0 and world.counts()["event-late"] > 0
+
+
+def test_the_same_seed_makes_the_same_decisions() -> None:
+    # Given two worlds with one seed and a third with another
+    from preemptor_tools.local.clock import SimClock
+
+    worlds = [HostileWorld(SimClock(START), START, chaos=Chaos(seed=seed)) for seed in (7, 7, 8)]
+
+    # When each draws the same sequence of decisions
+    draws = [[w._draw("throttle", f"fn|dynamodb|{i % 3}") for i in range(50)] for w in worlds]
+
+    # Then the first two agree draw for draw, and the third does not
+    assert draws[0] == draws[1]
+    assert draws[0] != draws[2]
+
+
+def _two_step_workflow(env: Emulation, name: str) -> str:
+    """A workflow of two Lambda steps of the `storm.steps.record` function, errors caught."""
+    stack = env.stack
+    function = f"{name}-steps"
+    arn = stack.client("lambda").create_function(
+        FunctionName=function,
+        Runtime="python3.11",
+        Role="arn:aws:iam::123456789012:role/preemptor-local-role",
+        Handler="storm.steps.record",
+        Code={"ZipFile": _empty_zip()},
+    )["FunctionArn"]
+    stack.functions[function] = DeployedFunction(function, arn, "storm.steps.record", {})
+    step = lambda n, next_: {  # noqa: E731
+        "Type": "Task",
+        "Resource": arn,
+        "Parameters": {"step": n},
+        "ResultPath": f"$.step{n}",
+        "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "Failed"}],
+        **({"Next": next_} if next_ else {"End": True}),
+    }
+    definition = {
+        "StartAt": "First",
+        "States": {"First": step(1, "Second"), "Second": step(2, None), "Failed": {"Type": "Pass", "End": True}},
+    }
+    return stack.client("stepfunctions").create_state_machine(
+        name=name, definition=json.dumps(definition), roleArn="arn:aws:iam::123456789012:role/x"
+    )["stateMachineArn"]
+
+
+def _run(env: Emulation, machine: str, name: str) -> dict:
+    sfn = env.stack.client("stepfunctions")
+    started = sfn.start_execution(stateMachineArn=machine, name=name, input="{}")
+    return wait_for_execution(sfn, started["executionArn"])
+
+
+def test_a_crashed_step_did_its_work_and_step_functions_sees_lambda_unknown(env: Emulation, world: HostileWorld) -> None:
+    # Given a world where every workflow step's Lambda dies before returning
+    world.chaos = Chaos(seed=4, crash_rate=ALWAYS)
+    machine = _two_step_workflow(env, "crashing")
+    steps.CALLS.clear()
+
+    # When the workflow runs
+    result = _run(env, machine, "crashing-1")
+
+    # Then the first step ran (its work is done) but Step Functions saw Lambda.Unknown
+    assert steps.CALLS == [{"step": 1}]
+    assert json.loads(result["output"])["error"]["Error"] == "Lambda.Unknown"
+
+
+def test_a_workflow_crash_kills_the_next_execution_after_its_first_step(env: Emulation, world: HostileWorld) -> None:
+    # Given a workflow_crash fault due now
+    world.faults = [WorkflowCrash(type="workflow_crash", at=env.clock.now() - START)]
+    machine = _two_step_workflow(env, "doomed")
+    steps.CALLS.clear()
+
+    # When two executions run one after the other
+    first = _run(env, machine, "doomed-1")
+    second = _run(env, machine, "doomed-2")
+
+    # Then the first died after its first step (ABORTED), and the fault hit only once
+    assert first["status"] == "ABORTED"
+    assert second["status"] == "SUCCEEDED"
+    assert steps.CALLS == [{"step": 1}, {"step": 1}, {"step": 2}]
+    assert world.aborted_executions == [first["executionArn"]]
