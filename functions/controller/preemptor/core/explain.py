@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterable
 
 from .model import Decision, PreemptionRule, Reason, Snapshot, Verdict
-from .planner import running_verdicts, trace_job
+from .trace import running_verdicts, trace_job
 from .policy import Policy
 
 _RULE_BY_REASON = {rule.victim_reason.value: rule.value for rule in PreemptionRule}
@@ -120,6 +120,7 @@ _PROTECTIONS = {
     Reason.MIN_RUNTIME_PROTECTED.value,
     Reason.NEAR_COMPLETION_PROTECTED.value,
     Reason.MAX_PREEMPTIONS_PROTECTED.value,
+    Reason.NOT_STOPPABLE.value,
 }
 
 

@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from . import progress as _progress
+
 
 REPREEMPTION_PENALTY_S = 600.0  # victim order: a job preempted n times costs n x 10 min more
 
@@ -60,6 +62,7 @@ class Reason(StrEnum):
     MIN_RUNTIME_PROTECTED = "min-runtime-protected"
     NEAR_COMPLETION_PROTECTED = "near-completion-protected"
     MAX_PREEMPTIONS_PROTECTED = "max-preemptions-protected"
+    NOT_STOPPABLE = "not-stoppable"  # the controller has no right to stop it (an adopted run)
     RECENTLY_SPARED = "recently-spared"
     CAPACITY_FREED_FOR_IT = "capacity-freed-for-it"
     STARVATION_GUARANTEE = "admitted-after-starving"
@@ -168,11 +171,14 @@ class RunningJob:
     # Admitted by the starvation guard: protected until it completes (else higher tiers
     # preempt it again at once and the guard only churns).
     guaranteed: bool = False
+    # False: the controller may not stop it (a run it adopted that does not carry its
+    # managed tag); it holds capacity but is never a victim.
+    stoppable: bool = True
 
     def work_at_risk_s(self, now: float) -> float:
-        """Seconds of work a stop at `now` throws away: time since the last checkpoint."""
-        since = self.last_checkpoint_at if self.last_checkpoint_at is not None else self.started_at
-        return max(0.0, now - max(since, self.started_at))
+        """Seconds of work a stop at `now` throws away (`core.progress.work_at_risk_s`: since the
+        later of the last checkpoint and the run's start)."""
+        return _progress.work_at_risk_s(self.last_checkpoint_at, self.started_at, now)
 
     def lost_gpu_seconds(self, now: float) -> float:
         """GPU-seconds of work a stop at `now` throws away."""
