@@ -7,12 +7,13 @@ same for all of them; only the planner and the stop model change.
 - `preemptor`: `preemptor.core.planner.plan` itself, with a `Policy` (defaults, or a JSON
   file), and the checkpoint protocol of the workflows: a victim is stopped at once when
   its newest checkpoint is fresh, otherwise after a requested checkpoint is confirmed.
-- the baselines below are small planners written for the simulator. They share the core's
-  mechanics (rank order, admit what fits, a nominated job claims the GPUs of jobs being
-  stopped, a job that cannot fit even with every eligible victim claims nothing, so
-  lower-ranked jobs may backfill) and differ where the systems they stand for differ:
-  ranking, who may be a victim, victim order, fill-back, exemptions, and how a victim is
-  stopped. Each docstring cites the behaviour it reproduces.
+- the baselines below run the same core planner, so they share its mechanics (rank
+  order, admit what fits, a nominated job claims the GPUs of jobs being stopped, the
+  victim walk, fill-back, a job that cannot fit even with every eligible victim claims
+  nothing, so lower-ranked jobs may backfill). Each is only what the system it stands for
+  does differently: its ranking and victim order (a `Discipline`), who may be a victim
+  and what exempts a job (a `Policy`), and how a victim is stopped (a `StopModel`). Each
+  docstring cites the behaviour it reproduces.
 """
 
 from __future__ import annotations
@@ -21,19 +22,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Callable
 
-from preemptor.core.model import (
-    Admission,
-    Decision,
-    Explanation,
-    PendingJob,
-    Preemption,
-    Reason,
-    RunningJob,
-    Snapshot,
-    Verdict,
-)
+from preemptor.core.model import Decision, PendingJob, RunningJob, Snapshot
+from preemptor.core.planner import Discipline
 from preemptor.core.planner import plan as core_plan
-from preemptor.core.policy import CheckpointTimeoutAction, Policy
+from preemptor.core.policy import CheckpointTimeoutAction, Policy, PreemptionMode
+from preemptor.core.ranking import ranked_by
 
 Planner = Callable[[Snapshot, float], Decision]
 
@@ -114,6 +107,66 @@ def preemptor_policy(policy: Policy | None = None, name: str = "preemptor", pool
 
 
 # --------------------------------------------------------------------------- baselines
+#
+# A baseline is the core planner (`preemptor.core.planner.plan`, the same admission, claim,
+# victim walk, fill-back and surplus accounting as ours) under a `Discipline` (its ranking,
+# its victim order, whether it fills back) and a `Policy` that states who may preempt whom
+# (the modes) and what protects a job (e.g. Slurm's PreemptExemptTime as `min_runtime_s`),
+# with ours' extras switched off: no aging, no fair share, no SLA or spot caps, no budget,
+# no delay, no quotas. What differs from ours is only what the system it stands for does.
+
+
+def _rules(mode: PreemptionMode, **knobs) -> Policy:
+    """Eligibility of a baseline: `mode` within and across teams, ours' extras off."""
+    return Policy(
+        within_team=mode,
+        across_teams=mode,
+        aging={"rate_per_hour": 0, "starving_after_s": None},
+        fair_share={"enabled": False},
+        spot_max_priority=None,
+        **knobs,
+    )
+
+
+def _on_core(discipline: Discipline, rules: Policy) -> Planner:
+    """The core planner with a baseline's orders and eligibility."""
+    return lambda snapshot, now: core_plan(snapshot, rules, now, discipline)
+
+
+def _knobs(discipline: Discipline, rules: Policy) -> dict:
+    """What the bench records of a baseline: its orders and the knobs of its eligibility."""
+    return {
+        "victim_order_priority_major": discipline.victims_by_priority,
+        "fill_back": discipline.fill_back,
+        "within_team": rules.within_team.value,
+        "across_teams": rules.across_teams.value,
+        "min_runtime_s": rules.min_runtime_s,
+    }
+
+
+def _by_priority_then_newest(victim: RunningJob, now: float, borrowed: bool, priority: int) -> tuple:
+    """Kueue's candidate order (ordering.go `CandidatesOrdering`): lower priority first,
+    then most recently admitted first, then a unique id."""
+    return (priority, -victim.started_at, victim.name)
+
+
+def _newest_first(victim: RunningJob, now: float, borrowed: bool, priority: int) -> tuple:
+    """The blunt script's order: most recently started first, whatever the priority."""
+    return (-victim.started_at, victim.name)
+
+
+def _by_priority_then_smallest(victim: RunningJob, now: float, borrowed: bool, priority: int) -> tuple:
+    """Slurm preempt/qos `_gen_job_prio`: QOS priority in the high bits, job size in the low."""
+    return (priority, victim.gpus, victim.name)
+
+
+# fifo and priority never preempt: their victim order is never used (Kueue's, which is cheap).
+FIFO = Discipline("fifo", rank=ranked_by(submission_rank), victim_key=_by_priority_then_newest)
+PRIORITY = Discipline("priority", rank=ranked_by(index_rank), victim_key=_by_priority_then_newest)
+BLUNT = Discipline("blunt", rank=ranked_by(index_rank), victim_key=_newest_first, victims_by_priority=False, fill_back=False)
+KUEUE = Discipline("kueue", rank=ranked_by(index_rank), victim_key=_by_priority_then_newest, fill_back=True)
+SLURM = Discipline("slurm", rank=ranked_by(index_rank), victim_key=_by_priority_then_smallest, fill_back=False)
+ORACLE = Discipline("oracle", rank=ranked_by(index_rank), victim_key=_by_priority_then_newest, fill_back=True)
 
 
 def fifo_policy() -> SimPolicy:
@@ -122,13 +175,17 @@ def fifo_policy() -> SimPolicy:
     AWS Batch with a single job queue (FIFO scheduling policy) for everyone: jobs are
     dispatched in submission order; "a job is dispatched from a queue only if resources are
     available when the queue is evaluated", otherwise the evaluation moves on (AWS Batch
-    API, JobQueueDetail.priority). So a job that does not fit does not hold capacity back.
+    API, JobQueueDetail.priority). So a job that does not fit does not hold capacity back:
+    on the core, ranking by submission, preemption `Never`, so a job that does not fit
+    claims nothing.
     """
+    rules = _rules(PreemptionMode.NEVER)
     return SimPolicy(
         name="fifo",
-        plan=_greedy(rank=submission_rank, eligible=_never, victim_order=None, fill_back=False),
+        plan=_on_core(FIFO, rules),
         window_rank=submission_rank,
         source="AWS Batch FIFO job queue: dispatch in submission order when resources are available",
+        knobs=_knobs(FIFO, rules),
     )
 
 
@@ -138,12 +195,15 @@ def priority_policy() -> SimPolicy:
     One Batch job queue per tier sharing a compute environment: "job queues with a higher
     priority are evaluated first"; within a queue, FIFO; a job is dispatched only if
     resources are available, nothing running is ever stopped for it (AWS Batch
-    CreateJobQueue `priority`, JobQueueDetail). Running jobs keep their GPUs until they end.
+    CreateJobQueue `priority`, JobQueueDetail). Running jobs keep their GPUs until they end:
+    on the core, the index order, preemption `Never`.
     """
+    rules = _rules(PreemptionMode.NEVER)
     return SimPolicy(
         name="priority",
-        plan=_greedy(rank=index_rank, eligible=_never, victim_order=None, fill_back=False),
+        plan=_on_core(PRIORITY, rules),
         source="AWS Batch job queue priority: higher queues evaluated first, no preemption",
+        knobs=_knobs(PRIORITY, rules),
     )
 
 
@@ -153,12 +213,15 @@ def blunt_policy() -> SimPolicy:
     Plain SageMaker training jobs have no priority; the do-it-yourself answer is a script
     that, when an important job cannot start, calls StopTrainingJob on the most recently
     started jobs of lower priority until it fits, without looking at checkpoints and without
-    dropping victims it turned out not to need (no fill-back).
+    dropping victims it turned out not to need: on the core, `LowerPriority`, victims
+    newest first, no fill-back.
     """
+    rules = _rules(PreemptionMode.LOWER_PRIORITY)
     return SimPolicy(
         name="blunt",
-        plan=_greedy(rank=index_rank, eligible=_lower_priority, victim_order=_newest_first, fill_back=False),
+        plan=_on_core(BLUNT, rules),
         source="StopTrainingJob on the newest lower-priority jobs until the job fits",
+        knobs=_knobs(BLUNT, rules),
     )
 
 
@@ -174,10 +237,12 @@ def kueue_policy() -> SimPolicy:
     walks the chosen targets in reverse and drops those it still fits without). Eviction
     ignores checkpoints (kueue#477): the pods get their termination grace period.
     """
+    rules = _rules(PreemptionMode.LOWER_PRIORITY)
     return SimPolicy(
         name="kueue",
-        plan=_greedy(rank=index_rank, eligible=_lower_priority, victim_order=_kueue_order, fill_back=True),
+        plan=_on_core(KUEUE, rules),
         source="kueue pkg/scheduler/preemption: LowerPriority, priority then most recent admission, fill-back",
+        knobs=_knobs(KUEUE, rules),
     )
 
 
@@ -188,25 +253,24 @@ SLURM_SCHED_INTERVAL_S = 60.0  # slurm.conf SchedulerParameters sched_interval d
 def slurm_policy(preempt_exempt_s: float = SLURM_PREEMPT_EXEMPT_S) -> SimPolicy:
     """`slurm`: Slurm's preempt/qos plugin with PreemptMode=REQUEUE and PreemptExemptTime.
 
-    One QOS per tier; a QOS may preempt the lower ones. `find_preemptable_jobs` in
-    `src/plugins/preempt/qos/preempt_qos.c` sorts candidates by `_gen_job_prio`: QOS
-    priority in the high bits, job size (node count; GPUs here) in the low bits, so the
-    lowest tier goes first and, within it, the smallest job. Jobs that have run less than
-    PreemptExemptTime are not candidates (slurm.conf; 0, i.e. off, by default; set to 30
-    minutes here as sites that protect fresh jobs do). Candidates are taken in order until
-    the job fits; the victims are requeued (killed after GraceTime, checkpoints ignored).
+    One QOS per tier; a QOS may preempt the lower ones (`LowerPriority`).
+    `find_preemptable_jobs` in `src/plugins/preempt/qos/preempt_qos.c` sorts candidates by
+    `_gen_job_prio`: QOS priority in the high bits, job size (node count; GPUs here) in the
+    low bits, so the lowest tier goes first and, within it, the smallest job. Jobs that
+    have run less than PreemptExemptTime are not candidates (slurm.conf; 0, i.e. off, by
+    default; set to 30 minutes here as sites that protect fresh jobs do): on the core, the
+    `min_runtime_s` protection. Candidates are taken in order until the job fits, no
+    fill-back; the victims are requeued (killed after GraceTime, checkpoints ignored).
     Because a job becomes a candidate when its exemption ends, with no event, the
     simulator also plans every `sched_interval` (60 s), as slurmctld's main loop does.
     """
-    def eligible(job: PendingJob, victim: RunningJob, now: float) -> bool:
-        return victim.priority < job.priority and now - victim.started_at >= preempt_exempt_s
-
+    rules = _rules(PreemptionMode.LOWER_PRIORITY, min_runtime_s=preempt_exempt_s)
     return SimPolicy(
         name="slurm",
-        plan=_greedy(rank=index_rank, eligible=eligible, victim_order=_slurm_order, fill_back=False),
+        plan=_on_core(SLURM, rules),
         replan_every_s=SLURM_SCHED_INTERVAL_S,
         source="slurm preempt/qos: lowest QOS then smallest job; PreemptExemptTime; PreemptMode=REQUEUE",
-        knobs={"preempt_exempt_s": preempt_exempt_s},
+        knobs={"preempt_exempt_s": preempt_exempt_s, **_knobs(SLURM, rules)},
     )
 
 
@@ -217,12 +281,15 @@ def oracle_policy() -> SimPolicy:
     overhead, no relaunch delay), so a job is never held back by a job of lower priority:
     each job sees only jobs of its own or higher priority. No real system can do better
     on waiting; the gap between it and a policy is what that policy's preemptions cost.
+    On the core: Kueue's orders and eligibility; the stop model is what is free.
     """
+    rules = _rules(PreemptionMode.LOWER_PRIORITY)
     return SimPolicy(
         name="oracle",
-        plan=_greedy(rank=index_rank, eligible=_lower_priority, victim_order=_kueue_order, fill_back=True),
+        plan=_on_core(ORACLE, rules),
         stop=StopModel.FREE,
         source="idealised preemptive priority scheduling: preemption is instant and free",
+        knobs=_knobs(ORACLE, rules),
     )
 
 
@@ -254,124 +321,3 @@ def policy_by_name(name: str) -> SimPolicy:
     if factory is None:
         raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)} or a Policy JSON file")
     return factory()
-
-
-# --------------------------------------------------------------------------- the shared planner
-
-Eligible = Callable[[PendingJob, RunningJob, float], bool]
-
-
-def _never(job: PendingJob, victim: RunningJob, now: float) -> bool:
-    return False
-
-
-def _lower_priority(job: PendingJob, victim: RunningJob, now: float) -> bool:
-    return victim.priority < job.priority
-
-
-def _newest_first(victim: RunningJob, now: float) -> tuple:
-    return (-victim.started_at, victim.name)
-
-
-def _kueue_order(victim: RunningJob, now: float) -> tuple:
-    return (victim.priority, -victim.started_at, victim.name)
-
-
-def _slurm_order(victim: RunningJob, now: float) -> tuple:
-    return (victim.priority, victim.gpus, victim.name)
-
-
-def _greedy(
-    *,
-    rank: Callable[[PendingJob], tuple],
-    eligible: Eligible,
-    victim_order: Callable[[RunningJob, float], tuple] | None,
-    fill_back: bool,
-) -> Planner:
-    """A planner with the core's mechanics and the given ranking and victim rules.
-
-    Pending jobs are taken in `rank` order. A job that fits the free GPUs is admitted. One
-    that does not first claims the free GPUs and those of jobs being stopped; if that is
-    not enough, it takes victims in `victim_order` among the running jobs `eligible` lets
-    it preempt, until it fits, then (if `fill_back`) drops, last first, every victim it
-    still fits without. A job that cannot fit even with all eligible victims claims
-    nothing, so lower-ranked jobs may use the free GPUs.
-    """
-
-    def plan(snapshot: Snapshot, now: float) -> Decision:
-        admits: list[Admission] = []
-        preemptions: list[Preemption] = []
-        explanations: list[Explanation] = []
-        for pool in snapshot.pools:
-            running = [j for j in snapshot.running if j.pool == pool.name]
-            free = max(0, pool.gpus - sum(j.gpus for j in running))
-            releasing = sum(j.gpus for j in running if j.stopping)
-            candidates = [j for j in running if not j.stopping]
-            if victim_order is not None:
-                candidates.sort(key=lambda j: victim_order(j, now))
-            # Eligibility depends on the preemptor only through its priority (and `now`):
-            # cache the eligible list per priority until the candidates change.
-            eligible_by_priority: dict[int, tuple[list[RunningJob], int]] = {}
-            pending = sorted((j for j in snapshot.pending if j.pool == pool.name), key=rank)
-            for job in pending:
-                if job.gpus > pool.gpus:
-                    explanations.append(
-                        Explanation(job.name, Verdict.SKIP, Reason.LARGER_THAN_POOL, f"needs {job.gpus} GPUs")
-                    )
-                    continue
-                if job.gpus <= free:
-                    free -= job.gpus
-                    admits.append(Admission(job.name, pool.name, job.gpus, Reason.FITS_FREE_CAPACITY))
-                    continue
-                available = free + releasing
-                if available >= job.gpus:
-                    releasing -= job.gpus - free
-                    free = 0
-                    continue
-                if victim_order is None:
-                    continue
-                cached = eligible_by_priority.get(job.priority)
-                if cached is None:
-                    allowed = [v for v in candidates if eligible(job, v, now)]
-                    cached = (allowed, sum(v.gpus for v in allowed))
-                    eligible_by_priority[job.priority] = cached
-                allowed, allowed_gpus = cached
-                if available + allowed_gpus < job.gpus:
-                    continue  # cannot fit even with every eligible victim: claims nothing
-                chosen: list[RunningJob] = []
-                covered = available
-                for victim in allowed:
-                    if covered >= job.gpus:
-                        break
-                    chosen.append(victim)
-                    covered += victim.gpus
-                if fill_back:
-                    for victim in reversed(list(chosen)):
-                        if covered - victim.gpus >= job.gpus:
-                            chosen.remove(victim)
-                            covered -= victim.gpus
-                victim_gpus = sum(v.gpus for v in chosen)
-                still_needed = max(0, job.gpus - victim_gpus)
-                from_free = min(free, still_needed)
-                free -= from_free
-                releasing -= still_needed - from_free
-                releasing += max(0, victim_gpus - job.gpus)
-                names = {v.name for v in chosen}
-                candidates = [v for v in candidates if v.name not in names]
-                eligible_by_priority.clear()
-                for victim in chosen:
-                    age = None if victim.last_checkpoint_at is None else max(0.0, now - victim.last_checkpoint_at)
-                    preemptions.append(
-                        Preemption(
-                            victim=victim.name,
-                            preemptor=job.name,
-                            pool=pool.name,
-                            gpus=victim.gpus,
-                            reason=Reason.LOWER_PRIORITY_VICTIM,
-                            lost_gpu_seconds=victim.lost_gpu_seconds(now),
-                            checkpoint_age_s=age,
-                        )
-                    )
-        return Decision(tuple(admits), tuple(preemptions), tuple(explanations))
-
-    return plan

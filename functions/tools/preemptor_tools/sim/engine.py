@@ -58,6 +58,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 from preemptor.core import model as core_model
+from preemptor.core.progress import is_fresh, stop_loss
 from preemptor.core.model import Decision, PendingJob, Pool, RunningJob, Snapshot
 from .baselines import SimPolicy, StopModel
 from .trace import TraceJob
@@ -591,9 +592,9 @@ class Simulator:
         """Ours: (stop signal time, progress kept, its checkpoint time, spare the victim?)."""
         policy = self.policy
         newest, saved = job.periodic_checkpoint(now) if now >= job.work_start else (job.ckpt_wall, job.saved)
-        # As the workflow's check: a relaunched run resumed from `newest`, so what a stop
-        # loses is counted from the later of that checkpoint and the run's start.
-        if newest is not None and now - max(newest, job.run_start) <= policy.checkpoint_max_age_s:
+        # The workflow's check itself (`core.progress.is_fresh`): a relaunched run resumed
+        # from `newest`, so only the work since the later of it and the run's start is at risk.
+        if is_fresh(newest, job.run_start, now, policy.checkpoint_max_age_s):
             return now, saved, newest, False
         self.counters["checkpoint_requests"] += 1
         poll = policy.checkpoint_poll_s
@@ -621,14 +622,20 @@ class Simulator:
     def _release_victim(self, job: _Job, now: float) -> None:
         """A stopped victim's GPUs are free: account for the loss, then requeue it."""
         out = job.outcome
-        held = now - job.run_start
-        ran_until = job.signal_at
-        progress_by_signal = min(max(0.0, ran_until - job.work_start), job.remaining)
         kept = job.saved_after - job.saved
-        out.held_gpu_s += held * job.gpus
-        out.lost_progress_gpu_s += (progress_by_signal - kept) * job.gpus
-        out.lost_grace_gpu_s += (now - ran_until) * job.gpus
-        out.lost_overhead_gpu_s += min(job.overhead, max(0.0, ran_until - job.run_start)) * job.gpus
+        # The run resumes from `ckpt_after`: the loss counts as the workflows count it
+        # (`core.progress`), from the later of that checkpoint and the start of the work.
+        loss = stop_loss(
+            run_started_at=job.run_start,
+            work_started_at=job.work_start,
+            checkpoint_at=job.ckpt_after,
+            signal_at=job.signal_at,
+            released_at=now,
+        )
+        out.held_gpu_s += (now - job.run_start) * job.gpus
+        out.lost_progress_gpu_s += loss.progress_s * job.gpus
+        out.lost_grace_gpu_s += loss.grace_s * job.gpus
+        out.lost_overhead_gpu_s += loss.overhead_s * job.gpus
         out.preemptions += 1
         if kept > 0:
             self._useful.append((job.work_start, job.gpus))
