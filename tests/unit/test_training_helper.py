@@ -242,6 +242,25 @@ def test_a_directory_without_checkpoints_starts_at_step_zero_without_loading(tmp
         assert ckpt.last is None
 
 
+def test_a_checkpoint_before_any_step_ends_rewrites_the_manifest_not_the_checkpoint(tmp_path):
+    # Given a run resumed at step 4
+    make_checkpoints(tmp_path, [4])
+    before = {p.name: p.read_bytes() for p in (tmp_path / "step-000000000004").rglob("*") if p.is_file() and p.name != MANIFEST}
+    model, clock = Model(), Clock(START + 100)
+    with checkpointer(tmp_path, model, clock) as ckpt:
+        assert ckpt.resume() == 4
+        clock.advance(2)
+        # When a checkpoint is asked for before step 4 ends
+        manifest = ckpt.checkpoint(Reason.REQUESTED)
+    # Then the complete checkpoint is not saved over in place (a kill then would tear it):
+    # its manifest is rewritten (a new time, the new reason), its files untouched
+    assert model.saves == []
+    assert (manifest.step, manifest.reason, manifest.time) == (4, Reason.REQUESTED, START + 102)
+    assert root_manifest(tmp_path) == manifest == LocalStore(tmp_path).newest()
+    after = {p.name: p.read_bytes() for p in (tmp_path / "step-000000000004").rglob("*") if p.is_file() and p.name != MANIFEST}
+    assert after == before
+
+
 def test_a_save_callback_writing_the_reserved_manifest_name_is_refused(tmp_path):
     # Given a save callback that writes its own manifest.json at the top of the checkpoint
     model, clock = Model(), Clock()

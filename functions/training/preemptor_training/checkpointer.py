@@ -21,6 +21,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from enum import IntEnum
 from pathlib import Path
 from types import FrameType
@@ -217,6 +218,7 @@ class Checkpointer:
         else:
             self.load(self.store.root / newest.path)
             self.step = newest.step
+            self._saved_step = newest.step  # the state on disk is the state in memory
             self.requests.checkpointed(max(newest.time, newest.requested_at or newest.time))
             self._note("resumed", logging.INFO, "resumed at step %s from %s (%s)", newest.step, newest.path, newest.reason.value)
         self._last_save_at = self.clock()
@@ -280,6 +282,11 @@ class Checkpointer:
         if self._sigterm_at is not None:
             left = self._sigterm_at + self.grace_s - taken_at
             self._note("sigterm-checkpoint", logging.WARNING, "SIGTERM: checkpoint at step %s, %.1f s of grace left", self.step, left)
+        if self._saved_step == self.step:
+            # No step ended since the newest checkpoint (the same on every rank): it holds
+            # the current state. A new manifest answers without writing the files again,
+            # and without overwriting a complete checkpoint in place.
+            return self._republish(reason, taken_at)
         started = time.monotonic()
         path = self.store.begin(self.step)
         self.save(path, self.step)
@@ -314,6 +321,22 @@ class Checkpointer:
                 self.grace_s,
             )
         self._prune()
+        return manifest
+
+    def _republish(self, reason: Reason, taken_at: float) -> Manifest | None:
+        answered = self.requests.checkpointed(taken_at)
+        if not self.writer or self.last is None or self.last.step != self.step:
+            return None
+        manifest = replace(self.last, time=taken_at, reason=reason, requested_at=answered.requested_at if answered else None)
+        self.store.seal_as(manifest)
+        if self.upload and self.s3 is not None:
+            try:
+                self.s3.upload_manifest(manifest)
+            except S3Error as e:
+                self._note(f"upload-failed:{e.code}", logging.ERROR, "manifest of %s not copied to %s: %s", manifest.path, self.s3.location, e)
+        self.store.publish(manifest)
+        self.last = manifest
+        self._note(f"checkpoint:{reason.value}", logging.INFO, "checkpoint %s is current (%s): manifest rewritten", manifest.path, reason.value)
         return manifest
 
     def _prune(self) -> None:

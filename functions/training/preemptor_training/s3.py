@@ -125,9 +125,13 @@ class S3Mirror:
         bucket = self.location.bucket
         for item in manifest.files:
             self._call("PutObject", self.client.upload_file, Filename=str(root / item.path), Bucket=bucket, Key=self.location.key(item.path))
+        self.upload_manifest(manifest)
+
+    def upload_manifest(self, manifest: Manifest) -> None:
+        """The checkpoint's manifest, then the location's."""
         body = manifest.encode()
         for key in (f"{manifest.path}/{MANIFEST}", MANIFEST):
-            self._call("PutObject", self.client.put_object, Bucket=bucket, Key=self.location.key(key), Body=body, ContentType="application/json")
+            self._call("PutObject", self.client.put_object, Bucket=self.location.bucket, Key=self.location.key(key), Body=body, ContentType="application/json")
 
     def remove(self, names: list[str]) -> int:
         """Delete the checkpoint directories `names` from S3; returns the objects deleted."""

@@ -140,6 +140,10 @@ class LocalStore:
         write_atomic(directory / MANIFEST, manifest.encode())
         return manifest
 
+    def seal_as(self, manifest: Manifest) -> None:
+        """Rewrite the manifest of a complete checkpoint (same files, a new time or reason)."""
+        write_atomic(self.root / manifest.path / MANIFEST, manifest.encode())
+
     def adopt(self, manifest: Manifest) -> str:
         """Make a copied checkpoint complete here: its manifest is written once every file
         it names is present with its size. Returns '' on success, else why not."""
