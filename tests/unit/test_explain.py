@@ -207,3 +207,23 @@ def test_explain_agrees_with_the_plan_and_mutates_nothing(snap, p):
             assert answer["pending"]["reason"] == own.reason.value
         json.dumps(answer)
     assert snap == before
+
+
+def test_explain_says_an_unstoppable_run_is_not_a_victim_and_why():
+    # Given a pool held by an adopted run the controller may not stop, and a critical job
+    snap = (
+        snapshot(8)
+        .running(running("adopted", 50, 8, started_at=0, stoppable=False))
+        .pending(pending("critical", 1000, 8, submitted_at=1))
+        .build()
+    )
+    # When explaining the critical job and the adopted run
+    waiting, adopted = explain("critical", snap), explain("adopted", snap)
+    # Then the candidate list shows it as not a victim, under its own reason, counted as
+    # protected; and the run's own answer says it is protected for that reason
+    candidate = _candidate(waiting, "adopted")
+    assert (candidate["eligible"], candidate["reason"]) == (False, "not-stoppable")
+    assert "managed tag" in candidate["detail"]
+    assert "0 running job(s) it may preempt (0 GPUs); 1 protected" in waiting["pending"]["in_the_way"][-1]
+    assert adopted["running"]["protected"]["reason"] == "not-stoppable"
+    assert "protected: not-stoppable" in adopted["text"]

@@ -684,3 +684,56 @@ def test_a_job_admitted_after_starving_runs_to_completion():
     decision = plan(snap, policy, NOW)
     assert decision.preemptions == ()
     assert any(e.reason is Reason.STARVATION_GUARANTEE for e in decision.explanations)
+
+
+# -- a run the controller may not stop ----------------------------------------------------------
+def test_a_running_job_that_is_not_stoppable_is_never_a_victim():
+    # Given a pool held by an adopted low run without the managed tag (not stoppable, the
+    # cheapest victim by every order) and a stoppable low job, and a critical job needing 8 GPUs
+    snap = snapshot(16).running(
+        running("adopted", 50, 8, started_at=9_000, stoppable=False),
+        running("managed", 50, 8, started_at=0, last_checkpoint_at=100),
+    ).pending(pending("critical", 1000, 8, submitted_at=9_500)).build()
+    # When planning
+    decision = plan(snap, DEFAULT, NOW)
+    # Then the stoppable job is the victim, and the adopted run is spared for its own reason
+    assert victims(decision) == ["managed"]
+    spared = [e for e in decision.explanations if e.job == "adopted"]
+    assert [(e.verdict, e.reason) for e in spared] == [(Verdict.SPARE, Reason.NOT_STOPPABLE)]
+
+
+def test_a_job_blocked_only_by_an_unstoppable_run_waits_without_victims():
+    # Given a pool held only by an adopted run the controller may not stop
+    snap = snapshot(8).running(running("adopted", 50, 8, stoppable=False)).pending(
+        pending("critical", 1000, 8, submitted_at=100)
+    ).build()
+    # When planning
+    decision = plan(snap, DEFAULT, NOW)
+    # Then nothing is preempted, and the critical job waits for lack of eligible victims
+    assert not decision.preemptions
+    (line,) = [e for e in decision.explanations if e.job == "critical"]
+    assert (line.verdict, line.reason) == (Verdict.WAIT, Reason.NO_CAPACITY_NO_ELIGIBLE_VICTIMS)
+
+
+# -- checkpoint freshness: one rule (core.progress) ---------------------------------------------
+@pytest.mark.parametrize(
+    "started_at, checkpoint_at, fresh",
+    [
+        # Relaunched at 9,800 from a checkpoint of 1,000: 200 s at risk, fresh under 900 s,
+        # though the checkpoint itself is 9,000 s old.
+        pytest.param(9_800.0, 1_000.0, True, id="relaunched-counts-from-run-start"),
+        pytest.param(0.0, 9_000.0, False, id="checkpoint-1000s-old"),
+        pytest.param(9_800.0, None, False, id="no-checkpoint-is-never-fresh"),
+    ],
+)
+def test_decision_checkpoint_fresh_counts_from_the_later_of_checkpoint_and_run_start(started_at, checkpoint_at, fresh):
+    # Given a low victim holding the pool, started and checkpointed as given, and a critical job
+    snap = snapshot(8).running(running("victim", 50, 8, started_at=started_at, last_checkpoint_at=checkpoint_at)).pending(
+        pending("critical", 1000, 8, submitted_at=9_900)
+    ).build()
+    # When planning at 10,000 under the default 900 s limit
+    (preemption,) = plan(snap, DEFAULT, NOW).preemptions
+    # Then the decision's freshness is the workflow's rule, and the lost work matches it
+    assert preemption.checkpoint_fresh is fresh
+    at_risk = NOW - max(started_at, checkpoint_at if checkpoint_at is not None else started_at)
+    assert preemption.lost_gpu_seconds == pytest.approx(8 * at_risk)

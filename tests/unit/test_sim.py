@@ -195,6 +195,32 @@ def test_victim_choice(policy, victim, lost_progress_s, critical_wait):
         assert chosen.lost_gpu_s == pytest.approx(lost_progress_s * 2 + 120 * 2 + 300 * 2)
 
 
+@pytest.mark.parametrize(
+    "policy, preempted",
+    [
+        # Candidates newest first (Kueue's order): new-small (2 GPUs), then old-big (4): 6 >= 4.
+        # Fill-back walks them in reverse: without old-big only 2 are freed, it stays; without
+        # new-small 4 are freed, it is dropped.
+        pytest.param("kueue", {"old-big"}, id="kueue-fills-back"),
+        pytest.param("oracle", {"old-big"}, id="oracle-fills-back"),
+        # The same walk without fill-back keeps both.
+        pytest.param("blunt", {"old-big", "new-small"}, id="blunt-newest-first-no-fill-back"),
+        # Smallest first (new-small, then old-big); no fill-back either.
+        pytest.param("slurm", {"old-big", "new-small"}, id="slurm-smallest-first-no-fill-back"),
+    ],
+)
+def test_fill_back_drops_a_victim_the_job_fits_without(policy, preempted):
+    # Given a 4-GPU low job (since 0) and a 2-GPU low job (since 100) filling 6 GPUs
+    # When a critical 4-GPU job arrives at 2500 (checkpoints at 2000 and 2100)
+    result = replay("fill_back.csv", policy, gpus=6)
+    # Then the baselines that fill back stop only the big job; the others stop both
+    assert {j.name for j in result.jobs if j.preemptions} == preempted
+    lost = {"old-big": 500.0 * 4, "new-small": 400.0 * 2}
+    for name in preempted:
+        assert job(result, name).lost_progress_gpu_s == pytest.approx(0.0 if policy == "oracle" else lost[name])
+    assert job(result, "critical").wait_s == pytest.approx(0.0 if policy == "oracle" else 120.0)
+
+
 def test_a_medium_job_preempts_once_even_when_low_jobs_are_starving():
     # Given an 8-GPU pool, a low job running since 0, another low job waiting since 0
     # (starving after a day), and a medium job arriving at 90000

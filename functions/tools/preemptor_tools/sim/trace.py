@@ -78,11 +78,3 @@ def _parse_row(row: dict, path: Path, line: int) -> TraceJob:
     if job.gpus <= 0:
         raise TraceError(f"{path}:{line}: job {job.job_id} asks for {job.gpus} GPUs")
     return job
-
-
-def demand_gpus(jobs: list[TraceJob]) -> float:
-    """Average GPUs the jobs ask for over their submission span (GPU-seconds / span)."""
-    if len(jobs) < 2:
-        return 0.0
-    span = jobs[-1].submit_s - jobs[0].submit_s
-    return sum(j.duration_s * j.gpus for j in jobs) / span if span > 0 else 0.0

@@ -1,0 +1,96 @@
+"""`core.progress`: checkpoint freshness and lost work, the one rule of the planner, the
+workflows and the simulator."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from builders import running
+from preemptor.core.progress import is_fresh, lost_gpu_seconds, saved_in_run_s, stop_loss, work_at_risk_s
+
+NOW = 10_000.0
+
+
+@pytest.mark.parametrize(
+    "checkpoint_at, run_started_at, at_risk",
+    [
+        pytest.param(9_000.0, 5_000.0, 1_000.0, id="checkpoint-in-this-run"),
+        # Relaunched at 9,800 from a checkpoint of 1,000: only the 200 s since the run
+        # started are at risk, however old the checkpoint.
+        pytest.param(1_000.0, 9_800.0, 200.0, id="relaunched-from-an-old-checkpoint"),
+        pytest.param(None, 9_500.0, 500.0, id="no-checkpoint-yet"),
+        pytest.param(9_000.0, None, 1_000.0, id="run-start-unknown"),
+        pytest.param(None, None, 0.0, id="nothing-known"),
+        pytest.param(10_500.0, 0.0, 0.0, id="checkpoint-after-now-risks-nothing"),
+    ],
+)
+def test_work_at_risk_counts_from_the_later_of_checkpoint_and_run_start(checkpoint_at, run_started_at, at_risk):
+    # Given a run's start and newest checkpoint; When asking what a stop now throws away
+    # Then it is the time since the later of the two, never negative
+    assert work_at_risk_s(checkpoint_at, run_started_at, NOW) == at_risk
+    assert lost_gpu_seconds(8, checkpoint_at, run_started_at, NOW) == 8 * at_risk
+
+
+@pytest.mark.parametrize(
+    "checkpoint_at, run_started_at, fresh",
+    [
+        pytest.param(9_200.0, 0.0, True, id="800s-old-is-fresh"),
+        pytest.param(9_000.0, 0.0, False, id="1000s-old-is-not"),
+        pytest.param(1_000.0, 9_800.0, True, id="relaunched-run-counts-from-its-start"),
+        pytest.param(None, 9_800.0, False, id="no-checkpoint-is-never-fresh"),
+    ],
+)
+def test_freshness_is_the_work_at_risk_within_the_limit(checkpoint_at, run_started_at, fresh):
+    # Given the default 900 s limit; When checking; Then a checkpoint is fresh when the work
+    # at risk since it is within the limit, and a job that never wrote one is always asked
+    assert is_fresh(checkpoint_at, run_started_at, NOW, 900.0) is fresh
+
+
+def test_the_planner_counts_lost_work_with_the_same_rule():
+    # Given a relaunched victim whose newest checkpoint predates its run
+    victim = running("v", 50, 8, started_at=9_800.0, last_checkpoint_at=1_000.0)
+    # When the planner asks what stopping it loses; Then it is the shared rule's answer
+    assert victim.lost_gpu_seconds(NOW) == lost_gpu_seconds(8, 1_000.0, 9_800.0, NOW) == 8 * 200.0
+
+
+def test_saved_work_is_what_the_run_checkpointed():
+    # Given a run started at 5,000; Then its newest checkpoint keeps the work since then
+    assert saved_in_run_s(9_000.0, 5_000.0) == 4_000.0
+    assert saved_in_run_s(1_000.0, 5_000.0) == 0.0  # a checkpoint of an earlier run
+    assert saved_in_run_s(None, 5_000.0) == 0.0
+
+
+def test_stop_loss_splits_a_stopped_run_by_cause():
+    # Given a run started at 1,000 that reloads for 300 s, checkpoints at 2,000, is signalled
+    # at 2,500 and released at 2,620
+    loss = stop_loss(run_started_at=1_000.0, work_started_at=1_300.0, checkpoint_at=2_000.0, signal_at=2_500.0, released_at=2_620.0)
+    # Then it lost 500 s of work, 120 s of grace and the 300 s reload
+    assert (loss.progress_s, loss.grace_s, loss.overhead_s, loss.total_s) == (500.0, 120.0, 300.0, 920.0)
+
+
+def test_a_run_stopped_while_reloading_loses_only_the_reload_so_far():
+    # Given a run signalled 100 s into its 300 s reload, resuming from an earlier run's checkpoint
+    loss = stop_loss(run_started_at=1_000.0, work_started_at=1_300.0, checkpoint_at=500.0, signal_at=1_100.0, released_at=1_220.0)
+    # Then no work is lost, only the 100 s of reload and the grace
+    assert (loss.progress_s, loss.grace_s, loss.overhead_s) == (0.0, 120.0, 100.0)
+
+
+@given(
+    start=st.floats(0, 1e6),
+    overhead=st.floats(0, 1e3),
+    worked=st.floats(0, 1e5),
+    checkpoint_back=st.floats(0, 2e5),
+    grace=st.floats(0, 300),
+)
+def test_stop_loss_agrees_with_the_workflows_lost_work(start, overhead, worked, checkpoint_back, grace):
+    # Given any run signalled after its reload, with its checkpoint anywhere before the signal
+    work_start = start + overhead
+    signal = work_start + worked
+    checkpoint = signal - checkpoint_back
+    loss = stop_loss(run_started_at=start, work_started_at=work_start, checkpoint_at=checkpoint, signal_at=signal, released_at=signal + grace)
+    # Then the work and grace it lost are what the workflow counts at the release, from the
+    # start of the work, and the reload is on top
+    assert loss.progress_s + loss.grace_s == pytest.approx(work_at_risk_s(checkpoint, work_start, signal + grace), abs=1e-6)
+    assert loss.overhead_s == pytest.approx(overhead, abs=1e-6)
