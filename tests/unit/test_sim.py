@@ -506,3 +506,26 @@ def test_bench_compares_ours_with_baselines_only_and_explains_repeated_preemptio
     assert "confirms a checkpoint" in bench._why("kueue", "critical wait p95 (s)", summaries)
     assert bench._why("oracle", "lost GPU-hours", summaries).startswith(" The oracle")
     assert bench._thrash({"preemptor": fake(31), "kueue": fake(30)}) == ""
+
+
+def test_bench_lists_the_figures_that_moved_more_than_5_percent_since_the_previous_run(tmp_path):
+    from preemptor_tools import bench
+
+    before = summarize(replay("victims.csv", "kueue", gpus=6))
+    after = json.loads(json.dumps(before))
+    # Given a run where Kueue's preemptions went from 1 to 2 and its utilisation moved by 1 %
+    after["preemptions"] = before["preemptions"] * 2
+    after["utilization"] = before["utilization"] * 1.01
+    previous = {"date": "2026-11-30 06:03 UTC", "policies": {"kueue": before, "dropped-policy": before}}
+    # When comparing with the previous run
+    since = bench.moved_since(previous, {"kueue": after, "new-policy": after})
+    # Then only the move above 5 % is listed, with both figures; policies absent from
+    # either run are not compared
+    assert since["previous_date"] == "2026-11-30 06:03 UTC"
+    assert [(m["policy"], m["metric"], m["before"], m["after"], m["change"]) for m in since["moved"]] == [
+        ("kueue", "preemptions", before["preemptions"], after["preemptions"], 1.0)
+    ]
+    # and the README section shows it, with the pointer to the hand-written reasons
+    section = "\n".join(bench._moved_section(since))
+    assert "| `kueue` | preemptions |" in section and "+100.0%" in section and bench.WHY_MOVED in section
+    assert "No headline figure" in "\n".join(bench._moved_section({**since, "moved": []}))

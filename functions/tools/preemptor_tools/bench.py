@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import pickle
 import platform
@@ -129,6 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--replot", action="store_true", help="redraw plots and tables from the last runs' cached data")
     parser.add_argument("--resume", action="store_true", help="keep the runs an interrupted bench finished; replay only the others")
+    parser.add_argument(
+        "--previous",
+        type=Path,
+        help="directory of an earlier run's <scenario>.json to compare with (default: the results being replaced; "
+        "with --replot, the comparison already recorded)",
+    )
     args = parser.parse_args(argv)
 
     scenarios = list(SCENARIOS.values()) if args.scenario == "all" else [SCENARIOS[args.scenario]]
@@ -141,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.trace.is_file():
         parser.error(f"trace not found: {args.trace}")
     args.out.mkdir(parents=True, exist_ok=True)
+    # The figures this run replaces, read before anything is written over them.
+    previous_dir = args.previous or (None if args.replot else args.out)
+    previous = {s.name: _read_json(previous_dir / f"{s.name}.json") for s in scenarios} if previous_dir else {}
 
     given = sys.argv[1:] if argv is None else argv
     bench_command = "make bench" + (f" ARGS='{' '.join(given)}'" if given else "")
@@ -166,7 +176,12 @@ def main(argv: list[str] | None = None) -> int:
                     _log(f"  {scenario.name}/{policy}: kept from {json.loads(done.read_text())['date']}")
         _simulate_all(args, tasks, runs, context)
     for scenario in scenarios:
-        _write_scenario(args.out, scenario, {p: runs[scenario.name][p] for p in policies}, context)
+        since = None
+        if previous.get(scenario.name):
+            since = moved_since(previous[scenario.name], {p: runs[scenario.name][p]["summary"] for p in policies})
+        elif args.replot:  # keep the comparison the run recorded
+            since = (_read_json(args.out / f"{scenario.name}.json") or {}).get("since_previous")
+        _write_scenario(args.out, scenario, {p: runs[scenario.name][p] for p in policies}, context, since)
     _write_readme(args.out, context)
     _log(f"bench: done in {time.perf_counter() - started:.0f} s; results in {args.out}")
     return 0
@@ -199,7 +214,32 @@ def _write_run(out: Path, scenario: Scenario, policy: str, summary: dict, contex
     (out / f"{scenario.name}-{policy}.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
-def _write_scenario(out: Path, scenario: Scenario, runs: dict[str, dict], context: dict) -> None:
+def _read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+MOVE_THRESHOLD = 0.05  # a headline figure that moved by more than this since the previous run is listed
+
+
+def moved_since(previous: dict, summaries: dict[str, dict], threshold: float = MOVE_THRESHOLD) -> dict:
+    """The headline figures of `summaries` that moved by more than `threshold` (relative)
+    from the same policy's in `previous` (an earlier `<scenario>.json`)."""
+    moved = []
+    for policy, summary in summaries.items():
+        before_summary = previous.get("policies", {}).get(policy)
+        if before_summary is None:
+            continue
+        for label, get, _ in HEADLINE:
+            before, after = float(get(before_summary)), float(get(summary))
+            if before == after:
+                continue
+            change = math.inf if before == 0 else (after - before) / abs(before)
+            if abs(change) > threshold:
+                moved.append({"policy": policy, "metric": label, "before": before, "after": after, "change": None if math.isinf(change) else round(change, 4)})
+    return {"previous_date": previous.get("date"), "threshold": threshold, "moved": moved}
+
+
+def _write_scenario(out: Path, scenario: Scenario, runs: dict[str, dict], context: dict, since: dict | None = None) -> None:
     summaries = {p: r["summary"] for p, r in runs.items()}
     footer = f"{context['bench_command']} (scenario {scenario.name}; = {scenario.command('<policy>')}) | {_machine_line(context)} | {context['date']}"
     plot_wait_distribution(
@@ -222,6 +262,8 @@ def _write_scenario(out: Path, scenario: Scenario, runs: dict[str, dict], contex
         "ratios_ours_over_baseline": ratios(_compared(summaries)),
         "not_ahead": [{"baseline": b, "metric": m, "ours": a, "theirs": t} for b, m, a, t in not_ahead(_compared(summaries))],
     }
+    if since is not None:
+        record["since_previous"] = since
     (out / f"{scenario.name}.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
@@ -282,7 +324,28 @@ def _write_readme(out: Path, context: dict) -> None:
         for baseline, metric, ours, theirs in not_ahead(_compared(summaries)):
             parts.append(f"- vs `{baseline}`, {metric}: ours {ours:,.3f}, theirs {theirs:,.3f}.{_why(baseline, metric, summaries)}")
         parts.append("")
+        parts += _moved_section(record.get("since_previous"))
+    why = out / WHY_MOVED
+    if why.is_file():
+        parts += ["## Why figures moved since the previous run", "", f"(hand-written: `{WHY_MOVED}`)", "", why.read_text().strip(), ""]
     (out / "README.md").write_text("\n".join(parts))
+
+
+WHY_MOVED = "why-moved.md"  # hand-written reasons for the moves listed, included in README.md
+
+
+def _moved_section(since: dict | None) -> list[str]:
+    if not since:
+        return []
+    threshold = f"{since['threshold']:.0%}"
+    head = [f"### Moved by more than {threshold} since the previous run ({since.get('previous_date') or 'unknown date'})", ""]
+    if not since["moved"]:
+        return head + [f"No headline figure of any policy moved by more than {threshold}.", ""]
+    lines = ["| policy | metric | before | after | change |", "|---|---|---:|---:|---:|"]
+    for m in since["moved"]:
+        change = "from 0" if m["change"] is None else f"{m['change']:+.1%}"
+        lines.append(f"| `{m['policy']}` | {m['metric']} | {m['before']:,.3f} | {m['after']:,.3f} | {change} |")
+    return head + lines + ["", f"Why: see the section at the end, from `{WHY_MOVED}`.", ""]
 
 
 def _why(baseline: str, metric: str, summaries: dict[str, dict]) -> str:
