@@ -559,6 +559,20 @@ def test_stop_training_job_works_through_boto3(emulation: Emulation) -> None:
     assert tags == [{"Key": "preemptor:team", "Value": "vision"}]
 
 
+def test_a_second_training_job_of_the_same_name_is_resource_in_use(emulation: Emulation) -> None:
+    # Given a training job (moto alone would silently replace it with a second of its name)
+    create_training_job(emulation, "train-once", {"PREEMPTOR_SIM_DURATION_S": "600"}, "jobs/once")
+
+    # When a job of the same name is created again (a launch retried after it succeeded)
+    with pytest.raises(ClientError) as raised:
+        create_training_job(emulation, "train-once", {"PREEMPTOR_SIM_DURATION_S": "600"}, "jobs/once")
+
+    # Then SageMaker refuses it as AWS does, and the first job is untouched
+    assert raised.value.response["Error"]["Code"] == "ResourceInUse"
+    sagemaker = emulation.client("sagemaker")
+    assert sagemaker.describe_training_job(TrainingJobName="train-once")["TrainingJobStatus"] == "InProgress"
+
+
 def test_stopping_an_unknown_training_job_is_a_validation_error(emulation: Emulation) -> None:
     # Given no training job, When one is stopped, Then SageMaker says ValidationException
     with pytest.raises(ClientError) as error:

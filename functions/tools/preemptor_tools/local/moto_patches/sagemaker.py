@@ -5,6 +5,9 @@ Gaps filled:
 - moto's CreateTrainingJob marks the job `Completed` at once and drops `Environment` and
   `RetryStrategy`; the patch keeps them and starts the job `InProgress`/`Starting`, and tells
   the simulated fleet, which moves it on (`set_training_job_status`).
+- moto's CreateTrainingJob silently replaces a job of the same name; AWS answers
+  `ResourceInUse` (names are unique per account and region), so a launch retried after it
+  succeeded cannot start a second run here either.
 - moto has no StopTrainingJob at all (backend nor response): `InProgress` -> `Stopping`, the
   fleet ends it `Stopped` after the grace; a missing job or a job in another status is a
   `ValidationException`, as on AWS.
@@ -18,7 +21,7 @@ from typing import Any
 
 from moto.core.responses import EmptyResult
 from moto.sagemaker import models as sagemaker_models
-from moto.sagemaker.exceptions import ValidationError
+from moto.sagemaker.exceptions import ResourceInUseException, ValidationError
 from moto.sagemaker.models import SageMakerModelBackend, sagemaker_backends
 from moto.sagemaker.responses import SageMakerResponse
 
@@ -53,8 +56,14 @@ _ORIGINAL_CREATE_TRAINING_JOB = SageMakerResponse.create_training_job
 
 def _create_training_job(self: SageMakerResponse) -> Any:
     request = copy.deepcopy(dict(self.params))
-    result = _ORIGINAL_CREATE_TRAINING_JOB(self)
     name = request["TrainingJobName"]
+    existing = self.sagemaker_backend.training_jobs.get(name)
+    if existing is not None:
+        raise ResourceInUseException(
+            message=f"Training job names must be unique within an AWS account and region, and a training job "
+            f"with this name already exists ({existing.arn})"
+        )
+    result = _ORIGINAL_CREATE_TRAINING_JOB(self)
     job = self.sagemaker_backend.training_jobs[name]
     now = utc_naive(_STATE.require_clock().now())
     job.environment = copy.deepcopy(request.get("Environment")) or None
