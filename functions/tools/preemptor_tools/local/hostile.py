@@ -171,9 +171,10 @@ class HostileWorld:
         context[_PARAMS_KEY] = copy.deepcopy(params) if isinstance(params, dict) else {}
 
     def _before_call(self, model: Any, context: dict, **_: Any) -> tuple[AWSResponse, dict] | None:
-        if context.get(_SEEN_KEY):
+        seen = f"{_SEEN_KEY}-{id(self)}"
+        if context.get(seen):
             return None  # a client that has the hook twice (session and client): decide once
-        context[_SEEN_KEY] = True
+        context[seen] = True
         actor = context.get(_ACTOR_KEY) or ACTOR.get()
         if actor is None:
             return None  # the test harness, the fleet, the demo driver: AWS as usual

@@ -183,6 +183,8 @@ class EmulatedStack:
     def stop(self) -> None:
         try:
             self.calls.uninstall()
+            if self.hostile is not None:
+                self.hostile.uninstall()
             moto_patches.uninstall()
             clock_module.use_clock(clock_module.SystemClock())
             wiring.reset()
