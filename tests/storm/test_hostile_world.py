@@ -257,4 +257,4 @@ def test_a_stopped_stack_leaves_no_hostile_hook_behind() -> None:
 
     # Then botocore's handlers are as they were, so the next world alone decides what fails
     assert botocore.handlers.BUILTIN_HANDLERS == before
-    assert not any(getattr(h, "__self__", None) is world for _, h in botocore.handlers.BUILTIN_HANDLERS)
+    assert not any(getattr(spec[1], "__self__", None) is world for spec in botocore.handlers.BUILTIN_HANDLERS)
