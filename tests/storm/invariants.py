@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from preemptor.core.policy import CheckpointTimeoutAction, Policy
-from preemptor_tools.local.demo import DemoResult
+from preemptor_tools.local.demo import START, DemoResult
 from preemptor_tools.local.scenario import Scenario
 
 TERMINAL = {"Completed", "Failed", "Cancelled"}
@@ -114,12 +114,42 @@ def foreign_runs_never_stopped(result: DemoResult, scenario: Scenario) -> list[s
     return out
 
 
+# Decision-log kinds that do not settle a started preemption: the checkpoint protocol's steps.
+_PREEMPTION_STEPS = {"preemption-started", "checkpoint-requested", "checkpoint-confirmed", "checkpoint-unavailable"}
+# A reconcile runs every 5 minutes; allow it two rounds to notice and repair.
+_RECONCILE_ROUNDS_S = 2 * 300
+
+
+def preemptions_resolve_within_their_waits(result: DemoResult, scenario: Scenario) -> list[str]:
+    """A victim whose preemption started is stopped, spared or otherwise settled within the
+    policy's checkpoint and stop waits (plus two reconcile rounds): it never stays
+    PREEMPTING, holding GPUs a higher-priority job is waiting for."""
+    policy = Policy(**scenario.policy)
+    bound = policy.checkpoint_wait_max_s + policy.stop_wait_max_s + _RECONCILE_ROUNDS_S
+    end = max((e["at"] for e in result.history), default=0.0)
+    out = []
+    for started in (e for e in result.history if e["kind"] == "preemption-started"):
+        later = [
+            e for e in result.history
+            if e["job"] == started["job"] and e["at"] >= started["at"] and e["kind"] not in _PREEMPTION_STEPS
+        ]
+        settled_at = later[0]["at"] if later else end
+        if settled_at - started["at"] > bound:
+            what = f"{later[0]['kind']} ({later[0]['reason']})" if later else "nothing"
+            out.append(
+                f"job {started['job']}: preemption started at {started['at'] - START:.0f} s, "
+                f"next settled by {what} {settled_at - started['at']:.0f} s later (bound {bound:.0f} s)"
+            )
+    return out
+
+
 INVARIANTS = (
     fleet_never_above_capacity,
     accepted_jobs_settle,
     no_run_launched_twice,
     no_stop_without_required_checkpoint,
     foreign_runs_never_stopped,
+    preemptions_resolve_within_their_waits,
 )
 
 

@@ -53,7 +53,7 @@ CASES = {
     "batch-throttling-and-stop-denied": (
         story("batch", chaos={"seed": 15, "throttle_rate": 0.15},
               faults=[{"type": "stop_denied", "at": 500, "job": "sweep", "duration": 900}]),
-        "stop-denied",
+        "throttle",
     ),
 }
 
