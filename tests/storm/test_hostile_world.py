@@ -245,16 +245,3 @@ def test_a_workflow_crash_kills_the_next_execution_after_its_first_step(env: Emu
     assert steps.CALLS == [{"step": 1}, {"step": 1}, {"step": 2}]
     assert world.aborted_executions == [first["executionArn"]]
 
-
-def test_a_stopped_stack_leaves_no_hostile_hook_behind() -> None:
-    # Given a hostile stack started and stopped (as one test, or one demo, after another)
-    import botocore.handlers
-
-    before = list(botocore.handlers.BUILTIN_HANDLERS)
-    with emulation(hostile=lambda clock: HostileWorld(clock, START, chaos=Chaos(throttle_rate=ALWAYS))) as emulated:
-        world = emulated.stack.hostile
-        assert len(botocore.handlers.BUILTIN_HANDLERS) > len(before)
-
-    # Then botocore's handlers are as they were, so the next world alone decides what fails
-    assert botocore.handlers.BUILTIN_HANDLERS == before
-    assert not any(getattr(spec[1], "__self__", None) is world for spec in botocore.handlers.BUILTIN_HANDLERS)

@@ -1,0 +1,28 @@
+"""A hostile stack cleans up after itself: the next world alone decides what fails.
+
+Not in test_hostile_world.py: that module keeps one stack alive for all its tests, and two
+emulated stacks must never be alive at once in one process (they share moto's backends).
+"""
+
+from __future__ import annotations
+
+from emulation import START, emulation
+
+from preemptor_tools.local.hostile import HostileWorld
+from preemptor_tools.local.scenario import Chaos
+
+ALWAYS = 0.999
+
+
+def test_a_stopped_stack_leaves_no_hostile_hook_behind() -> None:
+    # Given a hostile stack started and stopped (as one test, or one demo, after another)
+    import botocore.handlers
+
+    before = list(botocore.handlers.BUILTIN_HANDLERS)
+    with emulation(hostile=lambda clock: HostileWorld(clock, START, chaos=Chaos(throttle_rate=ALWAYS))) as emulated:
+        world = emulated.stack.hostile
+        assert len(botocore.handlers.BUILTIN_HANDLERS) > len(before)
+
+    # Then botocore's handlers are as they were, so the next world alone decides what fails
+    assert botocore.handlers.BUILTIN_HANDLERS == before
+    assert not any(getattr(spec[1], "__self__", None) is world for spec in botocore.handlers.BUILTIN_HANDLERS)
