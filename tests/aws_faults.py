@@ -9,6 +9,7 @@ raises `ClientError` for an error response exactly as it does for one from the w
 from __future__ import annotations
 
 import json
+import uuid
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -16,9 +17,10 @@ from botocore.awsrequest import AWSResponse
 
 
 def error_response(code: str, message: str = "", status: int = 400, **extra: Any) -> dict:
+    """An error response as AWS sends it, request id included."""
     return {
         "Error": {"Code": code, "Message": message},
-        "ResponseMetadata": {"HTTPStatusCode": status, "RetryAttempts": 0},
+        "ResponseMetadata": {"RequestId": str(uuid.uuid4()), "HTTPStatusCode": status, "RetryAttempts": 0},
         **extra,
     }
 

@@ -82,7 +82,7 @@ _THREAD = threading.local()
 def _on_client_params(params: dict, model: Any, context: dict, **_: Any) -> None:
     recorder = _ACTIVE
     principal = getattr(_THREAD, "principals", None)
-    if recorder is None or not principal:
+    if recorder is None or not principal or not principal[-1]:
         return
     recorder.record(principal[-1], model, params, context.get("client_region") or recorder.region)
 
@@ -136,6 +136,19 @@ class CallRecorder:
         if stack is None:
             stack = _THREAD.principals = []
         stack.append(self._principal_of(name) or name)
+        try:
+            yield
+        finally:
+            stack.pop()
+
+    @contextlib.contextmanager
+    def unattributed(self) -> Iterator[None]:
+        """Calls made in this block (in this thread) are the harness's, even inside a
+        principal's step (the hostile world killing an execution): not recorded."""
+        stack = getattr(_THREAD, "principals", None)
+        if stack is None:
+            stack = _THREAD.principals = []
+        stack.append("")
         try:
             yield
         finally:

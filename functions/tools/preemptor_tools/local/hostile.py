@@ -31,6 +31,7 @@ import copy
 import hashlib
 import json
 import re
+import uuid
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -327,10 +328,18 @@ def _safe(get: Callable[[], Any], default: Any) -> Any:
 
 
 def _error(status: int, code: str, message: str) -> tuple[AWSResponse, dict]:
-    http = AWSResponse("https://emulated.invalid/", status, {}, None)
+    """An error response as AWS sends it: every response carries a request id (Step
+    Functions' service integrations put it in the error's cause, and fail without it)."""
+    request_id = str(uuid.uuid4())
+    http = AWSResponse("https://emulated.invalid/", status, {"x-amzn-requestid": request_id}, None)
     parsed = {
         "Error": {"Code": code, "Message": message},
-        "ResponseMetadata": {"HTTPStatusCode": status, "HTTPHeaders": {}, "RetryAttempts": 0},
+        "ResponseMetadata": {
+            "RequestId": request_id,
+            "HTTPStatusCode": status,
+            "HTTPHeaders": {"x-amzn-requestid": request_id},
+            "RetryAttempts": 0,
+        },
     }
     return http, parsed
 

@@ -160,8 +160,9 @@ class EmulatedStack:
         # Functions that emitted no metric in an invocation say so; locally that is noise.
         warnings.filterwarnings("ignore", message="No application metrics to publish")
         clock_module.use_clock(self.clock)
-        self.calls.install()
         moto_patches.install(self.clock, self._invoke_from_workflow)
+        # After the patches: the recorder wraps moto's Task states as patched.
+        self.calls.install()
         if self.hostile is not None:
             self.hostile.install(stop_execution=self._abort_execution)
         wiring.reset()
@@ -354,6 +355,8 @@ class EmulatedStack:
             return f"arn:aws:lambda:{self.region}:{ACCOUNT}:function:{physical}"
         if service == "dynamodb":
             return f"arn:aws:dynamodb:{self.region}:{ACCOUNT}:table/{physical}"
+        if service == "kms":
+            return f"arn:aws:kms:{self.region}:{ACCOUNT}:key/{physical}"
         return f"arn:aws:{service or 'local'}:{self.region}:{ACCOUNT}:{physical}"
 
     def _sub(self, template: Any) -> str:
@@ -397,7 +400,9 @@ class EmulatedStack:
         return result
 
     def _abort_execution(self, execution_arn: str, error: str, cause: str) -> None:
-        self.client("stepfunctions").stop_execution(executionArn=execution_arn, error=error, cause=cause)
+        # The hostile world kills the execution (a crash), not one of the stack's principals.
+        with self.calls.unattributed():
+            self.client("stepfunctions").stop_execution(executionArn=execution_arn, error=error, cause=cause)
 
     # Lambda's asynchronous invocation (EventBridge targets): two retries, then the
     # function's dead-letter queue.
@@ -562,6 +567,7 @@ _ARN_SERVICE = {
     "AWS::Serverless::Function": "lambda",
     "AWS::SQS::Queue": "sqs",
     "AWS::DynamoDB::Table": "dynamodb",
+    "AWS::KMS::Key": "kms",
 }
 
 def _empty_zip() -> bytes:
