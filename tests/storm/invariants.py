@@ -115,7 +115,7 @@ def foreign_runs_never_stopped(result: DemoResult, scenario: Scenario) -> list[s
 
 
 # Decision-log kinds that do not settle a started preemption: the checkpoint protocol's steps.
-_PREEMPTION_STEPS = {"preemption-started", "checkpoint-requested", "checkpoint-confirmed", "checkpoint-unavailable"}
+_PREEMPTION_STEPS = {"preemption-started", "checkpoint-requested", "checkpoint-confirmed", "checkpoint-unavailable", "stop-refused"}
 # A reconcile runs every 5 minutes; allow it two rounds to notice and repair.
 _RECONCILE_ROUNDS_S = 2 * 300
 

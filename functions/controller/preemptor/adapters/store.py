@@ -363,31 +363,56 @@ class JobsStore:
             return False
 
     def release_lease(self, pool: str, owner: str) -> bool:
-        """Give the lease back. Returns True if the holder must plan again (work arrived)."""
+        """Give the lease back, always (the next cycle takes it again). Returns True if the
+        holder must plan again: someone asked for a plan while it held the lease."""
         try:
-            self._call(
+            out = self._call(
+                "update_item",
+                TableName=self.table,
+                Key=pool_key(pool),
+                UpdateExpression="REMOVE lease_owner, lease_expires SET rerun = :f",
+                ConditionExpression="lease_owner = :o",
+                ExpressionAttributeValues={":o": _to_attr(owner), ":f": _to_attr(False)},
+                ReturnValues="UPDATED_OLD",
+            )
+        except ConflictError:
+            return False  # the lease expired and someone else holds it: they will plan
+        return bool(_unmarshal(out.get("Attributes", {})).get("rerun", False))
+
+    def clear_expired_lease(self, pool: str, now: float) -> str | None:
+        """Remove a lease whose holder died (expired and never given back); returns the
+        holder it belonged to, or None when there was nothing to clear."""
+        try:
+            out = self._call(
                 "update_item",
                 TableName=self.table,
                 Key=pool_key(pool),
                 UpdateExpression="REMOVE lease_owner, lease_expires",
-                ConditionExpression="lease_owner = :o AND rerun = :f",
-                ExpressionAttributeValues={":o": _to_attr(owner), ":f": _to_attr(False)},
+                ConditionExpression="attribute_exists(lease_owner) AND lease_expires < :now",
+                ExpressionAttributeValues={":now": _to_attr(now)},
+                ReturnValues="UPDATED_OLD",
             )
-            return False
         except ConflictError:
-            pass
-        try:
-            self._call(
-                "update_item",
-                TableName=self.table,
-                Key=pool_key(pool),
-                UpdateExpression="SET rerun = :f",
-                ConditionExpression="lease_owner = :o AND rerun = :t",
-                ExpressionAttributeValues={":o": _to_attr(owner), ":f": _to_attr(False), ":t": _to_attr(True)},
-            )
-            return True
-        except ConflictError:
-            return False  # the lease expired and someone else holds it: they will plan
+            return None
+        return str(_unmarshal(out.get("Attributes", {})).get("lease_owner", ""))
+
+    def register_pool(self, name: str) -> None:
+        """Remember that `name` was a configured pool (reconcile finds pools that left the
+        configuration by comparing this set with the configuration)."""
+        self._call(
+            "update_item",
+            TableName=self.table,
+            Key={"pk": {"S": "POOLS"}, "sk": {"S": "POOLS"}},
+            UpdateExpression="ADD #n :n",
+            ExpressionAttributeNames={"#n": "names"},
+            ExpressionAttributeValues={":n": {"SS": [name]}},
+        )
+
+    def known_pools(self) -> set[str]:
+        item = self._call(
+            "get_item", TableName=self.table, Key={"pk": {"S": "POOLS"}, "sk": {"S": "POOLS"}}, ConsistentRead=True
+        ).get("Item")
+        return set(item["names"]["SS"]) if item and "names" in item else set()
 
     # -- jobs -----------------------------------------------------------------------------
     def put_new(self, record: JobRecord) -> bool:

@@ -1,31 +1,31 @@
 """Checkpoint steps: is the newest checkpoint fresh? ask the job for a new one."""
 
+from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from .. import clock
 from ..service import actions
-from .observability import logger, tracer
+from .observability import logger, metrics, tracer
+from .steps import CheckCheckpoint, CheckpointStep, RequestCheckpoint, step_input
 from .wiring import deps
 
 
-@logger.inject_lambda_context(clear_state=True)
+@logger.inject_lambda_context(correlation_id_path="job", clear_state=True)
 @tracer.capture_lambda_handler
-def handler(event: dict, context: LambdaContext) -> dict:
-    """Input {"action": "check" | "request", "job", "reason"?, "newer_than"?}."""
+@metrics.log_metrics
+@step_input(CheckpointStep)
+def handler(step: CheckCheckpoint | RequestCheckpoint, context: LambdaContext) -> dict:
+    """Input {"action": "check", "job", "newer_than"?} or {"action": "request", "job", "reason"?}."""
     d = deps()
-    logger.set_correlation_id(event["job"])
     now = clock.CLOCK.now()
-    if event["action"] == "check":
-        return actions.check_checkpoint(
-            store=d.store,
-            checkpoints=d.checkpoints,
-            policy=d.settings.policy,
-            job=event["job"],
-            now=now,
-            newer_than=event.get("newer_than"),
+    if isinstance(step, CheckCheckpoint):
+        result = actions.check_checkpoint(
+            store=d.store, checkpoints=d.checkpoints, policy=d.settings.policy, job=step.job, now=now, newer_than=step.newer_than
         )
-    if event["action"] == "request":
-        return actions.request_checkpoint(
-            store=d.store, checkpoints=d.checkpoints, job=event["job"], reason=event.get("reason", "preemption"), now=now
-        )
-    raise ValueError(f"unknown checkpoint action {event['action']!r}")
+    else:
+        result = actions.request_checkpoint(store=d.store, checkpoints=d.checkpoints, job=step.job, reason=step.reason, now=now)
+    if result.get("error"):
+        # One job's checkpoint location cannot be read or written: counted, never raised.
+        logger.warning("checkpoint location unavailable", extra=result)
+        metrics.add_metric(name="CheckpointLocationErrors", unit=MetricUnit.Count, value=1)
+    return result

@@ -1,4 +1,4 @@
-"""Job control steps of the workflows: launch, stop, run state, requeue, spare, finish."""
+"""Job control steps of the workflows: launch, stop, run state, requeue, interrupt, spare, finish."""
 
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -6,48 +6,42 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from .. import clock
 from ..service import actions
 from .observability import logger, metrics, tracer
+from .steps import ControlStep, Finish, Interrupt, Launch, Requeue, RunState, Spare, Stop, step_input
 from .wiring import deps
 
 
-@logger.inject_lambda_context(clear_state=True)
+@logger.inject_lambda_context(correlation_id_path="job", clear_state=True)
 @tracer.capture_lambda_handler
 @metrics.log_metrics
-def handler(event: dict, context: LambdaContext) -> dict:
-    """Input {"action", "job", "incarnation", ...}; each action is idempotent."""
+@step_input(ControlStep)
+def handler(step, context: LambdaContext) -> dict:
+    """One control step (see `steps.ControlStep`); each action is idempotent."""
     d = deps()
-    action, job, incarnation = event["action"], event["job"], int(event["incarnation"])
-    logger.set_correlation_id(job)
     now = clock.CLOCK.now()
-    if action == "launch":
-        return actions.launch(store=d.store, runners=d.runners, job=job, incarnation=incarnation, now=now)
-    if action == "stop":
-        fresh = bool(event.get("fresh", True))
-        if not fresh:
-            metrics.add_metric(name="StopsWithoutFreshCheckpoint", unit=MetricUnit.Count, value=1)
-        return actions.stop(store=d.store, runners=d.runners, job=job, incarnation=incarnation, fresh=fresh, now=now)
-    if action == "state":
-        return actions.run_state(store=d.store, runners=d.runners, job=job, incarnation=incarnation)
-    if action == "requeue":
-        result = actions.requeue(
-            store=d.store,
-            policy=d.settings.policy,
-            job=job,
-            incarnation=incarnation,
-            fresh=bool(event.get("fresh", True)),
-            phase=event.get("phase", "stopped"),
-            now=now,
-        )
-        if result.get("requeued"):
-            metrics.add_metric(name="LostGpuSeconds", unit=MetricUnit.Count, value=result["lost_gpu_seconds"])
-        return result
-    if action == "interrupt":
-        return actions.interrupt(store=d.store, job=job, incarnation=incarnation, reason=event["reason"], now=now)
-    if action == "spare":
-        return actions.spare(store=d.store, policy=d.settings.policy, job=job, incarnation=incarnation, now=now)
-    if action == "finish":
-        return actions.finish(
-            store=d.store,
-            policy=d.settings.policy,
-            job=job, incarnation=incarnation, outcome=event["outcome"], reason=event["reason"], now=now
-        )
-    raise ValueError(f"unknown control action {action!r}")
+    common = {"store": d.store, "job": step.job, "incarnation": step.incarnation}
+    match step:
+        case Launch():
+            result = actions.launch(**common, runners=d.runners, alerts=d.alerts, now=now)
+            if result.get("attempts"):
+                metrics.add_metric(name="LaunchesRefused", unit=MetricUnit.Count, value=1)
+                logger.warning("launch refused", extra=result)
+            if result.get("failed"):
+                metrics.add_metric(name="JobsFailedToLaunch", unit=MetricUnit.Count, value=1)
+            return result
+        case Stop(fresh=fresh):
+            if not fresh:
+                metrics.add_metric(name="StopsWithoutFreshCheckpoint", unit=MetricUnit.Count, value=1)
+            return actions.stop(**common, runners=d.runners, fresh=fresh, now=now)
+        case RunState():
+            return actions.run_state(**common, runners=d.runners)
+        case Requeue(fresh=fresh, phase=phase):
+            result = actions.requeue(**common, policy=d.settings.policy, fresh=fresh, phase=phase, now=now)
+            if result.get("requeued"):
+                metrics.add_metric(name="LostGpuSeconds", unit=MetricUnit.Count, value=result["lost_gpu_seconds"])
+            return result
+        case Interrupt(reason=reason):
+            return actions.interrupt(**common, reason=reason, now=now)
+        case Spare(why=why):
+            return actions.spare(**common, policy=d.settings.policy, why=why, now=now)
+        case Finish(outcome=outcome, reason=reason):
+            return actions.finish(**common, policy=d.settings.policy, outcome=outcome, reason=reason, now=now)

@@ -23,3 +23,12 @@ def emit_oldest_waits(oldest_wait_s: dict[str, float]) -> None:
             name="OldestPendingWaitSeconds", unit=MetricUnit.Seconds, value=seconds, namespace=metrics.namespace
         ) as metric:
             metric.add_dimension(name="Tier", value=tier)
+
+
+def emit_counts(name: str, dimension: str, counts: dict[str, int]) -> None:
+    """One count per value of `dimension` (e.g. reconcile's repairs per `Repair` kind)."""
+    if os.environ.get("POWERTOOLS_METRICS_DISABLED", "").lower() == "true":
+        return
+    for value, count in counts.items():
+        with single_metric(name=name, unit=MetricUnit.Count, value=count, namespace=metrics.namespace) as metric:
+            metric.add_dimension(name=dimension, value=value)

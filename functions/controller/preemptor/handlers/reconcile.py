@@ -1,15 +1,18 @@
 """Scheduled reconcile: compare the jobs table with SageMaker and Batch and repair drift."""
 
+from collections import Counter
+
+from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from .. import clock
 from ..service.reconcile import reconcile
-from .observability import emit_oldest_waits, logger, metrics, tracer
+from .observability import emit_counts, emit_oldest_waits, logger, metrics, tracer
 from .wiring import deps
 
 
-@logger.inject_lambda_context(clear_state=True)
+@logger.inject_lambda_context(correlation_id_path=correlation_paths.EVENT_BRIDGE, clear_state=True)
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def handler(event: dict, context: LambdaContext) -> dict:
@@ -24,6 +27,11 @@ def handler(event: dict, context: LambdaContext) -> dict:
     )
     emit_oldest_waits(result["oldest_wait_s"])
     metrics.add_metric(name="ReconcileRepairs", unit=MetricUnit.Count, value=len(result["repairs"]))
-    if result["repairs"]:
-        logger.warning("reconcile repaired drift", extra=result)
+    metrics.add_metric(name="ReconcileErrors", unit=MetricUnit.Count, value=len(result["errors"]))
+    kinds = Counter(r["repair"] for r in result["repairs"])
+    emit_counts("ReconcileRepairsByKind", "Repair", kinds)
+    for repair in result["repairs"]:
+        logger.warning("reconcile repaired drift", extra=repair)
+    for error in result["errors"]:
+        logger.error("reconcile could not check a job", extra=error)
     return result

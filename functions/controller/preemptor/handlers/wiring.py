@@ -3,6 +3,10 @@
 Nothing is built at import time: the first invocation builds them from the environment
 that template.yaml sets, later invocations reuse them. The local runtime calls `reset()`
 when it starts a new emulated stack.
+
+Every client uses botocore's `standard` retry mode: throttling, 5xx and transient
+network errors are retried a few times with exponential backoff and jitter before the
+adapters see them (and translate what remains, `adapters/errors.py`).
 """
 
 from __future__ import annotations
@@ -12,13 +16,17 @@ from dataclasses import dataclass
 from functools import cache
 
 import boto3
+from botocore.config import Config
 
+from ..adapters.alerts import Alerts
 from ..adapters.checkpoints import CheckpointStore
 from ..adapters.instances import InstanceResolver
 from ..adapters.runners import BatchRunner, Runner, SageMakerRunner
 from ..adapters.store import JobsStore
 from ..adapters.workflows import WorkflowStarter
 from ..config import Settings
+
+CLIENT_CONFIG = Config(retries={"mode": "standard", "max_attempts": 3})
 
 
 @dataclass(frozen=True)
@@ -29,19 +37,25 @@ class Deps:
     runners: dict[str, Runner]
     workflows: WorkflowStarter
     instances: InstanceResolver
+    alerts: Alerts
 
 
 @cache
 def deps() -> Deps:
     settings = Settings.from_env(os.environ)
     session = boto3.session.Session()
+
+    def client(service: str):
+        return session.client(service, config=CLIENT_CONFIG)
+
     return Deps(
         settings=settings,
-        store=JobsStore(settings.jobs_table, session.client("dynamodb")),
-        checkpoints=CheckpointStore(session.client("s3")),
-        runners={"sagemaker": SageMakerRunner(session.client("sagemaker")), "batch": BatchRunner(session.client("batch"))},
-        workflows=WorkflowStarter(session.client("stepfunctions"), settings.workflow_arns),
-        instances=InstanceResolver(session.client("ecs")),
+        store=JobsStore(settings.jobs_table, client("dynamodb")),
+        checkpoints=CheckpointStore(client("s3")),
+        runners={"sagemaker": SageMakerRunner(client("sagemaker")), "batch": BatchRunner(client("batch"))},
+        workflows=WorkflowStarter(client("stepfunctions"), settings.workflow_arns),
+        instances=InstanceResolver(client("ecs")),
+        alerts=Alerts(client("sns"), settings.alerts_topic_arn),
     )
 
 

@@ -1,22 +1,32 @@
-"""The steps the workflows carry out on one job: checkpoint, stop, requeue, launch, finish.
+"""The steps the workflows carry out on one job: checkpoint, stop, requeue, launch, finish,
+and a cancel from the job's owner.
 
 Every step is idempotent: it checks the job's stored status and incarnation first, so a
 retried or duplicated step does nothing twice (no double launch, no double stop, no
-capacity released twice).
+capacity released twice). A step whose conditional write finds the job changed re-reads
+it and judges again; retryable AWS errors (throttling, 5xx, transaction conflicts) are
+raised for the workflow's Retry.
 """
 
 from __future__ import annotations
 
+import random
+
+from ..adapters.alerts import Alerts
 from ..adapters.checkpoints import CheckpointStore
 from ..adapters.runners import Runner
 from ..adapters.store import JobsStore
-from ..core.errors import ConflictError, ServiceJobNotFound, ServiceRejected
+from ..core.errors import AccessDenied, CheckpointLocationUnavailable, ConflictError, ServiceJobNotFound, ServiceRejected
 from ..core.jobs import JobRecord
 from ..core.model import JobState
 from ..core.policy import Policy
+from ..core.progress import is_fresh, lost_gpu_seconds, saved_in_run_s
 
 SPOT_INTERRUPTION = "spot-interruption"  # `preempted_by` of a job stopped for its instance
 OUTCOMES = {"completed": JobState.COMPLETED, "failed": JobState.FAILED, "cancelled": JobState.CANCELLED}
+MAX_LAUNCH_ATTEMPTS = 3  # launches the service refuses before the job is failed
+LAUNCH_BACKOFF_S = 60.0  # attempt n waits 60 x 2^(n-1) s, plus up to as much again (jitter)
+JUDGE_ATTEMPTS = 3  # re-reads of a job that moved under a step before giving up
 
 
 def _current(store: JobsStore, name: str, incarnation: int | None) -> JobRecord | None:
@@ -33,17 +43,20 @@ def check_checkpoint(
     (a spot interruption: the instance goes away anyway), only a checkpoint written after
     that time counts."""
     record = store.require(job)
-    newest = checkpoints.newest(record.checkpoint_s3_uri)
+    try:
+        newest = checkpoints.newest(record.checkpoint_s3_uri)
+    except CheckpointLocationUnavailable as e:
+        # No checkpoint can be confirmed: the policy's timeout decides, as for a job that
+        # never checkpoints. Logged so `explain` shows why.
+        store.log(job, now, "checkpoint-unavailable", e.code or "checkpoint-location", str(e))
+        return {"fresh": False, "age_s": None, "last_checkpoint_at": None, "error": e.code}
     age = None if newest is None else max(0.0, now - newest)
     if newer_than is not None:
         fresh = newest is not None and newest > newer_than
-    elif newest is not None:
-        # A relaunched run resumed from that checkpoint: what a stop loses is the work since
-        # the later of the checkpoint and the run's start (a run still reloading loses none).
-        at_risk = now - max(newest, record.started_at or newest)
-        fresh = at_risk <= policy.for_pool(record.pool).checkpoint_max_age_s
     else:
-        fresh = False
+        # The one rule (core.progress): a relaunched run resumed from that checkpoint, so
+        # only the work since the later of it and the run's start is at risk.
+        fresh = is_fresh(newest, record.started_at, now, policy.for_pool(record.pool).checkpoint_max_age_s)
     if newest is not None:
         store.note_checkpoint(job, newest)
     if fresh:
@@ -55,7 +68,11 @@ def check_checkpoint(
 
 def request_checkpoint(*, store: JobsStore, checkpoints: CheckpointStore, job: str, reason: str, now: float) -> dict:
     record = store.require(job)
-    marker = checkpoints.request(record.checkpoint_s3_uri, now, reason)
+    try:
+        marker = checkpoints.request(record.checkpoint_s3_uri, now, reason)
+    except CheckpointLocationUnavailable as e:
+        store.log(job, now, "checkpoint-unavailable", e.code or "checkpoint-location", f"cannot ask for a checkpoint: {e}")
+        return {"requested_at": now, "marker": None, "error": e.code}
     store.log(job, now, "checkpoint-requested", reason, f"marker written at {marker}")
     return {"requested_at": now, "marker": marker}
 
@@ -70,6 +87,11 @@ def stop(*, store: JobsStore, runners: dict[str, Runner], job: str, incarnation:
         runners[record.service].stop(record.run_id, f"preemptor: {why}")
     except ServiceJobNotFound:
         return {"stopping": False, "reason": "run-not-found"}
+    except AccessDenied as e:
+        # The controller may not stop this run (IAM: only runs tagged preemptor:managed).
+        # Raised for the workflow to give up loudly; reconcile repairs the preemption.
+        store.log(job, now, "stop-refused", "access-denied", str(e))
+        raise
     detail = why + ("" if fresh else "; WITHOUT a fresh checkpoint: work since the last one is lost")
     store.log(job, now, "stop-requested", "fresh-checkpoint" if fresh else "checkpoint-timeout", detail)
     return {"stopping": True}
@@ -106,6 +128,11 @@ def requeue(*, store: JobsStore, policy: Policy, job: str, incarnation: int, fre
             reason="completed-while-stopping",
             now=now,
         )
+    if record.cancel_requested:
+        # Cancelled while being preempted: the stop was the end, never a relaunch.
+        return finish(
+            store=store, policy=policy, job=job, incarnation=incarnation, outcome="cancelled", reason="cancelled", now=now
+        )
     if record.preempted_by == SPOT_INTERRUPTION:
         return _back_to_queue(store, policy, record, fresh, now, "interrupted", "stopped before its spot instance goes away")
     return _back_to_queue(store, policy, record, fresh, now, "preempted", f"stopped for {record.preempted_by}")
@@ -115,9 +142,8 @@ def _back_to_queue(
     store: JobsStore, policy: Policy, record: JobRecord, fresh: bool, now: float, reason: str, why: str
 ) -> dict:
     started = record.started_at or now
-    since = max(record.last_checkpoint_at or 0.0, started)
-    lost = record.gpus * max(0.0, now - since)
-    saved = max(0.0, (record.last_checkpoint_at or 0.0) - started)
+    lost = lost_gpu_seconds(record.gpus, record.last_checkpoint_at, started, now)
+    saved = saved_in_run_s(record.last_checkpoint_at, started)
     new = record.with_changes(
         status=JobState.PENDING,
         pending_since=now,
@@ -136,6 +162,12 @@ def _back_to_queue(
     try:
         store.transition(record, new, expect=[record.status], usage_delta=-record.gpus)
     except ConflictError:
+        # Moved meanwhile (a cancel request, an end event): judge again on the fresh item.
+        current = store.get(record.name)
+        if current is not None and current.status is JobState.PREEMPTING and current.incarnation == record.incarnation:
+            return requeue(
+                store=store, policy=policy, job=record.name, incarnation=record.incarnation, fresh=fresh, phase="stopped", now=now
+            )
         return {"requeued": False, "reason": "conflict", "pool": record.pool}
     _fold_usage(store, policy, record, now)
     store.log(
@@ -168,11 +200,14 @@ def interrupt(*, store: JobsStore, job: str, incarnation: int, reason: str, now:
     return {"interrupting": True}
 
 
-def spare(*, store: JobsStore, policy: Policy, job: str, incarnation: int, now: float) -> dict:
-    """Give up a preemption (the victim could not checkpoint in time and policy says spare).
+def spare(*, store: JobsStore, policy: Policy, job: str, incarnation: int, now: float, why: str = "checkpoint-timeout") -> dict:
+    """Give up a preemption: the victim could not checkpoint in time and the policy says
+    spare (`checkpoint-timeout`), or its stop was refused (`stop-refused`: IAM lets the
+    controller stop only the runs it launched, and a denial is not retried).
 
-    The victim is protected for one more checkpoint wait, so the next cycles do not pick it
-    again at once; by then the checkpoint it was asked for has usually been written.
+    The victim goes back to RUNNING, protected for one more checkpoint wait, so the next
+    cycles do not pick it again at once (by then the checkpoint it was asked for has
+    usually been written); its preemptor is planned again and may choose another victim.
     """
     record = _current(store, job, incarnation)
     if record is None or record.status is not JobState.PREEMPTING:
@@ -186,36 +221,170 @@ def spare(*, store: JobsStore, policy: Policy, job: str, incarnation: int, now: 
         )
     except ConflictError:
         return {"spared": False}
-    store.log(
-        job, now, "preemption-cancelled", "checkpoint-timeout", f"no fresh checkpoint in time; left running, protected for {until - now:.0f} s"
-    )
-    return {"spared": True}
+    what = "no fresh checkpoint in time" if why == "checkpoint-timeout" else "its stop was refused"
+    store.log(job, now, "preemption-cancelled", why, f"{what}; left running, protected for {until - now:.0f} s")
+    if record.preempted_by and record.preempted_by != SPOT_INTERRUPTION:
+        store.log(
+            record.preempted_by, now, "victim-spared", why, f"{record.name} was not stopped ({what}); the pool is planned again"
+        )
+    return {"spared": True, "why": why}
 
 
-def launch(*, store: JobsStore, runners: dict[str, Runner], job: str, incarnation: int, now: float) -> dict:
-    """Create the admitted job's run in SageMaker or Batch and mark it running."""
+def launch(
+    *, store: JobsStore, runners: dict[str, Runner], job: str, incarnation: int, now: float, alerts: Alerts | None = None
+) -> dict:
+    """Create the admitted job's run in SageMaker or Batch and mark it running.
+
+    A launch the service refuses for good (validation, quota, a name taken by another run)
+    is counted on the job (`launch_attempts`): the job goes back to the queue until
+    `not_before` (exponential backoff with jitter), and after MAX_LAUNCH_ATTEMPTS it is
+    failed with the reason and an alert. Throttling and 5xx are raised for the workflow's
+    Retry: they are not refusals. A job cancelled while admitted is not launched, and a run
+    created just before the cancel landed is stopped.
+    """
     record = _current(store, job, incarnation)
     if record is None or record.status is not JobState.ADMITTED:
         return {"launched": False, "reason": "not-admitted"}
+    if record.cancel_requested:
+        return _cancel_admitted(store, record, now)
     try:
         run_id = runners[record.service].launch(record)
     except ServiceRejected as e:
-        store.transition(record, record.with_changes(status=JobState.PENDING), [JobState.ADMITTED], usage_delta=-record.gpus)
-        store.log(job, now, "launch-failed", "service-rejected", str(e))
-        return {"launched": False, "reason": "service-rejected", "error": str(e)}
+        return _launch_refused(store, alerts, record, e, now)
     new = record.with_changes(
         status=JobState.RUNNING,
         run_id=run_id,
         run_name=record.next_run_name,
         started_at=now,
         first_started_at=record.first_started_at if record.first_started_at is not None else now,
+        launch_attempts=0,
+        not_before=None,
+        last_launch_error=None,
     )
-    store.transition(record, new, expect=[JobState.ADMITTED], alias=True)
+    for _ in range(JUDGE_ATTEMPTS):
+        try:
+            store.transition(record, new, expect=[JobState.ADMITTED], alias=True)
+            break
+        except ConflictError:
+            current = store.get(job)
+            if current is None or current.status is not JobState.ADMITTED or current.incarnation != incarnation:
+                # Released or cancelled while the run was being created: nobody accounts
+                # for that run, so it must not keep running.
+                runners[record.service].stop(run_id, "preemptor: cancelled before it started")
+                store.log(job, now, "launch-withdrawn", "job-moved", f"{record.next_run_name} stopped: the job is no longer admitted")
+                return {"launched": False, "reason": "job-moved", "run_id": run_id}
+            record, new = current, current.with_changes(**{k: getattr(new, k) for k in _LAUNCH_FIELDS})
+    else:
+        raise ConflictError(f"job {job} kept changing while its launch was recorded")
+    if record.cancel_requested:
+        runners[record.service].stop(run_id, "preemptor: cancelled")
+        store.log(job, now, "cancel-requested", "job-cancelled", f"{new.run_name} was created as the cancel arrived; stopping it")
+        return {"launched": True, "run_id": run_id, "run_name": new.run_name, "stopping": True}
     if record.incarnation > 1:
         store.log(job, now, "relaunched", "capacity-free", f"{new.run_name} resumes from {record.checkpoint_s3_uri}")
     else:
         store.log(job, now, "launched", "capacity-free", f"{new.run_name} created in {record.service}")
     return {"launched": True, "run_id": run_id, "run_name": new.run_name}
+
+
+_LAUNCH_FIELDS = ("status", "run_id", "run_name", "started_at", "first_started_at", "launch_attempts", "not_before", "last_launch_error")
+
+
+def launch_backoff_s(job: str, attempts: int) -> float:
+    """How long a job waits after its `attempts`-th refused launch: 60 s x 2^(attempts-1),
+    plus a jitter of up to as much again, drawn from the job and attempt (deterministic)."""
+    base = LAUNCH_BACKOFF_S * 2 ** (attempts - 1)
+    return base + random.Random(f"{job}#{attempts}").uniform(0, base)
+
+
+def _launch_refused(store: JobsStore, alerts: Alerts | None, record: JobRecord, error: ServiceRejected, now: float) -> dict:
+    attempts = record.launch_attempts + 1
+    reason = f"launch-rejected: {error.code or type(error).__name__}"
+    if attempts >= MAX_LAUNCH_ATTEMPTS:
+        new = record.with_changes(
+            status=JobState.FAILED, ended_at=now, outcome_reason=reason, launch_attempts=attempts, last_launch_error=str(error)
+        )
+        store.transition(record, new, [JobState.ADMITTED], usage_delta=-record.gpus)
+        store.log(record.name, now, "failed", "launch-rejected", f"launch refused {attempts} times; last: {error}")
+        if alerts is not None:
+            alerts.publish(
+                f"Preemptor: job {record.name} failed to launch",
+                {"job": record.name, "pool": record.pool, "team": record.team, "attempts": attempts, "reason": reason, "error": str(error)},
+            )
+        return {"launched": False, "reason": "launch-rejected", "failed": True, "attempts": attempts, "error": str(error)}
+    wait = launch_backoff_s(record.name, attempts)
+    new = record.with_changes(
+        status=JobState.PENDING,
+        admitted_at=None,
+        launch_attempts=attempts,
+        not_before=now + wait,
+        last_launch_error=str(error),
+    )
+    store.transition(record, new, [JobState.ADMITTED], usage_delta=-record.gpus)
+    store.log(
+        record.name,
+        now,
+        "launch-failed",
+        "service-rejected",
+        f"attempt {attempts} of {MAX_LAUNCH_ATTEMPTS} refused: {error}; retried after {wait:.0f} s",
+        attempts=attempts,
+        not_before=now + wait,
+    )
+    return {"launched": False, "reason": "service-rejected", "attempts": attempts, "not_before": now + wait, "error": str(error)}
+
+
+def _cancel_admitted(store: JobsStore, record: JobRecord, now: float) -> dict:
+    try:
+        store.transition(
+            record,
+            record.with_changes(status=JobState.CANCELLED, ended_at=now, outcome_reason="cancelled", admitted_at=None),
+            [JobState.ADMITTED],
+            usage_delta=-record.gpus,
+        )
+    except ConflictError:
+        return {"launched": False, "reason": "conflict"}
+    store.log(record.name, now, "cancelled", "job-cancelled", "cancelled before its launch; GPUs released")
+    return {"launched": False, "reason": "cancelled"}
+
+
+def cancel(*, store: JobsStore, runners: dict[str, Runner], job: str, now: float) -> dict:
+    """Cancel a job on its owner's request, whatever it is doing.
+
+    PENDING: out of the queue. ADMITTED: its reservation is released and it is never
+    launched (a launch that created the run meanwhile stops it). RUNNING or PREEMPTING: the
+    cancel is recorded on the job first (so a requeue ends it instead of relaunching it, and
+    its end counts as cancelled), then its run is stopped. Returns {"outcome", "reason"}.
+    """
+    for _ in range(JUDGE_ATTEMPTS):
+        record = store.get(job)
+        if record is None:
+            return {"outcome": "ignored", "reason": f"unknown job {job}"}
+        if record.status.is_terminal:
+            return {"outcome": "ignored", "reason": f"job is {record.status.value}"}
+        if record.status is JobState.PENDING:
+            try:
+                store.transition(
+                    record, record.with_changes(status=JobState.CANCELLED, ended_at=now, outcome_reason="cancelled"), [JobState.PENDING]
+                )
+            except ConflictError:
+                continue
+            store.log(job, now, "cancelled", "job-cancelled", "removed from the queue")
+            return {"outcome": "accepted", "reason": "cancelled-pending"}
+        if record.status is JobState.ADMITTED:
+            result = _cancel_admitted(store, record, now)
+            if result["reason"] == "conflict":
+                continue
+            return {"outcome": "accepted", "reason": "cancelled-admitted"}
+        if not store.request_cancel(record, now):
+            continue
+        if record.run_id:
+            try:
+                runners[record.service].stop(record.run_id, "preemptor: cancelled")
+            except ServiceJobNotFound:
+                pass  # already gone: its end event (or reconcile) records the end
+        store.log(job, now, "cancel-requested", "job-cancelled", f"stopping {record.run_name}")
+        return {"outcome": "accepted", "reason": "stopping-for-cancel"}
+    return {"outcome": "ignored", "reason": "job kept moving while cancelling; retry"}
 
 
 def finish(*, store: JobsStore, policy: Policy, job: str, incarnation: int, outcome: str, reason: str, now: float) -> dict:
@@ -226,15 +395,24 @@ def finish(*, store: JobsStore, policy: Policy, job: str, incarnation: int, outc
     if outcome == "interrupted":
         return _back_to_queue(store, policy, record, False, now, "interrupted", reason)
     state = OUTCOMES[outcome]
-    new = record.with_changes(status=state, ended_at=now, outcome_reason=reason, preempting_since=None)
-    try:
-        store.transition(
-            record,
-            new,
-            expect=[JobState.ADMITTED, JobState.RUNNING, JobState.PREEMPTING],
-            usage_delta=-record.gpus,
-        )
-    except ConflictError:
+    for _ in range(JUDGE_ATTEMPTS):
+        new = record.with_changes(status=state, ended_at=now, outcome_reason=reason, preempting_since=None)
+        try:
+            store.transition(
+                record,
+                new,
+                expect=[JobState.ADMITTED, JobState.RUNNING, JobState.PREEMPTING],
+                usage_delta=-record.gpus,
+            )
+            break
+        except ConflictError:
+            # The run ended for good whatever else changed meanwhile (a cancel request, a
+            # preemption mark): finish it on the fresh item, unless it already finished.
+            current = store.get(job)
+            if current is None or current.incarnation != incarnation or not current.status.holds_capacity:
+                return {"released": False, "pool": record.pool, "reason": "conflict"}
+            record = current
+    else:
         return {"released": False, "pool": record.pool, "reason": "conflict"}
     _fold_usage(store, policy, record, now)
     store.log(job, now, outcome, reason, f"{record.run_name or record.name} ended: {state.value}")

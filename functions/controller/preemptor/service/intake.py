@@ -24,10 +24,10 @@ from ..adapters.store import JobsStore
 from ..adapters.workflows import WorkflowStarter, execution_name
 from ..config import Settings
 from ..core import events as ev
-from ..core.errors import ConflictError
 from ..core.jobs import JobRecord
 from ..core.model import JobState
 from ..core.requests import Refusal, RequestRefused, admit_request
+from . import actions
 
 SAGEMAKER_OUTCOMES = {"Completed": "completed", "Failed": "failed", "Stopped": "stopped"}
 BATCH_OUTCOMES = {"SUCCEEDED": "completed", "FAILED": "failed"}
@@ -181,19 +181,10 @@ class Intake:
             return self._refuse(
                 Refusal.NOT_YOUR_JOB, f"job {event.name} belongs to team {record.team!r}, not {event.team!r}", event.name
             )
-        if record.status is JobState.PENDING:
-            try:
-                self.store.transition(record, record.with_changes(status=JobState.CANCELLED, ended_at=now), [JobState.PENDING])
-            except ConflictError:
-                return IntakeResult("ignored", "job moved while cancelling; retry", event.name)
-            self.store.log(record.name, now, "cancelled", "job-cancelled", "removed from the queue")
-            return IntakeResult("accepted", "cancelled-pending", event.name)
-        if record.status in (JobState.RUNNING, JobState.PREEMPTING) and record.run_id:
-            self.store.transition(record, record.with_changes(cancel_requested=True), [record.status])
-            self.runners[record.service].stop(record.run_id, "preemptor: cancelled")
-            self.store.log(record.name, now, "cancel-requested", "job-cancelled", f"stopping {record.run_name}")
-            return IntakeResult("accepted", "stopping-for-cancel", event.name)
-        return IntakeResult("ignored", f"job is {record.status.value}", event.name)
+        # Honoured in every state: PENDING, ADMITTED (never launched), RUNNING and
+        # PREEMPTING (stopped, never relaunched): `actions.cancel`.
+        result = actions.cancel(store=self.store, runners=self.runners, job=record.name, now=now)
+        return IntakeResult(result["outcome"], result["reason"], event.name)
 
     # -- SageMaker and Batch runs --------------------------------------------------------
     def _run_changed(self, event, service: str, run_id: str, status: str, outcomes: dict, now: float) -> IntakeResult:

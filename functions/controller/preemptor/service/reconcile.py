@@ -1,7 +1,16 @@
 """Level-triggered safety net: repair what missed events, failed workflows or manual actions
-left behind. Runs on a schedule; every repair is logged with its reason."""
+left behind. Runs on a schedule.
+
+Every repair is one `Repair` kind (a stable string): it is written to the decision log of
+the job it concerns (pool-level repairs have no job: they are in the result, which the
+handler logs and counts per kind). One job's failure (a checkpoint location that does not
+exist, a run the service refuses to describe) is recorded as an error of that job and the
+run goes on with the others.
+"""
 
 from __future__ import annotations
+
+from enum import StrEnum
 
 from ..adapters.checkpoints import CheckpointStore
 from ..adapters.runners import Runner
@@ -11,10 +20,102 @@ from ..config import Settings
 from ..core.errors import ConflictError, ServiceJobNotFound
 from ..core.model import JobState
 from . import actions
-from .scheduling import oldest_wait_by_tier
+from .scheduling import LEASE_TTL_S, oldest_wait_by_tier
 
-STUCK_PREEMPTION_S = 3 * 3600
 STUCK_ADMISSION_S = 30 * 60  # the launch step retries for minutes, not half an hour
+# Beyond the policy's checkpoint and stop waits, what a preemption may take in retries with
+# backoff (six attempts of at most 60 s per step) before it counts as stuck.
+PREEMPTION_SLACK_S = 15 * 60
+
+
+class Repair(StrEnum):
+    """What reconcile repaired (the metric's `Repair` dimension, the decision log's reason)."""
+
+    MISSED_END = "missed-end"  # the run ended and no event told us: outcome recorded, GPUs freed
+    STUCK_ADMISSION_RELEASED = "stuck-admission-released"  # admitted, never launched: back in the queue
+    STUCK_PREEMPTION_REQUEUED = "stuck-preemption-requeued"  # stopped, never requeued
+    STUCK_PREEMPTION_SPARED = "stuck-preemption-spared"  # still running past every wait: left running
+    POOL_NOT_CONFIGURED = "pool-not-configured"  # its pool left the configuration: kept pending
+    ORPHANED_LEASE_CLEARED = "orphaned-lease-cleared"  # a holder died with the pool's lease
+    USAGE_RECOUNTED = "usage-recounted"  # the pool's used GPUs drifted from its holders
+
+
+def reconcile(
+    *,
+    store: JobsStore,
+    runners: dict[str, Runner],
+    workflows: WorkflowStarter,
+    checkpoints: CheckpointStore,
+    settings: Settings,
+    now: float,
+) -> dict:
+    """Repair every configured pool, then the jobs of pools that left the configuration.
+
+    Returns {"repairs": [...], "errors": [...], "oldest_wait_s": {tier: s}}: each repair
+    with its `repair` kind, each error with the job and the error's type.
+    """
+    repairs: list[dict] = []
+    errors: list[dict] = []
+    oldest: dict[str, float] = {}
+    for pool in settings.pools:
+        try:
+            _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now, repairs, errors, oldest)
+        except Exception as error:  # noqa: BLE001 - one pool's failure (throttled, say) never stops the others
+            errors.append({"pool": pool.name, "error": type(error).__name__, "detail": str(error)[:500]})
+    configured = {p.name for p in settings.pools}
+    try:
+        for name in sorted(store.known_pools() - configured):
+            repairs += _keep_waiting_for_a_removed_pool(store, settings, name, now)
+    except Exception as error:  # noqa: BLE001 - retried at the next run
+        errors.append({"pool": "*", "error": type(error).__name__, "detail": str(error)[:500]})
+    return {"repairs": repairs, "errors": errors, "oldest_wait_s": oldest}
+
+
+def _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now, repairs, errors, oldest) -> None:
+    """One pool: its registration, an orphaned lease, every active job's run, the usage
+    recount, and a schedule when anything changed or work waits."""
+    store.ensure_pool(pool.name, pool.capacity_gpus)
+    store.register_pool(pool.name)
+    cleared = store.clear_expired_lease(pool.name, now)
+    if cleared:
+        repairs.append({"pool": pool.name, "repair": Repair.ORPHANED_LEASE_CLEARED.value, "holder": cleared})
+    schedule = False
+    for record in store.active(pool.name):
+        try:
+            repair = _check_run(store, runners, settings, record, now)
+            if repair is None and record.status is JobState.RUNNING and record.checkpoint_s3_uri:
+                _refresh_checkpoint(store, checkpoints, record)
+        except Exception as error:  # noqa: BLE001 - the safety net goes on with the other jobs
+            errors.append({"job": record.name, "pool": pool.name, "error": type(error).__name__, "detail": str(error)[:500]})
+            continue
+        if repair:
+            repairs.append(repair)
+            schedule = schedule or repair["repair"] != Repair.MISSED_END.value or repair.get("released", False)
+    recount = _recount_usage(store, pool.name, now)
+    if recount.get("repair"):
+        repairs.append(recount)
+    pending = store.pending(pool.name, settings.pending_window)
+    for tier, wait in oldest_wait_by_tier(pending, settings.policy, now).items():
+        oldest[tier] = max(oldest.get(tier, 0.0), wait)
+    if pending or schedule or recount.get("rerun"):
+        workflows.start("schedule", execution_name("reconcile", pool.name, f"{int(now)}"), {"pool": pool.name})
+
+
+def _recount_usage(store: JobsStore, pool: str, now: float) -> dict:
+    """Recount the pool's usage under its lease (no admission can run meanwhile), from
+    consistent reads, written only on a condition on what was observed (`store.recount_usage`).
+    A plan that holds the lease is left alone: the recount waits for the next run."""
+    owner = execution_name("reconcile", pool, f"{int(now)}")
+    if not store.acquire_lease(pool, owner, now, LEASE_TTL_S):
+        return {"pool": pool, "recount": "pool-busy"}
+    try:
+        result = store.recount_usage(pool, now)
+    finally:
+        rerun = store.release_lease(pool, owner)
+    out = {"pool": pool, "recount": result.reason, "rerun": rerun}
+    if result.applied:
+        out.update({"repair": Repair.USAGE_RECOUNTED.value, "from": result.stored, "to": result.counted})
+    return out
 
 
 def _refresh_checkpoint(store: JobsStore, checkpoints: CheckpointStore, record) -> None:
@@ -34,41 +135,16 @@ def _check_admission(store: JobsStore, record, now: float) -> dict | None:
         )
     except ConflictError:
         return None
-    store.log(record.name, now, "admission-released", "reconcile", "admitted but never launched; back in the queue")
-    return {"job": record.name, "repair": "stuck-admission-released"}
+    kind = Repair.STUCK_ADMISSION_RELEASED
+    store.log(record.name, now, "admission-released", kind.value, "admitted but never launched; back in the queue")
+    return {"job": record.name, "pool": record.pool, "repair": kind.value}
 
 
-def reconcile(
-    *,
-    store: JobsStore,
-    runners: dict[str, Runner],
-    workflows: WorkflowStarter,
-    checkpoints: CheckpointStore,
-    settings: Settings,
-    now: float,
-) -> dict:
-    repairs: list[dict] = []
-    oldest: dict[str, float] = {}
-    for pool in settings.pools:
-        store.ensure_pool(pool.name, pool.capacity_gpus)
-        for record in store.active(pool.name):
-            repair = _check_run(store, runners, settings, record, now)
-            if repair:
-                repairs.append(repair)
-            elif record.status is JobState.RUNNING and record.checkpoint_s3_uri:
-                _refresh_checkpoint(store, checkpoints, record)
-        active = store.active(pool.name)
-        used = sum(r.gpus for r in active)
-        stored = (store.pool(pool.name) or {}).get("used_gpus", 0)
-        if stored != used:
-            store.set_pool_usage(pool.name, used)
-            repairs.append({"pool": pool.name, "repair": "usage", "from": stored, "to": used})
-        pending = store.pending(pool.name, settings.pending_window)
-        for tier, wait in oldest_wait_by_tier(pending, settings.policy, now).items():
-            oldest[tier] = max(oldest.get(tier, 0.0), wait)
-        if pending:
-            workflows.start("schedule", execution_name("reconcile", pool.name, f"{int(now)}"), {"pool": pool.name})
-    return {"repairs": repairs, "oldest_wait_s": oldest}
+def preemption_deadline_s(settings: Settings, pool: str) -> float:
+    """How long a preemption may take before reconcile calls it stuck: the policy's
+    checkpoint wait and stop wait, plus the steps' retries."""
+    knobs = settings.policy.for_pool(pool)
+    return knobs.checkpoint_wait_max_s + knobs.stop_wait_max_s + PREEMPTION_SLACK_S
 
 
 def _check_run(store: JobsStore, runners: dict[str, Runner], settings: Settings, record, now: float) -> dict | None:
@@ -78,16 +154,80 @@ def _check_run(store: JobsStore, runners: dict[str, Runner], settings: Settings,
         state = runners[record.service].state(record.run_id)
     except ServiceJobNotFound:
         state = None
-    if state is not None and not state.ended:
-        return None
+    alive = state is not None and not state.ended
     if record.status is JobState.PREEMPTING:
-        if now - (record.preempting_since or now) < STUCK_PREEMPTION_S:
-            return None  # its workflow is still on it
+        if now - (record.preempting_since or now) < preemption_deadline_s(settings, record.pool):
+            return None  # its preempt execution is still on it
+        if alive:
+            return _spare_stuck_victim(store, settings, record, now)
         result = actions.requeue(
             store=store, policy=settings.policy, job=record.name, incarnation=record.incarnation, fresh=False, phase="stopped", now=now
         )
-        return {"job": record.name, "repair": "stuck-preemption-requeued", **result}
+        return {"job": record.name, "pool": record.pool, "repair": Repair.STUCK_PREEMPTION_REQUEUED.value, **result}
+    if alive:
+        return None
     outcome = "failed" if state is None else {"stopped": "cancelled"}.get(state.phase, state.phase)
     reason = "reconcile: run not found" if state is None else f"reconcile: missed end event ({state.service_status})"
     result = actions.finish(store=store, policy=settings.policy, job=record.name, incarnation=record.incarnation, outcome=outcome, reason=reason, now=now)
-    return {"job": record.name, "repair": "missed-end", **result}
+    return {"job": record.name, "pool": record.pool, "repair": Repair.MISSED_END.value, **result}
+
+
+def _spare_stuck_victim(store: JobsStore, settings: Settings, record, now: float) -> dict | None:
+    """A victim still running past every wait: its stop was refused (IAM, a service error)
+    or never took effect, and its preempt execution gave up. It goes back to RUNNING,
+    protected from being chosen again for one more preemption deadline, so that the
+    preemptor is planned again (another victim, or this one once protected no more, when
+    the stop may succeed) instead of waiting for capacity that never frees."""
+    protect_s = preemption_deadline_s(settings, record.pool)
+    kind = Repair.STUCK_PREEMPTION_SPARED
+    try:
+        store.transition(
+            record,
+            record.with_changes(status=JobState.RUNNING, preempted_by=None, preempting_since=None, spared_until=now + protect_s),
+            expect=[JobState.PREEMPTING],
+        )
+    except ConflictError:
+        return None
+    since = now - (record.preempting_since or now)
+    store.log(
+        record.name,
+        now,
+        "preemption-abandoned",
+        kind.value,
+        f"still running {since:.0f} s after it was chosen for {record.preempted_by} (its stop was refused or never took "
+        f"effect); left running, protected for {protect_s:.0f} s",
+        preemptor=record.preempted_by,
+    )
+    if record.preempted_by and record.preempted_by != actions.SPOT_INTERRUPTION:
+        store.log(
+            record.preempted_by,
+            now,
+            "victim-not-stopped",
+            kind.value,
+            f"waits: its victim {record.name} could not be stopped; the pool is planned again",
+            victim=record.name,
+        )
+    return {"job": record.name, "pool": record.pool, "repair": kind.value, "preemptor": record.preempted_by}
+
+
+def _keep_waiting_for_a_removed_pool(store: JobsStore, settings: Settings, pool: str, now: float) -> list[dict]:
+    """Jobs of a pool that left the configuration stay PENDING, with the reason in their
+    decision log (once) and on the pool's wait reasons (what `explain` shows).
+
+    Failing them would be irreversible for what is often a configuration mistake; kept,
+    they are scheduled again as soon as the pool is configured again, and an operator who
+    removed the pool for good cancels them. Running jobs are left alone: they end as usual.
+    """
+    repairs = []
+    waiting = []
+    detail = f"pool {pool} is not in the configuration; waits until it is configured again (or is cancelled)"
+    for record in store.pending(pool, settings.pending_window):
+        waiting.append({"job": record.name, "reason": Repair.POOL_NOT_CONFIGURED.value, "detail": detail})
+        history = store.history(record.name)
+        if history and history[-1]["kind"] == "pool-not-configured":
+            continue
+        store.log(record.name, now, "pool-not-configured", Repair.POOL_NOT_CONFIGURED.value, detail)
+        repairs.append({"job": record.name, "pool": pool, "repair": Repair.POOL_NOT_CONFIGURED.value})
+    if waiting:
+        store.remember_waits(pool, waiting, now)
+    return repairs

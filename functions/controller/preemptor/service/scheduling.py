@@ -204,7 +204,8 @@ def read_snapshot(
     """
     pool_cfg = settings.pool(pool_name)
     knobs = settings.policy.for_pool(pool_name)
-    pending = store.pending(pool_name, settings.pending_window)
+    # A job whose launch the service refused waits out its backoff (`not_before`).
+    pending = [r for r in store.pending(pool_name, settings.pending_window) if not r.backing_off(now)]
     if include and all(r.name != include for r in pending):
         extra = store.get(include)
         if extra is not None and extra.status is JobState.PENDING and extra.pool == pool_name:

@@ -1,0 +1,124 @@
+"""Typed inputs of the workflow steps (the Lambda functions Step Functions invokes).
+
+Each function's input is one model, or a union discriminated by `action`; Powertools'
+parser validates the raw input against it before the handler runs. A malformed input (a
+state machine sending a field the step does not know, a missing or ill-typed field) is
+`InvalidStepInput`: a bug, never retried, named in the execution's history.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Annotated, Any, Callable, Literal, Union
+
+from aws_lambda_powertools.utilities.parser import ValidationError, parse
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter
+
+from ..core.errors import InvalidStepInput
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+Reason = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+Incarnation = Annotated[int, Field(ge=1)]
+
+
+class _Step(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _JobStep(_Step):
+    job: Name
+    incarnation: Incarnation
+
+
+# -- job control ---------------------------------------------------------------------------
+class Launch(_JobStep):
+    action: Literal["launch"]
+
+
+class Stop(_JobStep):
+    action: Literal["stop"]
+    fresh: bool = True
+
+
+class RunState(_JobStep):
+    action: Literal["state"]
+
+
+class Requeue(_JobStep):
+    action: Literal["requeue"]
+    fresh: bool = True
+    phase: Literal["running", "stopped", "completed", "failed", "gone"] = "stopped"
+
+
+class Interrupt(_JobStep):
+    action: Literal["interrupt"]
+    reason: Reason
+
+
+class Spare(_JobStep):
+    action: Literal["spare"]
+    # Why the preemption is given up: no fresh checkpoint in time (the policy says spare),
+    # or the stop was refused (IAM: the controller may not stop this run).
+    why: Literal["checkpoint-timeout", "stop-refused"] = "checkpoint-timeout"
+
+
+class Finish(_JobStep):
+    action: Literal["finish"]
+    outcome: Literal["completed", "failed", "cancelled", "interrupted"]
+    reason: Reason
+
+
+ControlStep = TypeAdapter(
+    Annotated[Union[Launch, Stop, RunState, Requeue, Interrupt, Spare, Finish], Field(discriminator="action")]
+)
+
+
+# -- checkpoints ---------------------------------------------------------------------------
+class CheckCheckpoint(_Step):
+    action: Literal["check"]
+    job: Name
+    newer_than: float | None = None  # a spot interruption: only a checkpoint after it counts
+
+
+class RequestCheckpoint(_Step):
+    action: Literal["request"]
+    job: Name
+    reason: Reason = "preemption"
+
+
+CheckpointStep = TypeAdapter(Annotated[Union[CheckCheckpoint, RequestCheckpoint], Field(discriminator="action")])
+
+
+# -- scheduling ----------------------------------------------------------------------------
+class PlanCycle(_Step):
+    pool: Name
+    owner: Name  # the schedule execution's name: the lease owner
+    cycle: int = Field(default=0, ge=0)
+
+
+class FinishCycle(_Step):
+    pool: Name
+    owner: Name
+
+
+def step_input(model: type[BaseModel] | TypeAdapter) -> Callable:
+    """Parse the handler's event into `model` with Powertools' parser (after the Powertools
+    decorators above it have seen the raw event), raising InvalidStepInput if it does not fit."""
+
+    def decorate(handler: Callable) -> Callable:
+        @functools.wraps(handler)
+        def wrapper(event: Any, context: Any) -> Any:
+            try:
+                step = parse(event=event, model=model)
+            except ValidationError as e:
+                raise InvalidStepInput(f"{handler.__name__}: {_summary(e)}") from e
+            return handler(step, context)
+
+        return wrapper
+
+    return decorate
+
+
+def _summary(error: ValidationError) -> str:
+    """One line per problem: `location: message` (the input itself is not echoed)."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in error.errors()[:10])

@@ -1,0 +1,335 @@
+"""Bounded, self-healing scheduling (issue 8, findings 3, 5 and the workflow part of 6),
+executed on moto: the schedule and preempt workflows and the reconcile function."""
+
+from __future__ import annotations
+
+import json
+
+from aws_faults import aws_says_no, error_response
+from emulation import P5, emulation
+
+from preemptor.core.jobs import JobRecord
+from preemptor.core.model import JobState
+from preemptor.service.reconcile import preemption_deadline_s
+from preemptor.service.scheduling import MAX_CYCLES
+from preemptor_tools.local.executions import wait_for_execution
+
+RECONCILE = "preemptor-ReconcileFunction"
+PLAN = "preemptor-PlanFunction"
+STOP_DENIED = error_response(
+    "AccessDeniedException",
+    "User: arn:aws:sts::123456789012:assumed-role/preemptor-JobControl/x is not authorized to perform: "
+    "sagemaker:StopTrainingJob because no identity-based policy allows the sagemaker:StopTrainingJob action",
+    400,
+)
+
+
+def _executions(env, machine: str) -> list[dict]:
+    return sorted(env.executions(machine), key=lambda e: e["startDate"])
+
+
+def _preemption_of(env, job: str) -> dict:
+    runs = [e for e in _executions(env, "PreemptStateMachine") if f"-{job}-" in e["name"]]
+    assert runs, f"no preemption of {job} was started"
+    return runs[-1]
+
+
+def _history(env, execution_arn: str) -> list[dict]:
+    sfn = env.stack.client("stepfunctions")
+    events, token = [], None
+    while True:
+        page = sfn.get_execution_history(executionArn=execution_arn, maxResults=1000, **({"nextToken": token} if token else {}))
+        events += page["events"]
+        token = page.get("nextToken")
+        if not token:
+            return events
+
+
+def _reconcile(env) -> dict:
+    result = env.stack.invoke_lambda(RECONCILE, {})
+    env.stack.drain()
+    return result
+
+
+def _sweep_then_prod(env, sweep_instances: int = 8) -> None:
+    """A low job holding the pool (checkpoints every 5 min), then a critical job that needs it."""
+    env.submit(name="sweep", team="research", priority="low", pool="p5", instances=sweep_instances, duration=30000, checkpoint_every=300)
+    env.advance(600)
+
+
+# -- finding 3: a victim the controller cannot stop -----------------------------------------
+
+
+def test_a_victim_whose_stop_is_denied_is_spared_at_once_and_the_preemptor_runs_once_the_stop_is_allowed():
+    with emulation() as env:
+        _sweep_then_prod(env)
+        sagemaker = env.stack.deps().runners["sagemaker"].client
+        # Given IAM denies stopping the sweep
+        with aws_says_no(sagemaker, "StopTrainingJob", STOP_DENIED) as refused:
+            # When a critical job needs the sweep's GPUs
+            env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1800)
+        # Then the denial is not retried: the preemption gave up loudly (execution failed,
+        # operators told with job, pool and error) and spared the sweep in the same run
+        assert len(refused) == 1
+        run = _preemption_of(env, "sweep")
+        assert run["status"] == "FAILED"
+        alerts = env.stack.alerts()
+        assert any("sweep" in a and "p5" in a and "AccessDenied" in a for a in alerts), alerts
+        sweep = env.job("sweep")
+        assert sweep.status is JobState.RUNNING and sweep.spared_until > env.clock.now()
+        assert ("preemption-cancelled", "stop-refused") in [(e["kind"], e["reason"]) for e in env.store.history("sweep")]
+        assert "victim-spared" in env.kinds("prod")
+        assert env.job("prod").status is JobState.PENDING
+        assert env.store.pool("p5")["used_gpus"] == 64
+
+        # When the protection has run out and the stop is allowed again
+        env.advance(sweep.spared_until - env.clock.now() + 60)
+        _reconcile(env)
+        # Then the sweep is preempted for good and the preemptor runs
+        assert env.job("prod").status is JobState.RUNNING
+        sweep = env.job("sweep")
+        assert sweep.status is JobState.PENDING and sweep.incarnation == 2
+        assert env.store.pool("p5")["used_gpus"] == 64
+
+
+def test_a_victim_whose_stop_never_takes_effect_is_spared_by_reconcile_past_its_waits():
+    with emulation() as env:
+        _sweep_then_prod(env)
+        sagemaker = env.stack.deps().runners["sagemaker"].client
+        # Given SageMaker accepts the stop of the sweep but the run goes on (it never stops)
+        accepted = {"ResponseMetadata": {"HTTPStatusCode": 200, "RetryAttempts": 0}}
+        with aws_says_no(sagemaker, "StopTrainingJob", accepted) as stops:
+            # When a critical job needs the sweep's GPUs
+            env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1800)
+        # Then the stop wait ran out: the execution failed, the operators were told, and
+        # the sweep is still PREEMPTING with its run alive
+        assert stops
+        assert _preemption_of(env, "sweep")["status"] == "FAILED"
+        assert any("sweep" in a and "p5" in a for a in env.stack.alerts())
+        assert env.job("sweep").status is JobState.PREEMPTING
+        assert env.job("prod").status is JobState.PENDING
+
+        # When reconcile runs before the preemption's waits are over, it leaves it alone
+        assert not [r for r in _reconcile(env)["repairs"] if r.get("job") == "sweep"]
+        # And when it runs past them, with the sweep still running
+        env.advance(preemption_deadline_s(env.stack.deps().settings, "p5"))
+        repairs = _reconcile(env)["repairs"]
+        # Then the sweep is spared (running again, protected for a while), both jobs' logs say why
+        assert {"job": "sweep", "pool": "p5", "repair": "stuck-preemption-spared", "preemptor": "prod"} in repairs
+        sweep = env.job("sweep")
+        assert sweep.status is JobState.RUNNING and sweep.spared_until > env.clock.now()
+        assert "preemption-abandoned" in env.kinds("sweep")
+        assert "victim-not-stopped" in env.kinds("prod")
+        assert env.job("prod").status is JobState.PENDING
+
+
+# -- finding 5: unbounded loops and locks ---------------------------------------------------
+
+
+def test_a_busy_pool_continues_in_fresh_executions_and_no_history_grows_with_the_work():
+    plans_asked = 40
+    with emulation() as env:
+        store = env.store
+        asked = []
+
+        # Given a pool where, during every plan, another decision asks the holder to plan again
+        lease_taken = []
+
+        def note_lease_call(params, **_):
+            lease_taken[:] = [params.get("UpdateExpression", "").startswith("SET lease_owner")]
+
+        def someone_wants_a_plan(http_response, parsed, **_):
+            if lease_taken == [True] and "Error" not in parsed and len(asked) < plans_asked:
+                lease_taken[:] = []
+                asked.append(True)
+                store.client.update_item(
+                    TableName=store.table,
+                    Key={"pk": {"S": "POOL#p5"}, "sk": {"S": "POOL"}},
+                    UpdateExpression="SET rerun = :t",
+                    ExpressionAttributeValues={":t": {"BOOL": True}},
+                )
+
+        events = store.client.meta.events
+        events.register("before-parameter-build.dynamodb.UpdateItem", note_lease_call, unique_id="busy-params")
+        events.register("after-call.dynamodb.UpdateItem", someone_wants_a_plan, unique_id="busy")
+        try:
+            # When a job arrives
+            env.submit(name="train", team="research", priority=50, pool="p5", instances=1, duration=3600)
+        finally:
+            events.unregister("before-parameter-build.dynamodb.UpdateItem", unique_id="busy-params")
+            events.unregister("after-call.dynamodb.UpdateItem", unique_id="busy")
+        # Then the pool was planned again as often as asked ...
+        runs = _executions(env, "ScheduleStateMachine")
+        plans = {r["executionArn"]: env.states_visited(r["executionArn"]).count("Plan the pool") for r in runs}
+        assert sum(plans.values()) > plans_asked
+        # ... by a chain of executions, none running more than the bound of cycles
+        assert max(plans.values()) == MAX_CYCLES
+        assert len(runs) > plans_asked // MAX_CYCLES
+        assert all(r["status"] == "SUCCEEDED" for r in runs)
+        assert sum(1 for r in runs if r["name"].startswith("more-p5-")) >= plans_asked // MAX_CYCLES
+        # And no execution's history grows with the work (one cycle is a few dozen events)
+        sizes = [len(_history(env, r["executionArn"])) for r in runs]
+        assert max(sizes) < 40 * MAX_CYCLES
+        assert env.job("train").status is JobState.RUNNING
+
+
+def test_the_lease_is_not_held_while_a_victim_writes_its_checkpoint_and_another_decision_proceeds():
+    policy = {"checkpoint_max_age_s": 60, "checkpoint_poll_s": 10, "checkpoint_wait_max_s": 300}
+    with emulation(policy=policy, checkpoint_write_s=60) as env:
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=30000)
+        env.advance(600)
+        sfn = env.stack.client("stepfunctions")
+        seen = []
+
+        # Given a look at the pool while the victim is asked for a checkpoint (the marker's write)
+        def meanwhile(params, **_):
+            if seen:
+                return
+            pool = env.store.pool("p5")
+            other = sfn.start_execution(
+                stateMachineArn=env.stack.state_machines["ScheduleStateMachine"], name="meanwhile", input=json.dumps({"pool": "p5"})
+            )["executionArn"]
+            wait_for_execution(sfn, other, timeout_s=60)
+            seen.append((pool, env.states_visited(other), _preemption_of(env, "sweep")["status"]))
+
+        s3 = env.stack.deps().checkpoints.client
+        s3.meta.events.register("before-call.s3.PutObject", meanwhile, unique_id="meanwhile")
+        try:
+            # When a critical job preempts the sweep, whose checkpoint takes a minute to write
+            env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1800)
+        finally:
+            s3.meta.events.unregister("before-call.s3.PutObject", unique_id="meanwhile")
+        # Then, during the checkpoint wait, nobody held the pool's lease, and another
+        # scheduling decision of the pool took it and planned
+        (pool, states, preemption_status), = seen
+        assert "lease_owner" not in pool
+        assert preemption_status == "RUNNING"
+        assert "Another run holds the pool" not in states and "Nothing given up yet" in states
+        # And the preemption went on to its end
+        assert env.job("prod").status is JobState.RUNNING
+
+
+def test_reconcile_clears_a_lease_whose_holder_died_and_schedules_the_pool():
+    with emulation() as env:
+        # Given a schedule execution that took the pool's lease and died
+        env.store.acquire_lease("p5", "dead-execution", env.clock.now(), 300)
+        # And a job that arrived meanwhile (its schedule found the pool held)
+        env.submit(name="train", team="research", priority=50, pool="p5", instances=1, duration=3600)
+        assert env.job("train").status is JobState.PENDING
+        # When reconcile runs after the lease expired
+        env.advance(400)
+        repairs = _reconcile(env)["repairs"]
+        # Then the orphaned lease is cleared, reported, and the job was scheduled
+        assert {"pool": "p5", "repair": "orphaned-lease-cleared", "holder": "dead-execution"} in repairs
+        assert "lease_owner" not in env.store.pool("p5")
+        assert env.job("train").status is JobState.RUNNING
+
+
+def test_a_plan_step_that_fails_lets_the_pool_go_fails_its_execution_and_tells_the_operators():
+    with emulation() as env:
+        store = env.store
+        # Given DynamoDB refuses the queue's read for good (not a retryable error)
+        refusal = error_response("ValidationException", "One or more parameter values were invalid", 400)
+        with aws_says_no(store.client, "Query", refusal) as refused:
+            # When a job arrives and its schedule plans the pool
+            env.submit(name="train", team="research", priority=50, pool="p5", instances=1, duration=3600)
+        # Then the plan gave up after taking the lease: the execution failed, the lease
+        # was let go (the next cycle is not locked out) and the operators were told
+        assert refused
+        runs = _executions(env, "ScheduleStateMachine")
+        assert runs and runs[-1]["status"] == "FAILED"
+        assert "lease_owner" not in store.pool("p5")
+        assert any("p5" in a and "ValidationException" in a for a in env.stack.alerts()), env.stack.alerts()
+        # And once DynamoDB answers again, the next schedule admits the job
+        _reconcile(env)
+        assert env.job("train").status is JobState.RUNNING
+
+
+def test_a_retried_plan_step_returns_what_its_cycle_reserved_and_reserves_nothing_twice():
+    with emulation() as env:
+        # Given a pending job that no schedule has seen yet
+        env.store.put_new(_pending_record("train", gpus=16))
+        step = {"pool": "p5", "owner": "schedule-x", "cycle": 0}
+        # When the plan step runs, and Step Functions retries it (its answer was lost)
+        first = env.stack.invoke_lambda(PLAN, step)
+        again = env.stack.invoke_lambda(PLAN, step)
+        # Then the retry hands over the same admission, without admitting twice
+        assert [a["job"] for a in first["admits"]] == ["train"]
+        assert again["admits"] == first["admits"] and again["retried"] is True
+        assert env.store.pool("p5")["used_gpus"] == 16
+        assert env.kinds("train").count("admitted") == 1
+        # And the lease was given back both times
+        assert "lease_owner" not in env.store.pool("p5")
+
+
+def _pending_record(name: str, gpus: int, pool: str = "p5") -> JobRecord:
+    return JobRecord(
+        name=name,
+        team="research",
+        priority=50,
+        pool=pool,
+        service="sagemaker",
+        gpus=gpus,
+        request={},
+        checkpoint_s3_uri=f"s3://preemptor-checkpoints/checkpoints/{name}",
+        submitted_at=0.0,
+    )
+
+
+# -- reconcile repairs every stuck state ----------------------------------------------------
+
+
+def test_a_job_whose_pool_left_the_configuration_stays_pending_with_the_reason_logged_once():
+    with emulation() as env:
+        # Given a pool that was configured once and is no more, with a job waiting in it
+        env.store.register_pool("retired")
+        env.store.put_new(_pending_record("old", gpus=8, pool="retired"))
+        # When reconcile runs, twice
+        first = _reconcile(env)["repairs"]
+        second = _reconcile(env)["repairs"]
+        # Then the job is kept pending, its log says why, once
+        assert {"job": "old", "pool": "retired", "repair": "pool-not-configured"} in first
+        assert not [r for r in second if r.get("job") == "old"]
+        assert env.job("old").status is JobState.PENDING
+        assert env.kinds("old").count("pool-not-configured") == 1
+        assert json.loads(env.store.pool("retired")["last_waits"])[0]["reason"] == "pool-not-configured"
+
+
+def test_one_bad_checkpoint_location_never_stops_the_reconcile_run():
+    with emulation() as env:
+        env.submit(name="a", team="research", priority=50, pool="p5", instances=2, duration=30000)
+        env.submit(name="b", team="research", priority=50, pool="p5", instances=2, duration=30000)
+        # Given a job whose checkpoint location names a bucket that does not exist
+        store = env.store
+        store.client.update_item(
+            TableName=store.table,
+            Key={"pk": {"S": "JOB#a"}, "sk": {"S": "JOB"}},
+            UpdateExpression="SET checkpoint_s3_uri = :u",
+            ExpressionAttributeValues={":u": {"S": "s3://no-such-bucket-anywhere/checkpoints/a"}},
+        )
+        # And another whose run ended without the end event reaching the controller
+        from preemptor_tools.local.moto_patches.sagemaker import set_training_job_status
+
+        set_training_job_status("b", "Completed", "Completed")
+        # When reconcile runs
+        result = _reconcile(env)
+        # Then the bad location is an error of that job, and the other job is still repaired
+        assert [(e["job"], e["error"]) for e in result["errors"]] == [("a", "CheckpointLocationUnavailable")]
+        assert any(r.get("job") == "b" and r["repair"] == "missed-end" for r in result["repairs"])
+        assert env.job("b").status is JobState.COMPLETED
+        assert env.job("a").status is JobState.RUNNING
+
+
+def test_reconcile_recounts_usage_that_drifted_under_the_lease():
+    with emulation(pools=[P5]) as env:
+        env.submit(name="a", team="research", priority=50, pool="p5", instances=2, duration=30000)
+        # Given a pool whose usage drifted from its holders (16 GPUs held, 40 recorded)
+        env.store.set_pool_usage("p5", 40)
+        # When reconcile sees the same drift twice, a settle time apart
+        _reconcile(env)
+        env.advance(600)
+        repairs = _reconcile(env)["repairs"]
+        # Then usage is recounted (under the lease, which is given back)
+        assert {"pool": "p5", "recount": "repaired", "rerun": False, "repair": "usage-recounted", "from": 40, "to": 16} in repairs
+        assert env.store.pool("p5")["used_gpus"] == 16
+        assert "lease_owner" not in env.store.pool("p5")
