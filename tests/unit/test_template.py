@@ -87,6 +87,7 @@ LAUNCH_TAG_CONDITION = {"StringEquals": {"aws:RequestTag/preemptor:managed": "tr
 
 # Actions without resource-level permissions: the only ones an IAM role may grant on "*".
 ACTIONS_WITHOUT_RESOURCES = {
+    "sagemaker:ListTrainingJobs",
     "batch:DescribeJobs",
     "batch:ListJobs",
     "logs:CreateLogDelivery",

@@ -10,7 +10,7 @@ from emulation import P5, emulation
 
 from preemptor.core.jobs import JobRecord
 from preemptor.core.model import JobState
-from preemptor.service.reconcile import preemption_deadline_s
+from preemptor.service.reconcile import UNKNOWN_RUN_GRACE_S, preemption_deadline_s
 from preemptor.service.scheduling import MAX_CYCLES
 from preemptor_tools.local.executions import wait_for_execution
 
@@ -293,6 +293,50 @@ def test_a_job_whose_pool_left_the_configuration_stays_pending_with_the_reason_l
         assert env.job("old").status is JobState.PENDING
         assert env.kinds("old").count("pool-not-configured") == 1
         assert json.loads(env.store.pool("retired")["last_waits"])[0]["reason"] == "pool-not-configured"
+
+
+def _extra_training_job(env, name: str, tags: dict[str, str]) -> None:
+    """A training job created behind the controller's back (a lost launch record, a stale
+    incarnation, a run somebody else started), on the fleet like any other."""
+    env.stack.client("sagemaker").create_training_job(
+        TrainingJobName=name,
+        AlgorithmSpecification={"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/t:1", "TrainingInputMode": "File"},
+        RoleArn="arn:aws:iam::123456789012:role/preemptor-training",
+        OutputDataConfig={"S3OutputPath": f"s3://{env.stack.parameters['CheckpointBucketName']}/out/"},
+        ResourceConfig={"InstanceType": "ml.p5.48xlarge", "InstanceCount": 1, "VolumeSizeInGB": 50},
+        StoppingCondition={"MaxRuntimeInSeconds": 36000},
+        Tags=[{"Key": k, "Value": v} for k, v in tags.items()],
+    )
+
+
+def test_reconcile_stops_a_managed_run_no_job_accounts_for_and_nothing_else():
+    with emulation() as env:
+        sagemaker = env.stack.client("sagemaker")
+        # Given a job running as the controller launched it
+        env.submit(name="train", team="research", priority=50, pool="p5", instances=2, duration=30000)
+        assert env.job("train").status is JobState.RUNNING
+        managed = {"preemptor:managed": "true", "preemptor:team": "research", "preemptor:pool": "p5"}
+        # And managed runs nobody accounts for: one of an incarnation the job has left
+        # behind, one of a job the table does not know
+        _extra_training_job(env, "train-stale", {**managed, "preemptor:job": "train", "preemptor:incarnation": "7"})
+        _extra_training_job(env, "ghost", {**managed, "preemptor:job": "ghost", "preemptor:incarnation": "1"})
+        # And a run the controller did not launch (no managed tag): not its to stop
+        _extra_training_job(env, "foreign", {"owner": "someone-else"})
+
+        # When reconcile runs while they are young (a launch may still be recording them)
+        assert not [r for r in _reconcile(env)["repairs"] if r["repair"] == "unknown-run-stopped"]
+        # And again once they are past the grace
+        env.advance(UNKNOWN_RUN_GRACE_S + 60)
+        repairs = [r for r in _reconcile(env)["repairs"] if r["repair"] == "unknown-run-stopped"]
+
+        # Then exactly the two unaccounted managed runs were stopped, each with the reason
+        assert sorted(r["run"] for r in repairs) == ["ghost", "train-stale"]
+        assert "unknown-run-stopped" in env.kinds("train")
+        status = {n: sagemaker.describe_training_job(TrainingJobName=n)["TrainingJobStatus"] for n in ("train", "train-stale", "ghost", "foreign")}
+        assert status["train"] == "InProgress" and status["foreign"] == "InProgress"
+        assert status["train-stale"] in ("Stopping", "Stopped") and status["ghost"] in ("Stopping", "Stopped")
+        # And the job the controller accounts for is untouched
+        assert env.job("train").status is JobState.RUNNING
 
 
 def test_one_bad_checkpoint_location_never_stops_the_reconcile_run():

@@ -23,6 +23,18 @@ CHECKPOINT_ENV = "PREEMPTOR_CHECKPOINT_S3_URI"
 
 
 @dataclass(frozen=True, slots=True)
+class LiveRun:
+    """A run the service has not ended, as reconcile sees it: its id, when it was created
+    (epoch seconds) and its tags (None where the service's listing carries none: SageMaker's
+    tags cost a call each, and are read only for runs the table cannot place)."""
+
+    run_id: str
+    created_at: float
+    arn: str = ""
+    tags: dict[str, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RunState:
     """Where a run stands, in the controller's words: running, stopped, completed or failed."""
 
@@ -43,6 +55,10 @@ class Runner(Protocol):
     def stop(self, run_id: str, reason: str) -> None: ...
 
     def state(self, run_id: str) -> RunState: ...
+
+    def live_runs(self, job_queue: str | None) -> list[LiveRun]: ...
+
+    def tags_of(self, run: LiveRun) -> dict[str, str]: ...
 
 
 def controller_tags(record: JobRecord) -> dict[str, str]:
@@ -133,6 +149,28 @@ class SageMakerRunner:
         status = job["TrainingJobStatus"]
         return RunState(self._PHASES.get(status, "running"), status, job.get("FailureReason"))
 
+    def live_runs(self, job_queue: str | None = None) -> list[LiveRun]:
+        """Every training job in progress in the account and region (stopping ones too)."""
+        out = []
+        try:
+            for status in ("InProgress", "Stopping"):
+                for page in self.client.get_paginator("list_training_jobs").paginate(StatusEquals=status):
+                    for job in page.get("TrainingJobSummaries", []):
+                        out.append(LiveRun(job["TrainingJobName"], job["CreationTime"].timestamp(), job["TrainingJobArn"]))
+        except ClientError as e:
+            raise translate(e, "ListTrainingJobs") from e
+        return out
+
+    def tags_of(self, run: LiveRun) -> dict[str, str]:
+        if run.tags is not None:
+            return run.tags
+        try:
+            return {t["Key"]: t["Value"] for t in self._all_tags(run.arn)}
+        except ClientError as e:
+            if is_sagemaker_not_found(e):
+                return {}
+            raise translate(e, f"ListTags {run.run_id}") from e
+
 
 class BatchRunner:
     """AWS Batch container jobs. The run id is the Batch job id."""
@@ -191,6 +229,28 @@ class BatchRunner:
             self.client.terminate_job(jobId=run_id, reason=reason[:255])
         except ClientError as e:
             raise translate(e, f"TerminateJob {run_id}") from e
+
+    _LIVE = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING")
+
+    def live_runs(self, job_queue: str | None) -> list[LiveRun]:
+        """Every job of the pool's queue that has not ended, with its tags (DescribeJobs
+        carries them, 100 jobs a call)."""
+        if not job_queue:
+            return []
+        try:
+            ids = [
+                job["jobId"]
+                for status in self._LIVE
+                for page in self.client.get_paginator("list_jobs").paginate(jobQueue=job_queue, jobStatus=status)
+                for job in page.get("jobSummaryList", [])
+            ]
+            described = [j for i in range(0, len(ids), 100) for j in self.client.describe_jobs(jobs=ids[i : i + 100]).get("jobs", [])]
+        except ClientError as e:
+            raise translate(e, f"ListJobs {job_queue}") from e
+        return [LiveRun(j["jobId"], j.get("createdAt", 0) / 1000.0, j.get("jobArn", ""), j.get("tags") or {}) for j in described]
+
+    def tags_of(self, run: LiveRun) -> dict[str, str]:
+        return run.tags or {}
 
     def state(self, run_id: str) -> RunState:
         try:

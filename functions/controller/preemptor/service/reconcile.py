@@ -13,7 +13,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 from ..adapters.checkpoints import CheckpointStore
-from ..adapters.runners import Runner
+from ..adapters.runners import INCARNATION_TAG, JOB_TAG, MANAGED_TAG, Runner
 from ..adapters.store import JobsStore
 from ..adapters.workflows import WorkflowStarter, execution_name
 from ..config import Settings
@@ -23,6 +23,7 @@ from . import actions
 from .scheduling import LEASE_TTL_S, oldest_wait_by_tier
 
 STUCK_ADMISSION_S = 30 * 60  # the launch step retries for minutes, not half an hour
+UNKNOWN_RUN_GRACE_S = 10 * 60  # a run younger than this may be a launch still being recorded
 # Beyond the policy's checkpoint and stop waits, what a preemption may take in retries with
 # backoff (six attempts of at most 60 s per step) before it counts as stuck.
 PREEMPTION_SLACK_S = 15 * 60
@@ -38,6 +39,7 @@ class Repair(StrEnum):
     POOL_NOT_CONFIGURED = "pool-not-configured"  # its pool left the configuration: kept pending
     ORPHANED_LEASE_CLEARED = "orphaned-lease-cleared"  # a holder died with the pool's lease
     USAGE_RECOUNTED = "usage-recounted"  # the pool's used GPUs drifted from its holders
+    UNKNOWN_RUN_STOPPED = "unknown-run-stopped"  # a managed run no job accounts for: stopped
 
 
 def reconcile(
@@ -62,6 +64,10 @@ def reconcile(
             _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now, repairs, errors, oldest)
         except Exception as error:  # noqa: BLE001 - one pool's failure (throttled, say) never stops the others
             errors.append({"pool": pool.name, "error": type(error).__name__, "detail": str(error)[:500]})
+    try:
+        repairs += _stop_unknown_runs(store, runners, settings, now)
+    except Exception as error:  # noqa: BLE001 - retried at the next run
+        errors.append({"pool": "*", "error": type(error).__name__, "detail": str(error)[:500]})
     configured = {p.name for p in settings.pools}
     try:
         for name in sorted(store.known_pools() - configured):
@@ -99,6 +105,62 @@ def _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now,
         oldest[tier] = max(oldest.get(tier, 0.0), wait)
     if pending or schedule or recount.get("rerun"):
         workflows.start("schedule", execution_name("reconcile", pool.name, f"{int(now)}"), {"pool": pool.name})
+
+
+def _stop_unknown_runs(store: JobsStore, runners: dict[str, Runner], settings: Settings, now: float) -> list[dict]:
+    """Stop every live run the controller launched that no job accounts for.
+
+    Such a run holds GPUs the pools do not count (a launch whose record was lost, a run of
+    an incarnation the job has left behind, a job that ended or was never stored): left
+    alone, the pool is oversubscribed. A run is accounted for when it is its job's current
+    run (a RUNNING or PREEMPTING job of the same incarnation and run id), or a run of the
+    job's current incarnation that the job will take up (ADMITTED or PENDING: the launch
+    finds it by name or tags and uses it instead of starting another). Runs younger than
+    UNKNOWN_RUN_GRACE_S are left to the launch recording them; runs without the managed tag
+    are not the controller's to stop (IAM would refuse it). Tags are read only for runs the
+    table cannot place.
+    """
+    queues: dict[str, set[str | None]] = {}
+    for pool in settings.pools:
+        queues.setdefault(pool.service, set()).add(pool.job_queue if pool.service == "batch" else None)
+    repairs = []
+    for service, service_queues in sorted(queues.items()):
+        runner = runners[service]
+        for queue in sorted(service_queues, key=str):
+            for run in runner.live_runs(queue):
+                if now - run.created_at < UNKNOWN_RUN_GRACE_S:
+                    continue
+                repair = _check_live_run(store, runner, service, run, now)
+                if repair:
+                    repairs.append(repair)
+    return repairs
+
+
+def _check_live_run(store: JobsStore, runner: Runner, service: str, run, now: float) -> dict | None:
+    known = store.find_run(service, run.run_id)
+    if known:
+        record = store.get(known[0])
+        if record and record.incarnation == known[1] and record.run_id == run.run_id and record.status.holds_capacity:
+            return None
+    tags = runner.tags_of(run)
+    if tags.get(MANAGED_TAG) != "true":
+        return None
+    name = tags.get(JOB_TAG) or (known[0] if known else None)
+    record = store.get(name) if name else None
+    if record is not None and tags.get(INCARNATION_TAG) == str(record.incarnation):
+        if record.status in (JobState.ADMITTED, JobState.PENDING):
+            return None  # its launch takes this run up
+        if record.run_id == run.run_id and record.status.holds_capacity:
+            return None
+    why = "its job is unknown" if record is None else f"its job {name} is {record.status.value} on incarnation {record.incarnation}"
+    try:
+        runner.stop(run.run_id, "preemptor: reconcile: no job accounts for this run")
+    except ServiceJobNotFound:
+        return None  # ended meanwhile
+    kind = Repair.UNKNOWN_RUN_STOPPED
+    if record is not None:
+        store.log(record.name, now, "unknown-run-stopped", kind.value, f"run {run.run_id} stopped: {why}", run=run.run_id)
+    return {"pool": record.pool if record else tags.get("preemptor:pool", ""), "repair": kind.value, "run": run.run_id, "job": name, "why": why}
 
 
 def _recount_usage(store: JobsStore, pool: str, now: float) -> dict:

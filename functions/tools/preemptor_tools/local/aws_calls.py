@@ -391,6 +391,11 @@ def _batch_named(scope: _Scope, kind: str, value: str) -> str:
     return value if value.startswith("arn:") else scope.arn("batch", f"{kind}/{value}")
 
 
+@_translates("sagemaker", "ListTrainingJobs")
+def _sagemaker_unscoped(scope: _Scope, op: str, p: dict) -> list[AuthorizationRequest]:
+    return [AuthorizationRequest(f"sagemaker:{op}", "*")]  # no resource-level permissions
+
+
 @_translates("batch", "SubmitJob")
 def _submit_job(scope: _Scope, op: str, p: dict) -> list[AuthorizationRequest]:
     # The job does not exist yet: IAM sees the job resource type with an id chosen at create.
