@@ -1,7 +1,9 @@
 # Preemptor: two commands on a fresh machine.
 #   make demo   the controller on emulated AWS (moto), a readable timeline
 #   make test   the test suite, offline
-PYTHON ?= python3.11
+# Python 3.11 (the Lambda runtime) where there is one, else python3 if it is 3.11 or newer;
+# only `make build` needs the runtime's own version.
+PYTHON ?= $(shell command -v python3.11 >/dev/null 2>&1 && echo python3.11 || echo python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -13,7 +15,8 @@ export AWS_EC2_METADATA_DISABLED := true
 .PHONY: demo test lint lint-imports validate build bench bench-aws clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml functions/controller/requirements.txt
-	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 (or run make PYTHON=python3)"; exit 1; }
+	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 or newer"; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "$(PYTHON) is older than 3.11: install Python 3.11 or newer (make PYTHON=...)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt -c constraints.txt
