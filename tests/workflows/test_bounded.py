@@ -245,6 +245,32 @@ def test_a_plan_step_that_fails_lets_the_pool_go_fails_its_execution_and_tells_t
         assert env.job("train").status is JobState.RUNNING
 
 
+def test_a_quota_refusal_at_launch_is_waited_out_not_counted_as_a_refusal():
+    with emulation() as env:
+        sagemaker = env.stack.deps().runners["sagemaker"].client
+        quota = error_response(
+            "ResourceLimitExceeded",
+            "The account-level service limit 'ml.p5.48xlarge for training job usage' is 0 Instances",
+            400,
+        )
+        # Given the account's quota for the pool's instances is used up, once
+        with aws_says_no(sagemaker, "CreateTrainingJob", quota, times=1) as refused:
+            # When a job is admitted and launched
+            env.submit(name="train", team="research", priority=50, pool="p5", instances=1, duration=3600)
+        # Then it waits for capacity: back in the queue with a backoff, its GPUs released,
+        # the same incarnation (no run was created), no refusal counted against it
+        assert refused
+        job = env.job("train")
+        assert job.status is JobState.PENDING and job.incarnation == 1
+        assert job.capacity_retries == 1 and job.launch_attempts == 0 and job.not_before > env.clock.now()
+        assert "capacity-wait" in env.kinds("train")
+        assert env.store.pool("p5")["used_gpus"] == 0
+        # And once the backoff is over, the next schedule launches it
+        env.advance(job.not_before - env.clock.now() + 1)
+        _reconcile(env)
+        assert env.job("train").status is JobState.RUNNING
+
+
 def test_a_retried_plan_step_returns_what_its_cycle_reserved_and_reserves_nothing_twice():
     with emulation() as env:
         # Given a pending job that no schedule has seen yet

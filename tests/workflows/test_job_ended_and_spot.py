@@ -39,7 +39,7 @@ def test_completion_frees_capacity_and_schedules_the_next_job():
         ended = [e for e in env.executions("JobEndedStateMachine") if e["status"] == "SUCCEEDED"]
         assert ended
         states = env.states_visited(ended[0]["executionArn"])
-        assert states == ["Record the outcome", "Was it a failure?", "Were GPUs freed?", "Schedule the pool"]
+        assert states == ["Record the outcome", "Was it a failure?", "Waiting for capacity?", "Were GPUs freed?", "Schedule the pool"]
         assert env.job("first").status is JobState.COMPLETED
         assert env.job("second").status is JobState.RUNNING
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from replays import GROUP, SCENARIOS, replay
+from storm.invariants import violations
 
-from replays import GROUP, replay
-
+from preemptor.service.actions import CAPACITY_BACKOFF_MAX_S
+from preemptor_tools.local.scenario import Scenario
 
 
 def _jobs(report: dict) -> dict[str, dict]:
@@ -99,3 +101,23 @@ def test_spot_interruption_is_traced_to_the_job_checkpointed_and_relaunched():
     assert stop["kind"] == "interrupted" and stop["checkpoint_confirmed_before_stop"]
     # a checkpoint written after the warning: at most the stop grace and a poll are lost
     assert job["lost_gpu_seconds"] <= 16 * 60
+
+
+def test_a_capacity_error_is_waited_out_and_the_job_starts_once_capacity_returns():
+    # Given SageMaker without p5 capacity for the first 15 minutes (capacity-error.yaml)
+    scenario = Scenario.load(SCENARIOS / "capacity-error.yaml")
+    result = replay("capacity-error").result
+    [job] = result.report["jobs"]
+    returns_at = 900.0
+    kinds = [t.what for t in result.timeline if t.source == "controller" and t.job == "incident-fix"]
+    # Then the job was never failed: each launch that met no capacity became a wait
+    assert job["state"] == "Completed" and "failed" not in kinds
+    assert kinds.count("capacity-wait") >= 2
+    # And it started training once capacity was back, within one backoff step (the capped
+    # step, plus SageMaker's start-up and the controller's one tick of event delivery)
+    training = [t.at for t in result.timeline if t.source == "aws" and t.job.startswith("incident-fix") and "Training" in t.what]
+    assert training and returns_at <= training[0] <= returns_at + CAPACITY_BACKOFF_MAX_S + 120 + 60
+    # And the report counts its wait from submission to that start, not to a failed run
+    assert job["wait_s"] >= returns_at - 120
+    # And no run ran twice, nor the pool above capacity
+    assert violations(result, scenario) == []

@@ -72,6 +72,9 @@ class JobRecord:
     not_before: float | None = None
     last_launch_error: str | None = None
     cancel_requested_at: float | None = None
+    # Launches that met no capacity (SageMaker CapacityError, ResourceLimitExceeded): the
+    # job waits for capacity (backoff until `not_before`), failed after MAX_CAPACITY_RETRIES.
+    capacity_retries: int = 0
 
     def backing_off(self, now: float) -> bool:
         """A pending job whose last launch was refused waits until `not_before`."""

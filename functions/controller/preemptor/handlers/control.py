@@ -44,4 +44,4 @@ def handler(step, context: LambdaContext) -> dict:
         case Spare(why=why):
             return actions.spare(**common, policy=d.settings.policy, why=why, now=now)
         case Finish(outcome=outcome, reason=reason):
-            return actions.finish(**common, policy=d.settings.policy, outcome=outcome, reason=reason, now=now)
+            return actions.finish(**common, policy=d.settings.policy, outcome=outcome, reason=reason, now=now, alerts=d.alerts)

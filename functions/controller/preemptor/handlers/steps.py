@@ -64,7 +64,7 @@ class Spare(_JobStep):
 
 class Finish(_JobStep):
     action: Literal["finish"]
-    outcome: Literal["completed", "failed", "cancelled", "interrupted"]
+    outcome: Literal["completed", "failed", "cancelled", "interrupted", "capacity-error"]
     reason: Reason
 
 

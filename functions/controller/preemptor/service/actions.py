@@ -27,6 +27,12 @@ OUTCOMES = {"completed": JobState.COMPLETED, "failed": JobState.FAILED, "cancell
 MAX_LAUNCH_ATTEMPTS = 3  # launches the service refuses before the job is failed
 LAUNCH_BACKOFF_S = 60.0  # attempt n waits 60 x 2^(n-1) s, plus up to as much again (jitter)
 JUDGE_ATTEMPTS = 3  # re-reads of a job that moved under a step before giving up
+MAX_CAPACITY_RETRIES = 24  # launches that met no capacity before the job is failed
+CAPACITY_BACKOFF_S = 60.0  # retry n waits min(300, 60 x 2^(n-1)) s, less up to a half (jitter)
+CAPACITY_BACKOFF_MAX_S = 300.0
+# A refusal of the launch that means "no capacity now", not "never": waited out, not counted
+# as a refusal.
+CAPACITY_CODES = frozenset({"ResourceLimitExceeded", "InsufficientCapacity", "CapacityError"})
 
 
 def _current(store: JobsStore, name: str, incarnation: int | None) -> JobRecord | None:
@@ -297,7 +303,71 @@ def launch_backoff_s(job: str, attempts: int) -> float:
     return base + random.Random(f"{job}#{attempts}").uniform(0, base)
 
 
+def capacity_backoff_s(job: str, retries: int) -> float:
+    """How long a job waits after its `retries`-th launch that met no capacity:
+    min(300 s, 60 s x 2^(retries-1)), less a jitter of up to half of it drawn from the job and
+    the retry (deterministic). Capped low: capacity comes back at any moment, and a job
+    should start within one step of it."""
+    base = min(CAPACITY_BACKOFF_MAX_S, CAPACITY_BACKOFF_S * 2 ** (retries - 1))
+    return base - random.Random(f"{job}#capacity#{retries}").uniform(0, base / 2)
+
+
+def _wait_for_capacity(
+    store: JobsStore, alerts: Alerts | None, record: JobRecord, reason: str, now: float, *, run_created: bool
+) -> dict:
+    """The launch met no capacity: the job goes back to the queue until `not_before`, its
+    GPUs released. A run the service created (and failed) used the incarnation's name, which
+    SageMaker never gives again: the next launch is a new incarnation. After
+    MAX_CAPACITY_RETRIES the job is failed with the reason and an alert."""
+    retries = record.capacity_retries + 1
+    if retries > MAX_CAPACITY_RETRIES:
+        why = f"no capacity after {MAX_CAPACITY_RETRIES} launches; last: {reason}"
+        store.transition(
+            record,
+            record.with_changes(status=JobState.FAILED, ended_at=now, outcome_reason=why, capacity_retries=retries),
+            [record.status],
+            usage_delta=-record.gpus,
+        )
+        store.log(record.name, now, "failed", "no-capacity", why)
+        if alerts is not None:
+            alerts.publish(
+                f"Preemptor: job {record.name} failed: no capacity",
+                {"job": record.name, "pool": record.pool, "team": record.team, "retries": MAX_CAPACITY_RETRIES, "reason": reason},
+            )
+        return {"released": True, "pool": record.pool, "failed": True, "reason": "no-capacity"}
+    wait = capacity_backoff_s(record.name, retries)
+    changes: dict = {
+        "status": JobState.PENDING,
+        "admitted_at": None,
+        "not_before": now + wait,
+        "capacity_retries": retries,
+        "last_launch_error": reason,
+        "preempting_since": None,
+    }
+    if run_created:
+        changes.update(incarnation=record.incarnation + 1, run_id=None, run_name=None, started_at=None)
+        if record.first_started_at == record.started_at:
+            changes["first_started_at"] = None  # that run never trained: the job has not started yet
+    try:
+        store.transition(record, record.with_changes(**changes), [record.status], usage_delta=-record.gpus)
+    except ConflictError:
+        return {"released": False, "pool": record.pool, "reason": "conflict"}
+    store.log(
+        record.name,
+        now,
+        "capacity-wait",
+        "no-capacity",
+        f"launch {retries} met no capacity ({reason}); tried again after {wait:.0f} s",
+        retries=retries,
+        not_before=now + wait,
+    )
+    return {"released": True, "pool": record.pool, "reason": "no-capacity", "not_before": now + wait, "wait_s": round(wait, 3)}
+
+
 def _launch_refused(store: JobsStore, alerts: Alerts | None, record: JobRecord, error: ServiceRejected, now: float) -> dict:
+    if error.code in CAPACITY_CODES:
+        result = _wait_for_capacity(store, alerts, record, f"{error.code}: {error}", now, run_created=False)
+        return {"launched": False, **result}
     attempts = record.launch_attempts + 1
     reason = f"launch-rejected: {error.code or type(error).__name__}"
     if attempts >= MAX_LAUNCH_ATTEMPTS:
@@ -387,13 +457,26 @@ def cancel(*, store: JobsStore, runners: dict[str, Runner], job: str, now: float
     return {"outcome": "ignored", "reason": "job kept moving while cancelling; retry"}
 
 
-def finish(*, store: JobsStore, policy: Policy, job: str, incarnation: int, outcome: str, reason: str, now: float) -> dict:
-    """Record that a run ended for good; free its GPUs once."""
+def finish(
+    *,
+    store: JobsStore,
+    policy: Policy,
+    job: str,
+    incarnation: int,
+    outcome: str,
+    reason: str,
+    now: float,
+    alerts: Alerts | None = None,
+) -> dict:
+    """Record that a run ended for good; free its GPUs once. A run that met no capacity
+    (`capacity-error`) sends its job back to wait for capacity instead."""
     record = _current(store, job, incarnation)
     if record is None or not record.status.holds_capacity:
         return {"released": False, "pool": None, "reason": "not-holding-capacity"}
     if outcome == "interrupted":
         return _back_to_queue(store, policy, record, False, now, "interrupted", reason)
+    if outcome == "capacity-error":
+        return _wait_for_capacity(store, alerts, record, reason, now, run_created=True)
     state = OUTCOMES[outcome]
     for _ in range(JUDGE_ATTEMPTS):
         new = record.with_changes(status=state, ended_at=now, outcome_reason=reason, preempting_since=None)

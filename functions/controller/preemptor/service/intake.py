@@ -29,6 +29,9 @@ from ..core.model import JobState
 from ..core.requests import Refusal, RequestRefused, admit_request
 from . import actions
 
+# SageMaker's FailureReason when it cannot provision the instances ("CapacityError: Unable to
+# provision requested ML compute capacity. ..."): the job was created, then Failed.
+CAPACITY_ERROR_PREFIX = "CapacityError"
 SAGEMAKER_OUTCOMES = {"Completed": "completed", "Failed": "failed", "Stopped": "stopped"}
 BATCH_OUTCOMES = {"SUCCEEDED": "completed", "FAILED": "failed"}
 SPOT_RECLAIM_PREFIX = "Host EC2"  # Batch statusReason when the instance went away under the job
@@ -205,6 +208,9 @@ class Intake:
         reason = getattr(event, "failure_reason", None) or getattr(event, "status_reason", None) or status
         if outcome == "failed" and service == "batch" and str(reason).startswith(SPOT_RECLAIM_PREFIX):
             outcome, reason = "interrupted", f"spot reclaim: {reason}"
+        if outcome == "failed" and service == "sagemaker" and str(reason).startswith(CAPACITY_ERROR_PREFIX):
+            # No instances to be had: the job waits for capacity, it did not fail.
+            outcome = "capacity-error"
         if outcome == "stopped":
             outcome = "cancelled"
             reason = "cancelled" if record.cancel_requested else "stopped outside the controller"

@@ -19,7 +19,7 @@ from preemptor.core.model import JobState
 from .clock import SimClock
 from .fleet import FleetStop, SimulatedFleet
 from .hostile import HostileWorld, StopAttempt
-from .scenario import DEFAULT_SCENARIO, ROLE_ARN, Chaos, Scenario, StoppedByHand, local_pool, submission_event
+from .scenario import DEFAULT_SCENARIO, ROLE_ARN, CapacityError, Chaos, Scenario, StoppedByHand, local_pool, submission_event
 from preemptor.service.scheduling import explain as explaining
 from .stack import EmulatedStack, RoutedEvent
 
@@ -105,6 +105,9 @@ def run(
             ec2_client=stack.client("ec2"),
             classify=pool_classifier(scenario),
         )
+        for fault in scenario.faults:
+            if isinstance(fault, CapacityError):
+                fleet.capacity_outage(fault.pool, START + fault.at, START + fault.at + fault.duration)
         if on_stack:
             on_stack(stack)
         try:

@@ -62,6 +62,8 @@ ENV_CHECKPOINT_URI = "PREEMPTOR_CHECKPOINT_S3_URI"
 
 CHECKPOINT_REQUEST_KEY = "_preemptor/checkpoint-request.json"
 _BATCH_EXIT_REASON = "Essential container in task exited"
+# SageMaker's answer when it cannot provision the instances (FailureReason of the job).
+CAPACITY_ERROR = "CapacityError: Unable to provision requested ML compute capacity. Please retry using a different ML instance type."
 
 # Fields of CreateTrainingJob that real "SageMaker Training Job State Change" events repeat.
 _SAGEMAKER_DETAIL_FIELDS = (
@@ -196,6 +198,7 @@ class SimulatedFleet:
         self._emit = emit
         self._startup_s = {SAGEMAKER: sagemaker_startup_s, BATCH: batch_startup_s}
         self._stop_grace_s = {SAGEMAKER: sagemaker_stop_grace_s, BATCH: batch_stop_grace_s}
+        self._capacity_outages: list[tuple[str, float, float]] = []  # (pool, from, until)
         self._checkpoint_write_s = checkpoint_write_s
         self._checkpoint_on_stop = checkpoint_on_stop
         self._new_id = id_factory or (lambda: str(uuid.uuid4()))
@@ -492,9 +495,27 @@ class SimulatedFleet:
             return self._end(job, t, completed=False)
         raise ValueError(f"unknown fleet transition {kind!r}")
 
+    def capacity_outage(self, pool: str, start: float, end: float) -> None:
+        """From `start` to `end` (epoch seconds), SageMaker cannot provision `pool`'s
+        instances: a training job that would start then fails with SageMaker's
+        `CapacityError`, as on AWS (created, then Failed), holding no GPU."""
+        self._capacity_outages.append((pool, start, end))
+
+    def _out_of_capacity(self, job: _Job, t: float) -> bool:
+        return job.service == SAGEMAKER and any(p == job.pool and a <= t < b for p, a, b in self._capacity_outages)
+
     def _start(self, job: _Job, t: float) -> bool:
         if job.stop_requested_at is not None and job.phase == "starting":
             return False  # the stop already ended it (scheduled at the request)
+        if self._out_of_capacity(job, t):
+            job.final_progress = 0.0
+            job.phase = "ended"
+            self._occupy(job, -1)
+            moto_patches.set_training_job_status(job.name, "Failed", "Failed", CAPACITY_ERROR)
+            job.status = "Failed/Failed"
+            self._record(t, job, f"Failed: {CAPACITY_ERROR}")
+            self._emit(self._sagemaker_event(job))
+            return True
         progress, checkpoint_at = self._newest_checkpoint(job)
         job.phase = "running"
         job.work_started_at = t

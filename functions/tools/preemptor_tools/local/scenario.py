@@ -14,7 +14,8 @@ Batch pools take `gpus` per job instead of `instances`, and may list spot interr
 
 A hostile world (see `hostile.py`): `chaos: {seed, throttle_rate, duplicate_rate, reorder_rate,
 transaction_conflict_rate, crash_rate}` and `faults: [{type: stop_denied, at, job, duration},
-{type: stopped_by_hand, at, job}, {type: workflow_crash, at}]`.
+{type: stopped_by_hand, at, job}, {type: workflow_crash, at}, {type: capacity_error, at, pool,
+duration}]`.
 """
 
 from __future__ import annotations
@@ -101,7 +102,19 @@ class WorkflowCrash(BaseModel):
     at: float = Field(ge=0)
 
 
-Fault = Annotated[StopDenied | StoppedByHand | WorkflowCrash, Field(discriminator="type")]
+class CapacityError(BaseModel):
+    """From `at` for `duration` seconds, SageMaker cannot provision `pool`'s instances:
+    every training job that would start there fails with FailureReason `CapacityError`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["capacity_error"]
+    at: float = Field(ge=0)
+    pool: str
+    duration: float = Field(gt=0)
+
+
+Fault = Annotated[StopDenied | StoppedByHand | WorkflowCrash | CapacityError, Field(discriminator="type")]
 
 
 class Scenario(BaseModel):
