@@ -17,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+from .inputs import InputFileError, load
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="preemptor", description="Priority scheduler with checkpoint-aware preemption")
@@ -32,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     replay = sub.add_parser("replay-events", help="feed captured EventBridge events through the intake")
     replay.add_argument("files", nargs="+", type=Path)
+    replay.add_argument("--policy", type=Path, help="policy JSON the emulated stack runs with (teams and their ceilings)")
 
     plan = sub.add_parser("plan", help="print the decision for a snapshot, touching nothing")
     plan.add_argument("--snapshot", type=Path, required=True)
@@ -48,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
 
     submit = sub.add_parser("submit", help="submit a job request to a deployed stack (EventBridge)")
     submit.add_argument("--file", type=Path, required=True, help="job request JSON (see the README)")
-    submit.add_argument("--bus", default="default", help="event bus name (default: default)")
+    submit.add_argument(
+        "--bus", required=True, help="the stack's submission bus (its SubmissionBusName output: <stack>-submissions)"
+    )
 
     sim = sub.add_parser("sim", help="replay a job trace through our policy or a competitor's (docs/simulator.md)")
     from .sim.command import add_arguments as add_sim_arguments
@@ -56,6 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     add_sim_arguments(sim)
 
     args = parser.parse_args(argv)
+    try:
+        return _dispatch(args)
+    except InputFileError as e:
+        print(f"preemptor: {e}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args) -> int:
     if args.command == "demo":
         return _demo(args)
     if args.command == "replay-events":
@@ -75,7 +88,7 @@ def _demo(args) -> int:
     from .local import demo
     from .local.scenario import DEFAULT_SCENARIO, Scenario
 
-    scenario = Scenario.load(args.scenario) if args.scenario else DEFAULT_SCENARIO
+    scenario = load(args.scenario, "scenario", Scenario.model_validate) if args.scenario else DEFAULT_SCENARIO
     result = demo.run(scenario, explain=args.explain)
     if args.quiet:
         result.timeline = []
@@ -90,7 +103,11 @@ def _demo(args) -> int:
 def _replay(args) -> int:
     from .local.replay import replay_files
 
-    counts = replay_files(args.files, sys.stdout)
+    policy = _policy_text(args.policy) if args.policy else None
+    missing = [p for p in args.files if not p.exists()]
+    if missing:
+        raise InputFileError(missing[0], "no such file or directory")
+    counts = replay_files(args.files, sys.stdout, policy_config=policy)
     print(f"{counts['accepted']} accepted, {counts['ignored']} ignored, {counts['rejected']} rejected, {counts['duplicate']} duplicate")
     return 0
 
@@ -100,8 +117,8 @@ def _plan(args) -> int:
     from preemptor.core.policy import Policy
     from .snapshot_file import load_snapshot
 
-    policy = Policy(**json.loads(args.policy.read_text())) if args.policy else Policy()
-    now, snapshot = load_snapshot(json.loads(args.snapshot.read_text()), policy.tiers)
+    policy = load(args.policy, "policy", lambda d: Policy(**_object(d))) if args.policy else Policy()
+    now, snapshot = load(args.snapshot, "snapshot", lambda d: load_snapshot(_object(d), policy.tiers))
     print(json.dumps(plan(snapshot, policy, now).to_dict(), indent=2))
     return 0
 
@@ -115,9 +132,9 @@ def _explain(args) -> int:
     from preemptor.core.policy import Policy
     from .snapshot_file import load_snapshot
 
-    policy = Policy(**json.loads(args.policy.read_text())) if args.policy else Policy()
-    now, snapshot = load_snapshot(json.loads(args.snapshot.read_text()), policy.tiers)
-    history = json.loads(args.history.read_text()) if args.history else None
+    policy = load(args.policy, "policy", lambda d: Policy(**_object(d))) if args.policy else Policy()
+    now, snapshot = load(args.snapshot, "snapshot", lambda d: load_snapshot(_object(d), policy.tiers))
+    history = load(args.history, "history", _history) if args.history else None
     answer = explain_job(args.job, plan(snapshot, policy, now), snapshot, policy, now, history)
     print(json.dumps(answer, indent=2) if args.json else answer["text"])
     return 0 if answer["status"] != "unknown" else 1
@@ -139,7 +156,7 @@ def _explain_stack(args) -> int:
         {
             "JOBS_TABLE": outputs["JobsTableName"],
             "POOLS_CONFIG": params.get("PoolsConfig", "[]"),
-            "POLICY_CONFIG": args.policy.read_text() if args.policy else params.get("PolicyConfig", "{}"),
+            "POLICY_CONFIG": _policy_text(args.policy) if args.policy else params.get("PolicyConfig", "{}"),
         }
     )
     store = JobsStore(settings.jobs_table, boto3.client("dynamodb"))
@@ -153,9 +170,10 @@ def _submit(args) -> int:
 
     from preemptor.core.requests import JobRequest
 
-    request = JobRequest.model_validate_json(args.file.read_text())
+    request = load(args.file, "job request", JobRequest.model_validate)
     entry = {
-        "Source": "preemptor",
+        # The team is who sends: the bus lets a principal put only its own team's source.
+        "Source": f"preemptor.{request.team}",
         "DetailType": "Job Submitted",
         "Detail": request.model_dump_json(exclude_none=True),
         "EventBusName": args.bus,
@@ -166,6 +184,26 @@ def _submit(args) -> int:
         return 1
     print(f"submitted {request.name}: event {out['Entries'][0]['EventId']}")
     return 0
+
+
+def _object(document):
+    if not isinstance(document, dict):
+        raise ValueError(f"the document must be an object, not {type(document).__name__}")
+    return document
+
+
+def _history(document) -> list[dict]:
+    if not isinstance(document, list) or not all(isinstance(e, dict) for e in document):
+        raise ValueError("the decision log must be a list of entries (objects)")
+    return document
+
+
+def _policy_text(path: Path) -> str:
+    """A policy file, validated, as the JSON text the stack's PolicyConfig takes."""
+    from preemptor.core.policy import Policy
+
+    document = load(path, "policy", lambda d: (Policy(**_object(d)), d)[1])
+    return json.dumps(document)
 
 
 def _sim(args) -> int:

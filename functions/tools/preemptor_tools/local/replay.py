@@ -28,9 +28,12 @@ def expand(paths: list[Path]) -> list[Path]:
     return files
 
 
-def replay_files(paths: list[Path], out: TextIO) -> Counter:
+def replay_files(paths: list[Path], out: TextIO, policy_config: str | None = None) -> Counter:
+    """Replay every file; `policy_config` (PolicyConfig JSON: teams and their ceilings, say)
+    is the emulated stack's policy instead of the defaults."""
     counts: Counter = Counter({"accepted": 0, "ignored": 0, "rejected": 0, "duplicate": 0, "error": 0})
-    with EmulatedStack(SimClock(START)) as stack:
+    parameters = {"PolicyConfig": policy_config} if policy_config else None
+    with EmulatedStack(SimClock(START), parameters=parameters) as stack:
         for path in expand(paths):
             try:
                 result = _replay_one(stack, path)

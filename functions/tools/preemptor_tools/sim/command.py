@@ -60,7 +60,9 @@ def load_policy(spec: str, pool: str):
     path = Path(spec)
     if not path.is_file():
         raise SystemExit(f"--policy: {spec!r} is neither a policy ({', '.join(POLICY_NAMES)}) nor a file")
-    return preemptor_policy(Policy(**json.loads(path.read_text())), pool=pool)
+    from ..inputs import load
+
+    return preemptor_policy(load(path, "policy", lambda d: Policy(**d)), pool=pool)
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -83,11 +85,10 @@ def run(args: argparse.Namespace) -> int:
     from .engine import simulate
     from .metrics import summarize
     from .report import print_summary, progress_bar
-    from .trace import load_trace
 
     config = config_from_args(args)
     policy = load_policy(args.policy, config.pool)
-    trace = load_trace(args.trace, start_s=args.start_s, end_s=args.end_s)
+    trace = _trace(args)
     show = not args.no_progress and sys.stderr.isatty()
     with progress_bar(len(trace), f"{policy.name} on {args.trace.name}", enabled=show) as bar:
         result = simulate(trace, policy, config, progress=bar)
@@ -98,3 +99,15 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_summary(summary, sys.stdout)
     return 0
+
+
+def _trace(args):
+    from ..inputs import InputFileError
+    from .trace import TraceError, load_trace
+
+    try:
+        return load_trace(args.trace, start_s=args.start_s, end_s=args.end_s)
+    except TraceError as e:
+        raise InputFileError(args.trace, f"trace: {str(e).removeprefix(f'{args.trace}:').strip()}") from None
+    except OSError as e:
+        raise InputFileError(args.trace, f"cannot read the trace: {e.strerror or e}") from None

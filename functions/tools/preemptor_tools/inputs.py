@@ -1,0 +1,71 @@
+"""Files a user hands the CLI: read, parsed and validated, or refused in one line.
+
+A wrong file gets one line naming the file and, where one is at fault, the field
+(`scenario.yaml: field pools.0: pool 'p5' needs 'instances' or 'gpus'`), never a
+traceback; `preemptor` prints it on stderr and exits 2.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import yaml
+from pydantic import ValidationError
+
+T = TypeVar("T")
+
+
+class InputFileError(Exception):
+    """A file the user gave cannot be used; the message is one line: `path: what is wrong`."""
+
+    def __init__(self, path: Path | str, problem: str):
+        super().__init__(f"{path}: {problem}")
+        self.path = str(path)
+        self.problem = problem
+
+
+def read_document(path: Path, what: str) -> Any:
+    """The file's JSON document (YAML too for `.yaml` / `.yml`), or InputFileError."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputFileError(path, f"the {what} is not UTF-8 text") from None
+    except OSError as e:
+        raise InputFileError(path, f"cannot read the {what}: {e.strerror or e}") from None
+    if Path(path).suffix.lower() in (".yaml", ".yml"):
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise InputFileError(path, f"the {what} is not valid YAML{where}: {problem}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputFileError(path, f"the {what} is not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+
+
+def validated(path: Path, what: str, build: Callable[[], T]) -> T:
+    """`build()` (a pydantic validation, a loader), with its refusal as InputFileError naming
+    the first field at fault and how many more there are."""
+    try:
+        return build()
+    except ValidationError as e:
+        errors = e.errors()
+        first = errors[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(the whole document)"
+        message = str(first["msg"]).removeprefix("Value error, ")
+        more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
+        raise InputFileError(path, f"{what}: field {field}: {message}{more}") from None
+    except (ValueError, TypeError, KeyError) as e:
+        detail = str(e).strip("'\"") or type(e).__name__
+        raise InputFileError(path, f"{what}: {detail}") from None
+
+
+def load(path: Path, what: str, build: Callable[[Any], T]) -> T:
+    """Read `path` and build the `what` from its document, refusing in one line."""
+    document = read_document(path, what)
+    return validated(path, what, lambda: build(document))
