@@ -121,3 +121,12 @@ def test_a_capacity_error_is_waited_out_and_the_job_starts_once_capacity_returns
     assert job["wait_s"] >= returns_at - 120
     # And no run ran twice, nor the pool above capacity
     assert violations(result, scenario) == []
+
+
+def test_the_report_counts_launches_relaunches_and_capacity_waits_per_job():
+    # Given the capacity-error story (three launches met no capacity, the fourth ran)
+    [job] = replay("capacity-error").result.report["jobs"]
+    # Then each launch is counted, and each relaunch after a capacity wait
+    assert job["capacity_waits"] >= 2
+    assert job["launch_attempts"] == job["capacity_waits"] + 1
+    assert job["relaunches"] == job["incarnations"] - 1

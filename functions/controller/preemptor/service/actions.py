@@ -360,6 +360,7 @@ def _wait_for_capacity(
         f"launch {retries} met no capacity ({reason}); tried again after {wait:.0f} s",
         retries=retries,
         not_before=now + wait,
+        run_created=run_created,
     )
     return {"released": True, "pool": record.pool, "reason": "no-capacity", "not_before": now + wait, "wait_s": round(wait, 3)}
 

@@ -327,6 +327,11 @@ def build_report(store, scenario: Scenario) -> dict:
             continue
         wait = None if r.first_started_at is None else round(r.first_started_at - r.submitted_at, 3)
         mine = [e for e in requeues if e["job"] == r.name]
+        own = [e for e in history if e["job"] == r.name]
+        kinds = [e["kind"] for e in own]
+        refused_at_create = sum(
+            1 for e in own if e["kind"] == "launch-failed" or (e["kind"] == "capacity-wait" and not e["extra"].get("run_created", True))
+        )
         jobs.append(
             {
                 "name": r.name,
@@ -338,6 +343,10 @@ def build_report(store, scenario: Scenario) -> dict:
                 "interruptions": sum(1 for e in mine if e["reason"] == "interrupted"),
                 "lost_gpu_seconds": round(r.lost_gpu_seconds, 3),
                 "incarnations": r.incarnation,
+                # Runs created (first launch and relaunches) plus launches the service refused.
+                "relaunches": kinds.count("relaunched"),
+                "launch_attempts": kinds.count("launched") + kinds.count("relaunched") + refused_at_create,
+                "capacity_waits": kinds.count("capacity-wait"),
             }
         )
     details = []

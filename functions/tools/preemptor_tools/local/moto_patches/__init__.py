@@ -12,6 +12,8 @@ and each patch says which gap it fills:
 - `batch`: jobs that stay SUBMITTED for the fleet instead of finishing at submission, and
   `Job.terminate` handed to the fleet.
 - `s3`: `LastModified` from the simulated clock.
+- `dynamodb`: each item operation atomic (moto applies a conditional write without a lock,
+  and runs each Step Functions execution in its own thread: concurrent cycles lost updates).
 
 Features no state machine of the product uses (`.sync` polling, task tokens, task timeouts,
 Timestamp waits, `aws-sdk:*` error names) are not patched: on the emulated stack they behave
@@ -44,7 +46,7 @@ if moto.__version__ != PINNED_MOTO_VERSION:
 
 from preemptor_tools.local.clock import SimClock  # noqa: E402
 
-from . import batch, lambda_, s3, sagemaker, stepfunctions  # noqa: E402
+from . import batch, dynamodb, lambda_, s3, sagemaker, stepfunctions  # noqa: E402
 from ._core import _STATE, LambdaInvoker, quiet_moto_logging, restore_all  # noqa: E402
 from .batch import get_batch_job, on_batch_job_submitted, on_batch_job_terminate_requested, set_batch_job_status  # noqa: E402
 from .lambda_ import LambdaRuntimeExited  # noqa: E402
@@ -94,6 +96,7 @@ def install(clock: SimClock, lambda_invoker: LambdaInvoker) -> None:
         sagemaker.patch()
         batch.patch()
         s3.patch()
+        dynamodb.patch()
         quiet_moto_logging()
 
 
