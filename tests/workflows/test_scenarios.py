@@ -130,3 +130,22 @@ def test_the_report_counts_launches_relaunches_and_capacity_waits_per_job():
     assert job["capacity_waits"] >= 2
     assert job["launch_attempts"] == job["capacity_waits"] + 1
     assert job["relaunches"] == job["incarnations"] - 1
+
+
+def test_a_spot_interruption_of_a_batch_job_loses_only_the_work_since_the_checkpoint_it_triggered():
+    # Given a Batch pool described by instances, a job on 2 of them (8 GPUs) checkpointing
+    # every 10 minutes, and a spot warning 4.5 minutes after its last periodic checkpoint
+    scenario = Scenario.load(SCENARIOS / "batch-spot-fault.yaml")
+    result = replay("batch-spot-fault").result
+    [job] = result.report["jobs"]
+    warning_at, gpus, warning_window = 2700.0, 8, 120.0
+    # Then the job completes after one interruption, relaunched once
+    assert job["state"] == "Completed" and job["interruptions"] == 1 and job["relaunches"] == 1
+    # And it resumed from a checkpoint written after the warning (not the periodic one)
+    resumed = [t for t in result.timeline if t.job == "spot-train-r2" and "resumed at progress" in t.why]
+    progress = float(resumed[0].why.rsplit("resumed at progress ", 1)[1].rstrip("s"))
+    started_at = 30.0  # Batch's start-up in the emulated fleet
+    assert progress >= warning_at - started_at
+    # And it lost at most the work between that checkpoint and the instance going away
+    assert 0 < job["lost_gpu_seconds"] <= gpus * warning_window
+    assert violations(result, scenario) == []

@@ -15,7 +15,8 @@ Batch pools take `gpus` per job instead of `instances`, and may list spot interr
 A hostile world (see `hostile.py`): `chaos: {seed, throttle_rate, duplicate_rate, reorder_rate,
 transaction_conflict_rate, crash_rate}` and `faults: [{type: stop_denied, at, job, duration},
 {type: stopped_by_hand, at, job}, {type: workflow_crash, at}, {type: capacity_error, at, pool,
-duration}]`.
+duration}, {type: spot_interruption, at, job}]`. Batch pools described by instances
+(`instance_type`, `instances`, `gpus_per_instance`) take `instances` on jobs.
 """
 
 from __future__ import annotations
@@ -114,7 +115,20 @@ class CapacityError(BaseModel):
     duration: float = Field(gt=0)
 
 
-Fault = Annotated[StopDenied | StoppedByHand | WorkflowCrash | CapacityError, Field(discriminator="type")]
+class SpotInterruptionFault(BaseModel):
+    """At `at`, EC2 warns that the spot instance under `job`'s current run goes two minutes
+    later, and reclaims it then (the same as an `interruptions:` entry)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["spot_interruption"]
+    at: float = Field(ge=0)
+    job: str
+
+
+Fault = Annotated[
+    StopDenied | StoppedByHand | WorkflowCrash | CapacityError | SpotInterruptionFault, Field(discriminator="type")
+]
 
 
 class Scenario(BaseModel):
@@ -142,7 +156,21 @@ class Scenario(BaseModel):
             if pool.service == "sagemaker" and job.instances is None:
                 raise ValueError(f"job {job.name!r} runs on SageMaker pool {pool.name!r}: give 'instances'")
             if pool.service == "batch" and job.gpus is None:
-                raise ValueError(f"job {job.name!r} runs on Batch pool {pool.name!r}: give 'gpus'")
+                if job.instances is None or pool.gpus is not None:
+                    raise ValueError(
+                        f"job {job.name!r} runs on Batch pool {pool.name!r}: give 'gpus' "
+                        "(or 'instances', where the pool is described by instances)"
+                    )
+                # A pool described by instances: a job's GPUs are its instances' GPUs.
+                job.gpus = job.instances * pool.gpus_per_instance
+            if pool.service == "batch" and job.instances is not None and job.gpus != job.instances * pool.gpus_per_instance:
+                if pool.gpus is None:
+                    raise ValueError(
+                        f"job {job.name!r}: gpus={job.gpus} contradicts {job.instances} instances x {pool.gpus_per_instance} GPUs"
+                    )
+        self.interruptions = self.interruptions + [
+            SpotInterruption(at=f.at, job=f.job) for f in self.faults if isinstance(f, SpotInterruptionFault)
+        ]
         by_name = {j.name: j for j in self.jobs}
         for cut in self.interruptions:
             job = by_name.get(cut.job)

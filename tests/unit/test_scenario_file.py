@@ -1,0 +1,42 @@
+"""The scenario format speaks the user's language: pools as bought, faults by name."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from preemptor_tools.local.scenario import Scenario, SpotInterruption
+
+BATCH_BY_INSTANCES = {"name": "g5", "service": "batch", "instance_type": "g5.12xlarge", "instances": 4, "gpus_per_instance": 4}
+
+
+def _scenario(pool: dict, job: dict, **extra) -> Scenario:
+    base = {"name": "j", "team": "t", "priority": 50, "pool": pool["name"], "submit_at": 0, "duration": 60}
+    return Scenario.model_validate({"pools": [pool], "jobs": [{**base, **job}], **extra})
+
+
+def test_a_batch_pool_described_by_instances_takes_instances_on_jobs():
+    # Given a Batch pool of 4 x 4-GPU instances, when a job asks for 2 instances
+    [job] = _scenario(BATCH_BY_INSTANCES, {"instances": 2}).jobs
+    # Then its GPUs are its instances' GPUs
+    assert job.gpus == 8
+
+
+@pytest.mark.parametrize(
+    "pool, job, message",
+    [
+        (BATCH_BY_INSTANCES, {"instances": 2, "gpus": 3}, "contradicts 2 instances x 4 GPUs"),
+        ({"name": "g5", "service": "batch", "gpus": 16}, {"instances": 2}, "give 'gpus'"),
+        (BATCH_BY_INSTANCES, {}, "give 'gpus' (or 'instances'"),
+    ],
+    ids=["gpus-contradict-instances", "instances-on-a-pool-of-gpus", "neither"],
+)
+def test_a_job_that_misstates_its_size_is_refused_with_the_reason(pool, job, message):
+    with pytest.raises(ValidationError, match=message.replace("(", r"\(").replace("'", "'")):
+        _scenario(pool, job)
+
+
+def test_a_spot_interruption_fault_is_an_interruption_of_the_job():
+    scenario = _scenario(BATCH_BY_INSTANCES, {"instances": 1}, faults=[{"type": "spot_interruption", "at": 100, "job": "j"}])
+    assert scenario.interruptions == [SpotInterruption(at=100, job="j")]
+    assert scenario.hostile
