@@ -22,6 +22,7 @@ from preemptor.core.events import (
     DomainEvent,
     EventRejected,
     Ignored,
+    InstanceScheduledChange,
     JobCancelled,
     JobSubmitted,
     RebalanceRecommendation,
@@ -111,7 +112,7 @@ EXPECTED: dict[str, type | str] = {
     "other/amazon-cloudwatch-user-guide__cloudwatch-alarm-state-change__3d93f584.json": Ignored,
     "other/amazon-cloudwatch-user-guide__cloudwatch-alarm-state-change__d9aa1f4a.json": Ignored,
     "other/amazon-cloudwatch-user-guide__cloudwatch-alarm-state-change__e5f99f07.json": Ignored,
-    "other/aws-node-termination-handler__aws-health-event__6620a964.json": Ignored,
+    "other/aws-node-termination-handler__aws-health-event__6620a964.json": InstanceScheduledChange,
     # Alarm payloads a CloudWatch alarm sends straight to Lambda: no EventBridge envelope.
     "other/powertools__cloudWatchAlarmEventCompositeMetric.json": "missing-field",
     "other/powertools__cloudWatchAlarmEventSingleMetric.json": "missing-field",
@@ -1087,3 +1088,17 @@ def test_s3_object_created_names_bucket_and_key():
     assert event.bucket == "preemptor-checkpoints"
     assert event.key == "research/llm-pretrain-7b/step-001200/model.safetensors"
     assert event.time == parse_timestamp("2025-03-10T09:30:00Z")
+
+
+def test_an_ec2_scheduled_change_names_its_instances_and_other_health_events_are_ignored():
+    # Given AWS Health's samples: a scheduled maintenance of an EC2 host, an EC2 issue, and
+    # an issue of another service
+    scheduled = parse_event(load_event(sample("other/aws-node-termination-handler__aws-health-event__6620a964.json")))
+    issue = parse_event(load_event(sample("other/amazon-cloudwatch-events-use__aws-health-event__d92cc472.json")))
+    elb = parse_event(load_event(sample("other/amazon-cloudwatch-events-use__aws-health-event__a11c106b.json")))
+    # Then the scheduled change names the affected instance, the others say why they are ignored
+    assert isinstance(scheduled, InstanceScheduledChange)
+    assert scheduled.instance_ids == ("i-12345678",)
+    assert scheduled.event_type_code == "AWS_EC2_DEDICATED_HOST_NETWORK_MAINTENANCE_SCHEDULED"
+    assert isinstance(issue, Ignored) and "not an EC2 scheduled change" in issue.reason
+    assert isinstance(elb, Ignored) and "ELASTICLOADBALANCING" in elb.reason

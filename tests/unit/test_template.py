@@ -65,6 +65,11 @@ INTAKE_RULES = {
     "BatchJobStateChange": {"source": ["aws.batch"], "detail-type": ["Batch Job State Change"]},
     "SpotInterruptionWarning": {"source": ["aws.ec2"], "detail-type": ["EC2 Spot Instance Interruption Warning"]},
     "RebalanceRecommendation": {"source": ["aws.ec2"], "detail-type": ["EC2 Instance Rebalance Recommendation"]},
+    "ScheduledInstanceChange": {
+        "source": ["aws.health"],
+        "detail-type": ["AWS Health Event"],
+        "detail": {"service": ["EC2"], "eventTypeCategory": ["scheduledChange"]},
+    },
     "PreemptorJobEvents": {"source": [{"prefix": "preemptor."}], "detail-type": ["Job Submitted", "Job Cancelled"]},
     "CheckpointObjectCreated": {
         "source": ["aws.s3"],
@@ -516,7 +521,11 @@ def test_sample_event_reaches_exactly_the_rule_for_its_type(template, path):
     wanted = INTAKE_RULES[rule]["source"][0] if rule else None
     source = str(event.get("source"))
     ours = source.startswith(wanted["prefix"]) if isinstance(wanted, dict) else source == wanted
-    expected = {rule} if rule and ours else set()
+    # (Health events: only EC2's scheduled changes concern a job)
+    narrowed = rule != "ScheduledInstanceChange" or (
+        (event.get("detail") or {}).get("service") == "EC2" and (event.get("detail") or {}).get("eventTypeCategory") == "scheduledChange"
+    )
+    expected = {rule} if rule and ours and narrowed else set()
     assert matched == expected
 
 

@@ -127,3 +127,27 @@ def test_rebalance_recommendation_only_asks_for_a_checkpoint():
         assert env.job("steady").status is JobState.RUNNING and env.job("steady").incarnation == 1
         assert "checkpoint-requested" in env.kinds("steady")
         assert instance.status == "RUNNING"
+
+
+def test_an_aws_health_scheduled_change_of_the_instance_asks_the_job_for_a_checkpoint():
+    with emulation(pools=[G5]) as env:
+        # Given a Batch job running on an EC2 instance
+        _batch_queue(env)
+        env.submit(name="steady", team="a", priority=200, pool="g5", gpus=8, duration=7200, checkpoint_every=1800)
+        env.advance(300)
+        [placed] = [e for e in env.store.history("steady") if e["kind"] == "placed"]
+        instance_id = placed["detail"].rsplit(" ", 1)[-1]
+        # When AWS Health schedules maintenance of that instance (the real sample, aimed at it)
+        event = json.loads(load_raw("other/aws-node-termination-handler__aws-health-event__6620a964.json"))
+        event["detail"]["affectedEntities"][0]["entityValue"] = instance_id
+        event["resources"] = [instance_id]
+        routed = env.put(event)
+        # Then the stack's rule routes it to the intake, which asks the job for a checkpoint
+        # now, and the job keeps running (the change comes later; a stop then loses little)
+        assert routed.matched and routed.results[0]["outcome"] == "accepted"
+        run = env.executions("SpotInterruptionStateMachine")[0]
+        assert env.states_visited(run["executionArn"])[-1] == "Checkpoint requested only"
+        steady = env.job("steady")
+        assert steady.status is JobState.RUNNING and steady.incarnation == 1
+        requested = [e for e in env.store.history("steady") if e["kind"] == "checkpoint-requested"]
+        assert requested and requested[-1]["reason"].startswith("scheduled-change: AWS_EC2_DEDICATED_HOST_NETWORK_MAINTENANCE")

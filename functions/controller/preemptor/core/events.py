@@ -172,6 +172,14 @@ class RebalanceRecommendation(_Event):
     instance_id: str
 
 
+class InstanceScheduledChange(_Event):
+    """AWS Health schedules a change (retirement, maintenance, a reboot) of EC2 instances:
+    the jobs on them can still checkpoint before it happens."""
+
+    instance_ids: tuple[str, ...]
+    event_type_code: str
+
+
 class CheckpointWritten(_Event):
     """S3 created an object (a checkpoint, or one of the controller's markers) in a bucket
     that sends its events to EventBridge."""
@@ -218,7 +226,8 @@ class Ignored(_Event):
 
 
 DomainEvent = (
-    TrainingJobStateChanged
+    InstanceScheduledChange
+    | TrainingJobStateChanged
     | BatchJobStateChanged
     | SpotInterruptionWarning
     | RebalanceRecommendation
@@ -667,6 +676,23 @@ def _rebalance(
     )
 
 
+def _health_event(envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int]) -> InstanceScheduledChange | Ignored:
+    """Only EC2's scheduled changes concern a job (its instance will be retired, rebooted or
+    maintained); issues and account notifications are ignored with the reason. The
+    instances are the affected entities that are instance ids, else the event's resources."""
+    service = detail.optional_str("service") or ""
+    category = detail.optional_str("eventTypeCategory") or ""
+    code = detail.optional_str("eventTypeCode") or ""
+    if service != "EC2" or category != "scheduledChange":
+        return Ignored(**envelope.common(), reason=f"health event {code or '?'} ({category or '?'}) of {service or '?'}: not an EC2 scheduled change")
+    entities = [e.get("entityValue") for e in detail.optional_list("affectedEntities") if isinstance(e, dict)]
+    candidates = [str(v).strip() for v in entities if isinstance(v, str)] or [r.strip() for r in envelope.resources]
+    instances = tuple(dict.fromkeys(v for v in candidates if _INSTANCE_ID.fullmatch(v)))
+    if not instances:
+        return Ignored(**envelope.common(), reason=f"health event {code}: names no EC2 instance")
+    return InstanceScheduledChange(**envelope.common(), instance_ids=instances, event_type_code=code)
+
+
 def _object_created(envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int]) -> CheckpointWritten:
     return CheckpointWritten(
         **envelope.common(),
@@ -730,4 +756,5 @@ _PARSERS: Mapping[
     ("aws.ec2", "EC2 Spot Instance Interruption Warning"): _spot_interruption,
     ("aws.ec2", "EC2 Instance Rebalance Recommendation"): _rebalance,
     ("aws.s3", "Object Created"): _object_created,
+    ("aws.health", "AWS Health Event"): _health_event,
 }

@@ -110,6 +110,8 @@ class Intake:
             return self._run_changed(event, "batch", event.job_id, event.status, BATCH_OUTCOMES, now)
         if isinstance(event, (ev.SpotInterruptionWarning, ev.RebalanceRecommendation)):
             return self._instance_warning(event, now)
+        if isinstance(event, ev.InstanceScheduledChange):
+            return self._scheduled_change(event, now)
         if isinstance(event, ev.CheckpointWritten):
             return self._checkpoint_written(event, now)
         return IntakeResult("ignored", f"no handler for {type(event).__name__}")
@@ -331,6 +333,29 @@ class Intake:
         }
         arn = self.workflows.start("spot", execution_name(name, str(incarnation), event.event_id), payload)
         return IntakeResult("accepted", "spot-interruption" if stop else "rebalance-recommendation", name, arn)
+
+    def _scheduled_change(self, event: "ev.InstanceScheduledChange", now: float) -> IntakeResult:
+        """AWS Health will retire, reboot or maintain instances: each job running on one is
+        asked for a checkpoint now, as for a rebalance recommendation (the change comes
+        days or hours ahead; the job keeps running, and a stop when it comes loses little)."""
+        started = []
+        for instance_id in event.instance_ids:
+            found = self.store.find_run("instance", instance_id)
+            if found is None:
+                continue
+            name, incarnation = found
+            payload = {
+                "job": name,
+                "incarnation": incarnation,
+                "instance_id": instance_id,
+                "stop": False,
+                "reason": f"scheduled-change: {event.event_type_code}"[:200],
+            }
+            self.workflows.start("spot", execution_name(name, str(incarnation), event.event_id), payload)
+            started.append(name)
+        if not started:
+            return IntakeResult("ignored", f"{event.event_type_code}: no managed run on {', '.join(event.instance_ids)}")
+        return IntakeResult("accepted", f"scheduled-change: checkpoint asked of {', '.join(started)}", started[0])
 
     def _checkpoint_written(self, event: "ev.CheckpointWritten", now: float) -> IntakeResult:
         """Keep each job's last checkpoint time current, so victims are ranked by the work
