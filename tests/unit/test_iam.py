@@ -66,7 +66,7 @@ NOT_EXERCISED = {
     },
     ("ReconcileFunction", "sagemaker:StopTrainingJob"): "a run no job accounts for is stopped (tests/workflows/test_bounded.py)",
     ("ReconcileFunction", "sagemaker:ListTags"): "tags of a run the table cannot place (tests/workflows/test_bounded.py)",
-    ("ReconcileFunction", "batch:TerminateJob"): "a Batch run no job accounts for is stopped (BatchRunner.live_runs; no test runs it on Batch yet)",
+    ("ReconcileFunction", "batch:TerminateJob"): "a Batch run no job accounts for is stopped (tests/workflows/test_job_ended_and_spot.py)",
     ("ReconcileFunction", "batch:DescribeJobs"): "reconcile of a live Batch run (tests/storm/test_storm_scenarios.py, batch case)",
     ("FinishCycleFunction", "dynamodb:UpdateItem"): "a plan step that failed lets the lease go (tests/workflows/test_bounded.py)",
     ("ReconcileFunction", "dynamodb:PutItem"): "a repair's decision-log entry (tests/workflows/test_bounded.py)",

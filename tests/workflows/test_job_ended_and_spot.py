@@ -9,6 +9,7 @@ from eventfiles import load_raw
 
 from preemptor.config import PoolConfig
 from preemptor.core.model import JobState
+from preemptor.service.reconcile import UNKNOWN_RUN_GRACE_S
 
 G5 = PoolConfig(name="g5", service="batch", gpus=32)
 
@@ -151,3 +152,28 @@ def test_an_aws_health_scheduled_change_of_the_instance_asks_the_job_for_a_check
         assert steady.status is JobState.RUNNING and steady.incarnation == 1
         requested = [e for e in env.store.history("steady") if e["kind"] == "checkpoint-requested"]
         assert requested and requested[-1]["reason"].startswith("scheduled-change: AWS_EC2_DEDICATED_HOST_NETWORK_MAINTENANCE")
+
+
+def test_reconcile_stops_a_managed_batch_job_no_job_accounts_for():
+    with emulation(pools=[G5]) as env:
+        # Given a Batch job the controller runs, and a managed job of the same queue that no
+        # job accounts for (its job ended long ago), and an unmanaged one
+        _batch_queue(env)
+        env.submit(name="steady", team="a", priority=200, pool="g5", gpus=8, duration=30000)
+        batch = env.stack.client("batch")
+        managed = {"preemptor:managed": "true", "preemptor:job": "gone", "preemptor:incarnation": "1"}
+        ghost = batch.submit_job(jobName="gone", jobQueue="g5-queue", jobDefinition="g5-training", tags=managed)["jobId"]
+        foreign = batch.submit_job(jobName="theirs", jobQueue="g5-queue", jobDefinition="g5-training", tags={"owner": "x"})["jobId"]
+        env.advance(UNKNOWN_RUN_GRACE_S + 120)
+        # When reconcile runs
+        result = env.stack.invoke_lambda("preemptor-ReconcileFunction", {})
+        env.stack.drain()
+        # Then only the unaccounted managed job was terminated, with the reason
+        stopped = [r for r in result["repairs"] if r["repair"] == "unknown-run-stopped"]
+        assert [r["run"] for r in stopped] == [ghost]
+        assert stopped[0]["why"] == "its job is unknown"
+        env.advance(60)  # Batch's stop timeout
+        status = {j["jobId"]: j["status"] for j in batch.describe_jobs(jobs=[ghost, foreign])["jobs"]}
+        assert status[ghost] == "FAILED"
+        assert status[foreign] == "RUNNING"
+        assert env.job("steady").status is JobState.RUNNING
