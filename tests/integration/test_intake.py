@@ -379,3 +379,45 @@ def test_checkpoint_writes_announced_by_s3_keep_the_last_checkpoint_time():
         other["id"] = "other"
         other["detail"]["object"]["key"] = "research/another-job/ckpt.pt"
         assert env.put(other).results[0]["outcome"] == "ignored"
+
+
+def _managed_spot_event(job: str, status: str, secondary: str, event_id: str) -> dict:
+    """The real SageMaker state-change sample, as managed spot sends it for `job`'s run."""
+    event = _sample(
+        "sagemaker/amazon-sagemaker-developer-g__sagemaker-training-job-state-change__8a0a8aaf.json", id=event_id
+    )
+    event["detail"].update(TrainingJobName=job, TrainingJobStatus=status, SecondaryStatus=secondary)
+    event["detail"]["TrainingJobArn"] = f"arn:aws:sagemaker:us-east-1:123456789012:training-job/{job}"
+    return event
+
+
+def test_a_managed_spot_interruption_is_accounted_and_the_job_keeps_running():
+    with emulation() as env:
+        # Given a running job that checkpointed 5 minutes ago
+        env.submit(name="spotty", team="a", priority=200, pool="p5", instances=2, duration=7200, checkpoint_every=300)
+        env.advance(600)
+        # When SageMaker managed spot takes its instances away, then restarts it
+        interrupted = env.put(_managed_spot_event("spotty", "InProgress", "Interrupted", "spot-1")).results[0]
+        restarting = env.put(_managed_spot_event("spotty", "InProgress", "Restarting", "spot-2")).results[0]
+        # Then both are accounted in the job's log, with the work at risk, and the job stays
+        # RUNNING on its GPUs (the service restarts it from its checkpoint by itself)
+        assert interrupted["outcome"] == "accepted" and restarting["outcome"] == "accepted"
+        [entry] = [e for e in env.store.history("spotty") if e["kind"] == "spot-interrupted"]
+        assert entry["reason"] == "managed-spot" and 0 <= entry["extra"]["lost_gpu_seconds"] <= 16 * 300
+        assert "spot-restarting" in env.kinds("spotty")
+        job = env.job("spotty")
+        assert job.status is JobState.RUNNING and job.incarnation == 1
+        assert env.store.pool("p5")["used_gpus"] == 16
+
+
+def test_a_managed_spot_job_that_waited_past_its_max_wait_is_relaunched_not_failed():
+    with emulation() as env:
+        # Given a running job
+        env.submit(name="spotty", team="a", priority=200, pool="p5", instances=2, duration=7200)
+        env.advance(300)
+        # When managed spot gives up: no spot capacity within MaxWaitTimeInSeconds
+        env.put(_managed_spot_event("spotty", "Failed", "MaxWaitTimeExceeded", "spot-3"))
+        # Then the job waits for capacity and is launched again as a new run, not failed
+        job = env.job("spotty")
+        assert job.status in (JobState.PENDING, JobState.ADMITTED, JobState.RUNNING) and job.incarnation == 2
+        assert "capacity-wait" in env.kinds("spotty")

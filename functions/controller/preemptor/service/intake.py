@@ -32,6 +32,8 @@ from . import actions
 # SageMaker's FailureReason when it cannot provision the instances ("CapacityError: Unable to
 # provision requested ML compute capacity. ..."): the job was created, then Failed.
 CAPACITY_ERROR_PREFIX = "CapacityError"
+# SageMaker managed spot, while the job is InProgress: the service restarts it by itself.
+MANAGED_SPOT_PROGRESS = ("Interrupted", "Restarting")
 SAGEMAKER_OUTCOMES = {"Completed": "completed", "Failed": "failed", "Stopped": "stopped"}
 BATCH_OUTCOMES = {"SUCCEEDED": "completed", "FAILED": "failed"}
 SPOT_RECLAIM_PREFIX = "Host EC2"  # Batch statusReason when the instance went away under the job
@@ -201,6 +203,9 @@ class Intake:
         if record is None or record.incarnation != incarnation:
             return IntakeResult("ignored", f"stale: event for incarnation {incarnation} of {name}", name)
         outcome = outcomes.get(status)
+        secondary = getattr(event, "secondary_status", None)
+        if outcome is None and service == "sagemaker" and secondary in MANAGED_SPOT_PROGRESS:
+            return self._managed_spot(record, secondary, now)
         if outcome is None:
             placed = self._note_instance(event, name, incarnation, status, now)
             return IntakeResult("ignored", f"progress: {service} {run_id} is {status}{placed}", name)
@@ -210,6 +215,9 @@ class Intake:
         reason = getattr(event, "failure_reason", None) or getattr(event, "status_reason", None) or status
         if outcome == "failed" and service == "batch" and str(reason).startswith(SPOT_RECLAIM_PREFIX):
             outcome, reason = "interrupted", f"spot reclaim: {reason}"
+        if outcome == "failed" and service == "sagemaker" and secondary == "MaxWaitTimeExceeded":
+            # Managed spot found no spot capacity within MaxWaitTimeInSeconds: wait and relaunch.
+            outcome, reason = "capacity-error", f"MaxWaitTimeExceeded: {reason}"
         if outcome == "failed" and service == "sagemaker" and str(reason).startswith(CAPACITY_ERROR_PREFIX):
             # No instances to be had: the job waits for capacity, it did not fail.
             outcome = "capacity-error"
@@ -225,6 +233,23 @@ class Intake:
         }
         arn = self.workflows.start("job_ended", execution_name(name, str(incarnation), event.event_id), payload)
         return IntakeResult("accepted", f"run ended: {outcome}", name, arn)
+
+    def _managed_spot(self, record: JobRecord, secondary: str, now: float) -> IntakeResult:
+        """SageMaker managed spot took the instances away (`Interrupted`) or is bringing the
+        job back from its checkpoint (`Restarting`). The service restarts the job itself; the
+        controller accounts for it: the interruption and the work it lost (GPUs x time since
+        the newer of the last checkpoint and the run's start), in the job's decision log."""
+        if secondary == "Interrupted":
+            since = max(record.last_checkpoint_at or 0.0, record.started_at or now)
+            lost = record.gpus * max(0.0, now - since)
+            self.store.log(
+                record.name, now, "spot-interrupted", "managed-spot",
+                f"{record.run_name} lost its spot instances; SageMaker restarts it from its checkpoint (~{lost:.0f} GPU-seconds lost)",
+                lost_gpu_seconds=lost,
+            )
+            return IntakeResult("accepted", f"managed-spot interruption of {record.run_name}", record.name)
+        self.store.log(record.name, now, "spot-restarting", "managed-spot", f"{record.run_name} restarts from its checkpoint")
+        return IntakeResult("accepted", f"managed-spot restart of {record.run_name}", record.name)
 
     def _note_instance(self, event, name: str, incarnation: int, status: str, now: float) -> str:
         """Remember the EC2 instance a running Batch job is on, for spot warnings."""

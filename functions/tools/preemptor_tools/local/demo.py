@@ -340,7 +340,8 @@ def build_report(store, scenario: Scenario) -> dict:
                 "state": STATE_NAMES[r.status],
                 "wait_s": wait,
                 "preemptions": sum(1 for e in mine if e["reason"] == "preempted"),
-                "interruptions": sum(1 for e in mine if e["reason"] == "interrupted"),
+                # Stops before a spot instance goes away, and SageMaker managed-spot interruptions
+                "interruptions": sum(1 for e in mine if e["reason"] == "interrupted") + kinds.count("spot-interrupted"),
                 "lost_gpu_seconds": round(r.lost_gpu_seconds, 3),
                 "incarnations": r.incarnation,
                 # Runs created (first launch and relaunches) plus launches the service refused.
