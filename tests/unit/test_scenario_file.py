@@ -40,3 +40,12 @@ def test_a_spot_interruption_fault_is_an_interruption_of_the_job():
     scenario = _scenario(BATCH_BY_INSTANCES, {"instances": 1}, faults=[{"type": "spot_interruption", "at": 100, "job": "j"}])
     assert scenario.interruptions == [SpotInterruption(at=100, job="j")]
     assert scenario.hostile
+
+
+def test_fallback_instance_types_are_offered_after_the_pools_own_and_only_on_sagemaker():
+    from preemptor.config import PoolConfig
+
+    pool = PoolConfig(name="p5", instance_type="ml.p5.48xlarge", instances=2, fallback_instance_types=("ml.p5e.48xlarge",))
+    assert pool.offerings == ("ml.p5.48xlarge", "ml.p5e.48xlarge")
+    with pytest.raises(ValidationError, match="needs a SageMaker pool"):
+        PoolConfig(name="g5", service="batch", gpus=8, fallback_instance_types=("g6.12xlarge",))

@@ -149,3 +149,17 @@ def test_a_spot_interruption_of_a_batch_job_loses_only_the_work_since_the_checkp
     # And it lost at most the work between that checkpoint and the instance going away
     assert 0 < job["lost_gpu_seconds"] <= gpus * warning_window
     assert violations(result, scenario) == []
+
+
+def test_a_launch_that_meets_no_capacity_falls_back_to_the_next_offering():
+    # Given a pool preferring p5 with a p5e fallback, and no p5 capacity for an hour
+    scenario = Scenario.load(SCENARIOS / "capacity-fallback.yaml")
+    result = replay("capacity-fallback").result
+    [job] = result.report["jobs"]
+    launches = [t for t in result.timeline if t.source == "controller" and t.what in ("launched", "relaunched")]
+    # Then the first launch went to p5 and met the CapacityError; the next one, after one
+    # backoff step, went to p5e (p5 is remembered as unavailable) and the job completed
+    assert [("ml.p5e.48xlarge" in t.why, "ml.p5.48xlarge" in t.why) for t in launches] == [(False, True), (True, False)]
+    assert job["state"] == "Completed" and job["capacity_waits"] == 1
+    assert job["wait_s"] <= 120 + CAPACITY_BACKOFF_MAX_S + 60
+    assert violations(result, scenario) == []

@@ -50,7 +50,7 @@ class RunState:
 class Runner(Protocol):
     service: str
 
-    def launch(self, record: JobRecord) -> str: ...
+    def launch(self, record: JobRecord, instance_type: str | None = None) -> str: ...
 
     def stop(self, run_id: str, reason: str) -> None: ...
 
@@ -92,11 +92,14 @@ class SageMakerRunner:
     def __init__(self, client: Any):
         self.client = client
 
-    def launch(self, record: JobRecord) -> str:
-        """Create the training job of the record's current incarnation (idempotent by name)."""
+    def launch(self, record: JobRecord, instance_type: str | None = None) -> str:
+        """Create the training job of the record's current incarnation (idempotent by name),
+        on `instance_type` when given (a fallback offering of the pool)."""
         request = copy.deepcopy(record.request)
         name = record.next_run_name
         request["TrainingJobName"] = name
+        if instance_type and "ResourceConfig" in request:
+            request["ResourceConfig"] = {**request["ResourceConfig"], "InstanceType": instance_type}
         checkpoint = dict(request.get("CheckpointConfig") or {})
         checkpoint["S3Uri"] = record.checkpoint_s3_uri
         request["CheckpointConfig"] = checkpoint
@@ -181,8 +184,8 @@ class BatchRunner:
     def __init__(self, client: Any):
         self.client = client
 
-    def launch(self, record: JobRecord) -> str:
-        """Submit the job of the record's current incarnation.
+    def launch(self, record: JobRecord, instance_type: str | None = None) -> str:
+        """Submit the job of the record's current incarnation (the queue decides instances).
 
         Batch job names are not unique, so a retry first looks for a live job of the same
         name in the queue carrying this incarnation's tags, and returns it instead of

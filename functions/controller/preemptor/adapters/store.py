@@ -245,6 +245,30 @@ class JobsStore:
             ExpressionAttributeValues={":c": _to_attr(capacity_gpus), ":zero": _to_attr(0), ":name": _to_attr(name)},
         )
 
+    def mark_unavailable(self, pool: str, instance_type: str, until: float) -> None:
+        """Remember that `instance_type` just had no capacity for `pool`: launches avoid it
+        until `until` (the unavailable-offerings cache, on the pool item)."""
+        self._call(
+            "update_item",
+            TableName=self.table,
+            Key=pool_key(pool),
+            UpdateExpression="SET unavailable = if_not_exists(unavailable, :empty)",
+            ExpressionAttributeValues={":empty": {"M": {}}},
+        )
+        self._call(
+            "update_item",
+            TableName=self.table,
+            Key=pool_key(pool),
+            UpdateExpression="SET unavailable.#t = :until",
+            ExpressionAttributeNames={"#t": instance_type},
+            ExpressionAttributeValues={":until": _to_attr(until)},
+        )
+
+    def unavailable_offerings(self, pool: str, now: float) -> set[str]:
+        """Instance types of `pool` that had no capacity a moment ago (still cached at `now`)."""
+        item = self.pool(pool) or {}
+        return {t for t, until in (item.get("unavailable") or {}).items() if float(until) > now}
+
     def pool(self, name: str) -> dict | None:
         item = self._call("get_item", TableName=self.table, Key=pool_key(name), ConsistentRead=True).get("Item")
         return _unmarshal(item) if item else None

@@ -75,6 +75,7 @@ class JobRecord:
     # Launches that met no capacity (SageMaker CapacityError, ResourceLimitExceeded): the
     # job waits for capacity (backoff until `not_before`), failed after MAX_CAPACITY_RETRIES.
     capacity_retries: int = 0
+    launched_instance_type: str | None = None  # the offering the current run was created on
 
     def backing_off(self, now: float) -> bool:
         """A pending job whose last launch was refused waits until `not_before`."""

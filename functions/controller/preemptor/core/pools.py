@@ -56,6 +56,10 @@ class PoolConfig(BaseModel):
     network_isolation: bool = False
     inter_container_encryption: bool = False
     kms_key_id: str | None = None  # output and volume encryption
+    # Instance types a launch may fall back to when the pool's own has no capacity, in order
+    # (each with the pool's gpus_per_instance: a job's GPUs do not change with the type).
+    # They must be in the stack's TrainingInstanceTypes too (the IAM condition).
+    fallback_instance_types: tuple[str, ...] = ()
     # -- Batch: what SubmitJob gets from the pool -----------------------------------------
     job_queue: str | None = None
     job_definitions: tuple[JobDefinition, ...] = ()
@@ -71,9 +75,17 @@ class PoolConfig(BaseModel):
     def _has_size(self) -> "PoolConfig":
         if self.gpus is None and self.instances is None:
             raise ValueError(f"pool {self.name!r} needs 'instances' or 'gpus'")
+        if self.fallback_instance_types and (self.service != "sagemaker" or not self.instance_type):
+            raise ValueError(f"pool {self.name!r}: 'fallback_instance_types' needs a SageMaker pool with an 'instance_type'")
         if bool(self.subnets) != bool(self.security_group_ids):
             raise ValueError(f"pool {self.name!r}: give both 'subnets' and 'security_group_ids', or neither")
         return self
+
+    @property
+    def offerings(self) -> tuple[str, ...]:
+        """The instance types a SageMaker launch may use, preferred first."""
+        own = (self.instance_type,) if self.instance_type else ()
+        return own + tuple(t for t in self.fallback_instance_types if t not in own)
 
     @property
     def capacity_gpus(self) -> int:

@@ -21,7 +21,8 @@ def handler(step, context: LambdaContext) -> dict:
     common = {"store": d.store, "job": step.job, "incarnation": step.incarnation}
     match step:
         case Launch():
-            result = actions.launch(**common, runners=d.runners, alerts=d.alerts, now=now)
+            offerings = {p.name: p.offerings for p in d.settings.pools}
+            result = actions.launch(**common, runners=d.runners, alerts=d.alerts, offerings=offerings, now=now)
             if result.get("attempts"):
                 metrics.add_metric(name="LaunchesRefused", unit=MetricUnit.Count, value=1)
                 logger.warning("launch refused", extra=result)

@@ -30,6 +30,7 @@ JUDGE_ATTEMPTS = 3  # re-reads of a job that moved under a step before giving up
 MAX_CAPACITY_RETRIES = 24  # launches that met no capacity before the job is failed
 CAPACITY_BACKOFF_S = 60.0  # retry n waits min(300, 60 x 2^(n-1)) s, less up to a half (jitter)
 CAPACITY_BACKOFF_MAX_S = 300.0
+UNAVAILABLE_OFFERING_S = 10 * 60  # how long an instance type that met no capacity is avoided
 # A refusal of the launch that means "no capacity now", not "never": waited out, not counted
 # as a refusal.
 CAPACITY_CODES = frozenset({"ResourceLimitExceeded", "InsufficientCapacity", "CapacityError"})
@@ -237,7 +238,14 @@ def spare(*, store: JobsStore, policy: Policy, job: str, incarnation: int, now: 
 
 
 def launch(
-    *, store: JobsStore, runners: dict[str, Runner], job: str, incarnation: int, now: float, alerts: Alerts | None = None
+    *,
+    store: JobsStore,
+    runners: dict[str, Runner],
+    job: str,
+    incarnation: int,
+    now: float,
+    alerts: Alerts | None = None,
+    offerings: dict[str, tuple[str, ...]] | None = None,
 ) -> dict:
     """Create the admitted job's run in SageMaker or Batch and mark it running.
 
@@ -253,10 +261,11 @@ def launch(
         return {"launched": False, "reason": "not-admitted"}
     if record.cancel_requested:
         return _cancel_admitted(store, record, now)
+    instance_type = _offering(store, record, (offerings or {}).get(record.pool, ()), now)
     try:
-        run_id = runners[record.service].launch(record)
+        run_id = runners[record.service].launch(record, instance_type)
     except ServiceRejected as e:
-        return _launch_refused(store, alerts, record, e, now)
+        return _launch_refused(store, alerts, record, e, now, instance_type)
     new = record.with_changes(
         status=JobState.RUNNING,
         run_id=run_id,
@@ -266,6 +275,7 @@ def launch(
         launch_attempts=0,
         not_before=None,
         last_launch_error=None,
+        launched_instance_type=instance_type,
     )
     for _ in range(JUDGE_ATTEMPTS):
         try:
@@ -286,14 +296,28 @@ def launch(
         runners[record.service].stop(run_id, "preemptor: cancelled")
         store.log(job, now, "cancel-requested", "job-cancelled", f"{new.run_name} was created as the cancel arrived; stopping it")
         return {"launched": True, "run_id": run_id, "run_name": new.run_name, "stopping": True}
+    on = f" on {instance_type}" if instance_type else ""
     if record.incarnation > 1:
-        store.log(job, now, "relaunched", "capacity-free", f"{new.run_name} resumes from {record.checkpoint_s3_uri}")
+        store.log(job, now, "relaunched", "capacity-free", f"{new.run_name}{on} resumes from {record.checkpoint_s3_uri}", instance_type=instance_type)
     else:
-        store.log(job, now, "launched", "capacity-free", f"{new.run_name} created in {record.service}")
+        store.log(job, now, "launched", "capacity-free", f"{new.run_name} created in {record.service}{on}", instance_type=instance_type)
     return {"launched": True, "run_id": run_id, "run_name": new.run_name}
 
 
-_LAUNCH_FIELDS = ("status", "run_id", "run_name", "started_at", "first_started_at", "launch_attempts", "not_before", "last_launch_error")
+_LAUNCH_FIELDS = (
+    "status", "run_id", "run_name", "started_at", "first_started_at", "launch_attempts", "not_before", "last_launch_error",
+    "launched_instance_type",
+)
+
+
+def _offering(store: JobsStore, record: JobRecord, offerings: tuple[str, ...], now: float) -> str | None:
+    """The instance type to launch on: the pool's first offering (its own type, then its
+    fallbacks in order) that did not just meet no capacity (the unavailable-offerings cache);
+    when every one did, the pool's own type."""
+    if len(offerings) < 2:
+        return None  # nothing to choose: the request's own instance type
+    unavailable = store.unavailable_offerings(record.pool, now)
+    return next((t for t in offerings if t not in unavailable), offerings[0])
 
 
 def launch_backoff_s(job: str, attempts: int) -> float:
@@ -335,6 +359,9 @@ def _wait_for_capacity(
                 {"job": record.name, "pool": record.pool, "team": record.team, "retries": MAX_CAPACITY_RETRIES, "reason": reason},
             )
         return {"released": True, "pool": record.pool, "failed": True, "reason": "no-capacity"}
+    if record.launched_instance_type:
+        # Launches avoid this offering for a while; the next one goes to a fallback.
+        store.mark_unavailable(record.pool, record.launched_instance_type, now + UNAVAILABLE_OFFERING_S)
     wait = capacity_backoff_s(record.name, retries)
     changes: dict = {
         "status": JobState.PENDING,
@@ -365,8 +392,12 @@ def _wait_for_capacity(
     return {"released": True, "pool": record.pool, "reason": "no-capacity", "not_before": now + wait, "wait_s": round(wait, 3)}
 
 
-def _launch_refused(store: JobsStore, alerts: Alerts | None, record: JobRecord, error: ServiceRejected, now: float) -> dict:
+def _launch_refused(
+    store: JobsStore, alerts: Alerts | None, record: JobRecord, error: ServiceRejected, now: float, instance_type: str | None = None
+) -> dict:
     if error.code in CAPACITY_CODES:
+        if instance_type:
+            record = record.with_changes(launched_instance_type=instance_type)  # the offering that was refused
         result = _wait_for_capacity(store, alerts, record, f"{error.code}: {error}", now, run_created=False)
         return {"launched": False, **result}
     attempts = record.launch_attempts + 1

@@ -85,7 +85,7 @@ def run(
         # What IAM lets the controller launch (tests/unit/test_iam.py evaluates every call).
         "ManagedRoleArnForTraining": ROLE_ARN,
         "TrainingInstanceTypes": ",".join(
-            sorted({p.instance_type for p in scenario.pools if p.service == "sagemaker" and p.instance_type})
+            sorted({t for p in scenario.pools if p.service == "sagemaker" for t in p.offerings})
         ) or "ml.p5.48xlarge",
     }
     result = DemoResult()
@@ -107,7 +107,7 @@ def run(
         )
         for fault in scenario.faults:
             if isinstance(fault, CapacityError):
-                fleet.capacity_outage(fault.pool, START + fault.at, START + fault.at + fault.duration)
+                fleet.capacity_outage(fault.pool, START + fault.at, START + fault.at + fault.duration, fault.instance_type)
         if on_stack:
             on_stack(stack)
         try:

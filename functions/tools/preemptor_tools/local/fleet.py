@@ -198,7 +198,7 @@ class SimulatedFleet:
         self._emit = emit
         self._startup_s = {SAGEMAKER: sagemaker_startup_s, BATCH: batch_startup_s}
         self._stop_grace_s = {SAGEMAKER: sagemaker_stop_grace_s, BATCH: batch_stop_grace_s}
-        self._capacity_outages: list[tuple[str, float, float]] = []  # (pool, from, until)
+        self._capacity_outages: list[tuple[str, str | None, float, float]] = []  # (pool, type, from, until)
         self._checkpoint_write_s = checkpoint_write_s
         self._checkpoint_on_stop = checkpoint_on_stop
         self._new_id = id_factory or (lambda: str(uuid.uuid4()))
@@ -495,14 +495,17 @@ class SimulatedFleet:
             return self._end(job, t, completed=False)
         raise ValueError(f"unknown fleet transition {kind!r}")
 
-    def capacity_outage(self, pool: str, start: float, end: float) -> None:
+    def capacity_outage(self, pool: str, start: float, end: float, instance_type: str | None = None) -> None:
         """From `start` to `end` (epoch seconds), SageMaker cannot provision `pool`'s
-        instances: a training job that would start then fails with SageMaker's
-        `CapacityError`, as on AWS (created, then Failed), holding no GPU."""
-        self._capacity_outages.append((pool, start, end))
+        instances (of `instance_type` only, when given): a training job that would start then
+        fails with SageMaker's `CapacityError`, as on AWS (created, then Failed), holding no GPU."""
+        self._capacity_outages.append((pool, instance_type, start, end))
 
     def _out_of_capacity(self, job: _Job, t: float) -> bool:
-        return job.service == SAGEMAKER and any(p == job.pool and a <= t < b for p, a, b in self._capacity_outages)
+        if job.service != SAGEMAKER:
+            return False
+        its_type = (job.request.get("ResourceConfig") or {}).get("InstanceType")
+        return any(p == job.pool and (k is None or k == its_type) and a <= t < b for p, k, a, b in self._capacity_outages)
 
     def _start(self, job: _Job, t: float) -> bool:
         if job.stop_requested_at is not None and job.phase == "starting":

@@ -113,6 +113,7 @@ class CapacityError(BaseModel):
     at: float = Field(ge=0)
     pool: str
     duration: float = Field(gt=0)
+    instance_type: str | None = None  # only this instance type (a pool's fallbacks still have capacity)
 
 
 class SpotInterruptionFault(BaseModel):
