@@ -11,6 +11,7 @@ from ..core.errors import CheckpointLocationUnavailable
 from ..core.s3uri import S3Uri
 from .errors import classify, code_of, translate
 
+MANIFEST = "manifest.json"  # the training helper's, written after a checkpoint's files
 CONTROL_DIR = "_preemptor"
 REQUEST_KEY = f"{CONTROL_DIR}/checkpoint-request.json"
 
@@ -20,9 +21,12 @@ class CheckpointStore:
         self.client = client
 
     def newest(self, uri: str) -> float | None:
-        """Epoch seconds of the newest checkpoint object under `uri`, None if there is none.
+        """Epoch seconds of the newest checkpoint under `uri`, None if there is none.
 
-        Objects under `<uri>/_preemptor/` are the controller's own and do not count.
+        Where the training helper's layout is in use (`<dir>/manifest.json` written after the
+        checkpoint's files, docs/training.md), the newest checkpoint is the newest directory
+        with its manifest and a file beside it; otherwise, the newest object. Objects under
+        `<uri>/_preemptor/` are the controller's own and do not count.
 
         Raises:
             CheckpointLocationUnavailable: the location is invalid, its bucket does not
@@ -33,15 +37,29 @@ class CheckpointStore:
         location = _parse(uri)
         prefix = location.key_prefix
         newest = None
+        manifests: dict[str, float] = {}  # checkpoint directory -> its manifest's time
+        files: set[str] = set()  # directories holding a file besides their manifest
         try:
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=location.bucket, Prefix=prefix):
                 for obj in page.get("Contents", []):
-                    if obj["Key"][len(prefix):].startswith(CONTROL_DIR + "/"):
+                    relative = obj["Key"][len(prefix):]
+                    if relative.startswith(CONTROL_DIR + "/"):
                         continue
                     stamp = obj["LastModified"].timestamp()
                     newest = stamp if newest is None else max(newest, stamp)
+                    directory, _, name = relative.rpartition("/")
+                    if directory and name == MANIFEST:
+                        manifests[directory] = stamp
+                    elif directory:
+                        files.add(directory.split("/", 1)[0] if "/" in directory else directory)
         except ClientError as e:
             raise _translate(e, f"ListObjectsV2 {location}") from e
+        if manifests:
+            # The training helper's layout: a checkpoint is complete once its own manifest is
+            # written, after its files. Files without a manifest are a save still in progress
+            # (or torn): they never count as a fresh checkpoint.
+            complete = [t for d, t in manifests.items() if d in files]
+            return max(complete) if complete else None
         return newest
 
     def request(self, uri: str, now: float, reason: str) -> str:
