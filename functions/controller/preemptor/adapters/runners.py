@@ -153,10 +153,11 @@ class SageMakerRunner:
         return RunState(self._PHASES.get(status, "running"), status, job.get("FailureReason"))
 
     def live_runs(self, job_queue: str | None = None) -> list[LiveRun]:
-        """Every training job in progress in the account and region (stopping ones too)."""
+        """Every training job in progress in the account and region (a Stopping one is
+        already going away, and SageMaker refuses to stop it again)."""
         out = []
         try:
-            for status in ("InProgress", "Stopping"):
+            for status in ("InProgress",):
                 for page in self.client.get_paginator("list_training_jobs").paginate(StatusEquals=status):
                     for job in page.get("TrainingJobSummaries", []):
                         out.append(LiveRun(job["TrainingJobName"], job["CreationTime"].timestamp(), job["TrainingJobArn"]))

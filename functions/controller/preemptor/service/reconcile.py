@@ -65,7 +65,7 @@ def reconcile(
         except Exception as error:  # noqa: BLE001 - one pool's failure (throttled, say) never stops the others
             errors.append({"pool": pool.name, "error": type(error).__name__, "detail": str(error)[:500]})
     try:
-        repairs += _stop_unknown_runs(store, runners, settings, now)
+        repairs += _stop_unknown_runs(store, runners, settings, now, errors)
     except Exception as error:  # noqa: BLE001 - retried at the next run
         errors.append({"pool": "*", "error": type(error).__name__, "detail": str(error)[:500]})
     configured = {p.name for p in settings.pools}
@@ -107,7 +107,9 @@ def _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now,
         workflows.start("schedule", execution_name("reconcile", pool.name, f"{int(now)}"), {"pool": pool.name})
 
 
-def _stop_unknown_runs(store: JobsStore, runners: dict[str, Runner], settings: Settings, now: float) -> list[dict]:
+def _stop_unknown_runs(
+    store: JobsStore, runners: dict[str, Runner], settings: Settings, now: float, errors: list[dict]
+) -> list[dict]:
     """Stop every live run the controller launched that no job accounts for.
 
     Such a run holds GPUs the pools do not count (a launch whose record was lost, a run of
@@ -130,7 +132,11 @@ def _stop_unknown_runs(store: JobsStore, runners: dict[str, Runner], settings: S
             for run in runner.live_runs(queue):
                 if now - run.created_at < UNKNOWN_RUN_GRACE_S:
                     continue
-                repair = _check_live_run(store, runner, service, run, now)
+                try:
+                    repair = _check_live_run(store, runner, service, run, now)
+                except Exception as error:  # noqa: BLE001 - one run's failure never stops the scan
+                    errors.append({"run": run.run_id, "error": type(error).__name__, "detail": str(error)[:500]})
+                    continue
                 if repair:
                     repairs.append(repair)
     return repairs
