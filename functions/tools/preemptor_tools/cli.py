@@ -202,8 +202,11 @@ def _policy_text(path: Path) -> str:
     """A policy file, validated, as the JSON text the stack's PolicyConfig takes."""
     from preemptor.core.policy import Policy
 
-    document = load(path, "policy", lambda d: (Policy(**_object(d)), d)[1])
-    return json.dumps(document)
+    def validated_document(document):
+        Policy(**_object(document))  # refused in one line if it is not a policy
+        return document
+
+    return json.dumps(load(path, "policy", validated_document))
 
 
 def _sim(args) -> int:

@@ -47,11 +47,11 @@ class CheckpointStore:
                         continue
                     stamp = obj["LastModified"].timestamp()
                     newest = stamp if newest is None else max(newest, stamp)
-                    directory, _, name = relative.rpartition("/")
-                    if directory and name == MANIFEST:
+                    directory, _, name = relative.partition("/")  # the checkpoint's top directory
+                    if name == MANIFEST:
                         manifests[directory] = stamp
-                    elif directory:
-                        files.add(directory.split("/", 1)[0] if "/" in directory else directory)
+                    elif name:
+                        files.add(directory)
         except ClientError as e:
             raise _translate(e, f"ListObjectsV2 {location}") from e
         if manifests:

@@ -396,6 +396,7 @@ _EPOCH_MS_TEXT = re.compile(r"[0-9]+(\.[0-9]+)?")
 # 9999-12-31T23:59:59.999Z: beyond that a "millisecond" value is not a time.
 _MAX_EPOCH_MS = 253_402_300_799_999
 _INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
+MAX_HEALTH_INSTANCES = 100  # instances of one AWS Health event the intake acts on
 # The account is optional and the region may be an AZ: NTH samples carry
 # arn:aws:ec2:us-east-1b:instance/i-0b662ef9931388ba0.
 _INSTANCE_ARN = re.compile(r"arn:[^:]+:ec2:[^:]*:(?:[^:]*:)?instance/(?P<id>i-[0-9a-f]{8,17})")
@@ -687,7 +688,8 @@ def _health_event(envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int]
         return Ignored(**envelope.common(), reason=f"health event {code or '?'} ({category or '?'}) of {service or '?'}: not an EC2 scheduled change")
     entities = [e.get("entityValue") for e in detail.optional_list("affectedEntities") if isinstance(e, dict)]
     candidates = [str(v).strip() for v in entities if isinstance(v, str)] or [r.strip() for r in envelope.resources]
-    instances = tuple(dict.fromkeys(v for v in candidates if _INSTANCE_ID.fullmatch(v)))
+    # Bounded: each instance may start a workflow; a Health event names a handful of them.
+    instances = tuple(dict.fromkeys(v for v in candidates if _INSTANCE_ID.fullmatch(v)))[:MAX_HEALTH_INSTANCES]
     if not instances:
         return Ignored(**envelope.common(), reason=f"health event {code}: names no EC2 instance")
     return InstanceScheduledChange(**envelope.common(), instance_ids=instances, event_type_code=code)

@@ -346,12 +346,15 @@ def _wait_for_capacity(
     retries = record.capacity_retries + 1
     if retries > MAX_CAPACITY_RETRIES:
         why = f"no capacity after {MAX_CAPACITY_RETRIES} launches; last: {reason}"
-        store.transition(
-            record,
-            record.with_changes(status=JobState.FAILED, ended_at=now, outcome_reason=why, capacity_retries=retries),
-            [record.status],
-            usage_delta=-record.gpus,
-        )
+        try:
+            store.transition(
+                record,
+                record.with_changes(status=JobState.FAILED, ended_at=now, outcome_reason=why, capacity_retries=retries),
+                [record.status],
+                usage_delta=-record.gpus,
+            )
+        except ConflictError:
+            return {"released": False, "pool": record.pool, "reason": "conflict"}  # it moved meanwhile: its own step decides
         store.log(record.name, now, "failed", "no-capacity", why)
         if alerts is not None:
             alerts.publish(
