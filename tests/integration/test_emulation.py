@@ -30,6 +30,7 @@ from preemptor_tools.local import moto_patches
 from preemptor_tools.local.clock import SimClock
 from preemptor_tools.local.executions import wait_for_execution
 from preemptor_tools.local.fleet import SimulatedFleet
+from preemptor_training.s3 import S3Location, S3Mirror
 
 START = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 REGION = "us-east-1"
@@ -146,13 +147,10 @@ def create_training_job(env: Emulation, name: str, environment: dict[str, str], 
 
 
 def checkpoints(env: Emulation, prefix: str) -> list[tuple[str, float]]:
-    """(key, LastModified epoch) of the checkpoint objects under `prefix`, by key."""
-    listing = env.client("s3").list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/")
-    return sorted(
-        (obj["Key"], obj["LastModified"].timestamp())
-        for obj in listing.get("Contents", [])
-        if "/_preemptor/" not in obj["Key"]
-    )
+    """(step directory, manifest time) of the complete checkpoints under `prefix`, found as
+    the training helper finds them, oldest first."""
+    mirror = S3Mirror(S3Location(BUCKET, prefix), client=env.client("s3"))
+    return sorted((f"{prefix}/{m.path}", m.time) for m in mirror.complete()[0])
 
 
 def request_checkpoint(env: Emulation, prefix: str) -> None:
@@ -612,11 +610,11 @@ def test_a_training_job_checkpoints_at_its_interval_of_work(emulation: Emulation
 
     # Then three checkpoints exist, each stamped with the moment it was written
     assert checkpoints(emulation, "jobs/a") == [
-        ("jobs/a/ckpt-0000000100.json", START + 220),
-        ("jobs/a/ckpt-0000000200.json", START + 320),
-        ("jobs/a/ckpt-0000000300.json", START + 420),
+        ("jobs/a/step-000000000100", START + 220),
+        ("jobs/a/step-000000000200", START + 320),
+        ("jobs/a/step-000000000300", START + 420),
     ]
-    body = emulation.client("s3").get_object(Bucket=BUCKET, Key="jobs/a/ckpt-0000000200.json")
+    body = emulation.client("s3").get_object(Bucket=BUCKET, Key="jobs/a/step-000000000200/state.json")
     assert json.loads(body["Body"].read()) == {"progress_s": 200.0, "job": "train-a"}
     assert fleet.job("train-a").progress_s == 350
     # And the job reported Starting, then Training, in real EventBridge shape
@@ -665,7 +663,7 @@ def test_a_training_job_honours_a_checkpoint_request(emulation: Emulation) -> No
     emulation.clock.advance(90)
 
     # Then the job wrote one, checkpoint_write_s (60 s) after the request
-    assert checkpoints(emulation, "jobs/a") == [("jobs/a/ckpt-0000000260.json", START + 380)]
+    assert checkpoints(emulation, "jobs/a") == [("jobs/a/step-000000000260", START + 380)]
     assert fleet.job("train-a").last_checkpoint_at == START + 380
 
 
@@ -712,7 +710,7 @@ def test_a_stopped_training_job_resumes_from_its_checkpoint_in_its_next_incarnat
         "Stopping",
         "Stopped",
     ]
-    assert checkpoints(emulation, "jobs/a")[-1] == ("jobs/a/ckpt-0000000300.json", START + 420)
+    assert checkpoints(emulation, "jobs/a")[-1] == ("jobs/a/step-000000000300", START + 420)
     # ... and the second resumed from 300 s of work, so it completes 700 s after it started
     assert fleet.job("train-a-r2").progress_s == 300
     emulation.clock.advance(700)
@@ -739,7 +737,7 @@ def test_a_training_job_that_handles_sigterm_checkpoints_during_the_grace(emulat
     emulation.clock.advance(120)
 
     # Then it wrote one checkpoint 60 s into the grace
-    assert checkpoints(emulation, "jobs/a") == [("jobs/a/ckpt-0000000260.json", START + 380)]
+    assert checkpoints(emulation, "jobs/a") == [("jobs/a/step-000000000260", START + 380)]
 
 
 def test_a_training_job_stopped_before_it_started_stops_at_once(emulation: Emulation) -> None:
@@ -801,7 +799,7 @@ def test_a_terminated_batch_job_fails_after_the_grace_with_the_reason(emulation:
     assert still_running["status"] == "RUNNING"
     assert (failed["status"], failed["statusReason"]) == ("FAILED", "Preempted by train-critical")
     assert failed["stoppedAt"] == int((START + 210) * 1000)
-    assert checkpoints(emulation, "jobs/b") == [("jobs/b/ckpt-0000000100.json", START + 130)]
+    assert checkpoints(emulation, "jobs/b") == [("jobs/b/step-000000000100", START + 130)]
     assert fleet.running() == []
     assert [(e["time"], e["detail"]["status"]) for e in emulation.events] == [
         (at(0), "RUNNABLE"),
@@ -828,9 +826,12 @@ def test_checkpoint_writes_are_announced_as_s3_object_created_events(emulation: 
     )
     # When the job has written its first checkpoint
     emulation.clock.advance(230)
-    # Then S3's "Object Created" event names the bucket and the key, stamped when written
-    [created] = [e for e in emulation.events if e["source"] == "aws.s3"]
-    assert created["detail-type"] == "Object Created"
-    assert created["detail"]["bucket"]["name"] == BUCKET
-    assert created["detail"]["object"]["key"] == "jobs/s3/ckpt-0000000100.json"
-    assert created["time"] == at(220)
+    # Then S3 announces each object of it, in the helper's upload order (state, the step's
+    # manifest, the location's manifest), naming the bucket and stamped when written
+    created = [e for e in emulation.events if e["source"] == "aws.s3"]
+    assert [e["detail"]["object"]["key"] for e in created] == [
+        "jobs/s3/step-000000000100/state.json",
+        "jobs/s3/step-000000000100/manifest.json",
+        "jobs/s3/manifest.json",
+    ]
+    assert {(e["detail-type"], e["detail"]["bucket"]["name"], e["time"]) for e in created} == {("Object Created", BUCKET, at(220))}

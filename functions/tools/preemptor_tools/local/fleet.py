@@ -11,9 +11,14 @@ uses `CheckpointConfig.S3Uri`).
 Life of a job, all in simulated time:
 - created/submitted: SageMaker `InProgress`/`Starting`; Batch `RUNNABLE`.
 - after the startup delay: SageMaker `InProgress`/`Training`; Batch `STARTING` then `RUNNING`.
-  Work resumes from the newest checkpoint under the checkpoint prefix (`{"progress_s": ...}`).
-- every `checkpoint_every_s` of work (at multiples of it): writes
-  `<prefix>/ckpt-<progress:010d>.json` = `{"progress_s", "job"}`.
+  Work resumes from the newest complete checkpoint under the checkpoint prefix, found as the
+  training helper finds it (`preemptor_training`'s S3 mirror: a step directory whose manifest
+  names files that are all there); a location without one resumes from the newest plain object
+  (`{"progress_s": ...}`), as a script that does not use the helper would.
+- every `checkpoint_every_s` of work (at multiples of it): writes a checkpoint in the training
+  helper's layout (docs/training.md), a step being a second of work:
+  `<prefix>/step-<progress:012d>/state.json` (`{"progress_s", "job"}`), then that directory's
+  `manifest.json`, then `<prefix>/manifest.json`, in that order, as the helper uploads.
 - a checkpoint request (`<prefix>/_preemptor/checkpoint-request.json`, `{"requested_at"}`)
   newer than the last checkpoint: a checkpoint `checkpoint_write_s` after the request (unless a
   periodic one got there first).
@@ -50,6 +55,8 @@ from botocore.exceptions import ClientError
 
 from preemptor.core.s3uri import S3Uri
 from preemptor_tools.local import moto_patches
+from preemptor_training.manifest import MANIFEST, FileEntry, Manifest, Reason, step_dir_name
+from preemptor_training.s3 import S3Location, S3Mirror
 from preemptor_tools.local.clock import SimClock
 
 SAGEMAKER = "sagemaker"
@@ -475,16 +482,16 @@ class SimulatedFleet:
         if kind == "start":
             return self._start(job, t)
         if kind == "checkpoint":
-            self._write_checkpoint(job, t, "periodic checkpoint")
+            self._write_checkpoint(job, t, "periodic checkpoint", Reason.PERIODIC)
             self._schedule_next_checkpoint(job, transition.payload)
             return False
         if kind == "requested_checkpoint":
             requested_at = transition.payload
             if job.last_checkpoint_at is None or job.last_checkpoint_at < requested_at:
-                self._write_checkpoint(job, t, "requested checkpoint")
+                self._write_checkpoint(job, t, "requested checkpoint", Reason.REQUESTED, requested_at)
             return False
         if kind == "stop_checkpoint":
-            self._write_checkpoint(job, t, "checkpoint on SIGTERM")
+            self._write_checkpoint(job, t, "checkpoint on SIGTERM", Reason.SIGTERM)
             return False
         if kind == "complete":
             return self._end(job, t, completed=job.stop_requested_at is None)
@@ -563,44 +570,58 @@ class SimulatedFleet:
 
     # ------------------------------------------------------------------ S3
 
-    def _write_checkpoint(self, job: _Job, t: float, why: str) -> None:
+    def _write_checkpoint(self, job: _Job, t: float, why: str, reason: Reason, requested_at: float | None = None) -> None:
+        """A checkpoint as the training helper writes one: the state, then the step's
+        manifest, then the location's (each put emits its own S3 event, as S3 does)."""
         if job.bucket is None:
             return
         progress = job.progress(t)
-        name = f"ckpt-{int(progress):010d}.json"
-        key = f"{job.prefix}/{name}" if job.prefix else name
-        body = json.dumps({"progress_s": progress, "job": job.name})
-        put = self._s3.put_object(Bucket=job.bucket, Key=key, Body=body.encode("utf-8"))
+        path = step_dir_name(int(progress))
+        state = f"{path}/state.json"
+        body = json.dumps({"progress_s": progress, "job": job.name}).encode("utf-8")
+        manifest = Manifest(
+            step=int(progress), time=t, reason=reason, path=path, files=(FileEntry(state, len(body)),),
+            requested_at=requested_at, save_s=self._checkpoint_write_s if reason is not Reason.PERIODIC else None,
+        )
+        written = [(state, body)] + [(key, manifest.encode()) for key in (f"{path}/{MANIFEST}", MANIFEST)]
+        for relative, data in written:
+            key = f"{job.prefix}/{relative}" if job.prefix else relative
+            put = self._s3.put_object(Bucket=job.bucket, Key=key, Body=data)
+            if self._s3_events:
+                self._emit(self._object_created(job, key, len(data), put.get("ETag", "").strip('"')))
         job.last_checkpoint_at = t
         job.checkpointed_progress = progress
-        self._record(t, job, f"{why}: {key}")
-        if self._s3_events:
-            self._emit(self._object_created(job, key, len(body), put.get("ETag", "").strip('"')))
+        self._record(t, job, f"{why}: {job.prefix + '/' if job.prefix else ''}{path}")
 
     def _newest_checkpoint(self, job: _Job) -> tuple[float, float | None]:
-        """(progress, LastModified epoch) of the newest checkpoint under the prefix, or (0, None)."""
+        """(progress, time) of the checkpoint the job resumes from, or (0, None): the newest
+        complete one in the helper's layout, else the newest plain object."""
         if job.bucket is None:
             return 0.0, None
+        mirror = S3Mirror(S3Location(job.bucket, job.prefix), client=self._s3) if job.prefix else None
+        complete = mirror.complete()[0] if mirror is not None else []
+        if mirror is not None and complete:
+            newest = complete[0]
+            body = self._s3.get_object(Bucket=job.bucket, Key=mirror.location.key(newest.files[0].path))["Body"].read()
+            return float(json.loads(body)["progress_s"]), newest.time
         prefix = f"{job.prefix}/" if job.prefix else ""
-        newest: dict | None = None
+        plain: dict | None = None
         paginator = self._s3.get_paginator("list_objects_v2")
         for page in paginator.paginate(Bucket=job.bucket, Prefix=prefix):
             for obj in page.get("Contents", []):
-                if obj["Key"][len(prefix) :].startswith("_preemptor/"):
+                relative = obj["Key"][len(prefix) :]
+                if relative.startswith("_preemptor/") or relative.startswith("step-") or relative == MANIFEST:
                     continue
-                if newest is None or (obj["LastModified"], obj["Key"]) > (
-                    newest["LastModified"],
-                    newest["Key"],
-                ):
-                    newest = obj
-        if newest is None:
+                if plain is None or (obj["LastModified"], obj["Key"]) > (plain["LastModified"], plain["Key"]):
+                    plain = obj
+        if plain is None:
             return 0.0, None
-        body = self._s3.get_object(Bucket=job.bucket, Key=newest["Key"])["Body"].read()
+        body = self._s3.get_object(Bucket=job.bucket, Key=plain["Key"])["Body"].read()
         try:
             progress = float(json.loads(body)["progress_s"])
         except (ValueError, KeyError, TypeError):
             progress = 0.0  # not one of ours: start from scratch, as a real script would fail to
-        return progress, newest["LastModified"].timestamp()
+        return progress, plain["LastModified"].timestamp()
 
     def _poll_checkpoint_requests(self) -> None:
         for job in self._jobs.values():
