@@ -227,3 +227,22 @@ def test_explain_says_an_unstoppable_run_is_not_a_victim_and_why():
     assert "0 running job(s) it may preempt (0 GPUs); 1 protected" in waiting["pending"]["in_the_way"][-1]
     assert adopted["running"]["protected"]["reason"] == "not-stoppable"
     assert "protected: not-stoppable" in adopted["text"]
+
+
+def test_explain_shows_what_was_learned_and_how_the_victim_is_stopped():
+    from preemptor.core.model import PendingJob, Pool, RunningJob, Snapshot
+    from preemptor.core.policy import Policy
+
+    # Given a low job seen to save on SIGTERM holding the pool, and a critical job wanting it
+    snap = Snapshot(
+        pools=(Pool("p", 8),),
+        running=(RunningJob("saver", "t", 50, "p", 8, started_at=0.0, declares_save_on_stop=True, saves_on_stop=True),),
+        pending=(PendingJob("crit", "t", 1000, "p", 8, submitted_at=90.0),),
+    )
+    policy = Policy()
+    # When explaining the running job
+    answer = explain_job("saver", plan(snap, policy, 100.0), snap, policy, 100.0)
+    # Then the learned fact and the stop mode are shown
+    assert answer["running"]["learned"]["saves_on_stop"] is True
+    assert answer["running"]["preempted_now"]["stop"] == "saves-on-stop"
+    assert "seen to save on SIGTERM" in answer["text"] and "stopped at once (saves-on-stop)" in answer["text"]

@@ -344,10 +344,13 @@ def test_pools_are_planned_independently():
 def test_to_dict_shape_is_stable():
     snap = snapshot(8).running(running("a", 50, 8, last_checkpoint_at=NOW - 10)).pending(pending("x", 1000, 8)).build()
     out = plan(snap, DEFAULT, NOW).to_dict()
-    assert set(out) == {"admit", "preempt", "fail", "explanations"}
+    # issue 10 added how the victim is stopped (wait_for_checkpoint, stop, escalated) and the
+    # checkpoints asked ahead of preemption
+    assert set(out) == {"admit", "preempt", "fail", "explanations", "checkpoint_requests"}
     assert out["preempt"][0] == {
         "victim": "a", "preemptor": "x", "pool": "p5", "gpus": 8, "reason": "lower-priority-victim", "rule": "lower-priority",
         "borrowed": False, "lost_gpu_seconds": 80.0, "cost_gpu_seconds": 80.0, "checkpoint_age_s": 10.0, "checkpoint_fresh": True,
+        "wait_for_checkpoint": False, "stop": "checkpoint-fresh", "escalated": False,
     }
 
 
@@ -737,3 +740,107 @@ def test_decision_checkpoint_fresh_counts_from_the_later_of_checkpoint_and_run_s
     assert preemption.checkpoint_fresh is fresh
     at_risk = NOW - max(started_at, checkpoint_at if checkpoint_at is not None else started_at)
     assert preemption.lost_gpu_seconds == pytest.approx(8 * at_risk)
+
+
+# -- issue 10: how a victim is stopped; escalation; checkpoints ahead of preemption ----------
+
+
+def test_escalated_job_lifts_min_runtime_checkpoint_wait_and_delay():
+    # Given a low job that started 60 s ago (min_runtime_s 1800 protects it), whose work since
+    # its start is at risk, a 600 s preemption delay, and a medium job of 8 GPUs that has
+    # waited only 10 s
+    knobs = Policy(min_runtime_s=1800, preemption_delay_s=600)
+    victim = running("young", 50, 8, started_at=NOW - 60)
+    waiting = pending("urgent", 200, 8, submitted_at=NOW - 10)
+    plain = snapshot(8).running(victim).pending(waiting).build()
+    escalated = snapshot(8).running(victim).pending(replace(waiting, escalated=True)).build()
+    # When planning without and with the escalation
+    before = plan(plain, knobs, NOW)
+    after = plan(escalated, knobs, NOW)
+    # Then the plain job preempts nothing (the young job is protected)
+    assert victims(before) == []
+    # and the escalated one stops it at once, without a checkpoint wait, and says why
+    assert victims(after) == ["young"]
+    p = after.preemptions[0]
+    assert p.escalated and not p.wait_for_checkpoint and p.stop is Reason.ESCALATED_STOP
+    line = next(e for e in after.explanations if e.job == "young" and e.verdict is Verdict.PREEMPT)
+    assert "escalated" in line.detail and "min_runtime_s" in line.detail
+    wait = next(e for e in after.explanations if e.job == "urgent" and e.verdict is Verdict.WAIT)
+    assert "escalated" in wait.detail
+
+
+def test_escalation_of_one_job_does_not_lift_protections_for_others():
+    # Given an escalated job that fits in free GPUs and a plain one that would need the young job
+    knobs = Policy(min_runtime_s=1800)
+    snap = snapshot(16).running(running("young", 50, 8, started_at=NOW - 60)).pending(
+        pending("escalated", 200, 8, submitted_at=1, escalated=True), pending("plain", 200, 8, submitted_at=2)
+    ).build()
+    # When planning
+    decision = plan(snap, knobs, NOW)
+    # Then the escalated job is admitted and the plain one may not stop the protected job
+    assert admitted(decision) == ["escalated"]
+    assert victims(decision) == []
+
+
+@pytest.mark.parametrize(
+    "victim_kw, preemptor, expected_wait, expected_stop",
+    [
+        # seen to save on SIGTERM: nothing at risk
+        (dict(saves_on_stop=True), ("crit", 1000), False, Reason.SAVES_ON_STOP),
+        # checkpoint 100 s old <= 900 s: fresh
+        (dict(last_checkpoint_at=NOW - 100), ("med", 200), False, Reason.CHECKPOINT_FRESH),
+        # did not honour its last request
+        (dict(ignored_checkpoint_request=True), ("med", 200), False, Reason.IGNORED_LAST_REQUEST),
+        # 8 GPUs x 7200 s = 57,600 at risk > 8 GPUs x 200 s (expected wait) x 1000/50 = 32,000: waits
+        (dict(started_at=NOW - 7200), ("crit", 1000), True, Reason.WAIT_FOR_CHECKPOINT),
+        # 8 x 1000 s = 8,000 at risk > 8 x 200 s x 200/50 = 6,400: waits
+        (dict(started_at=NOW - 1000), ("med", 200), True, Reason.WAIT_FOR_CHECKPOINT),
+        # 8 x 1000 s = 8,000 at risk < 8 x 200 s x 1000/50 = 32,000: does not pay
+        (dict(started_at=NOW - 1000), ("crit", 1000), False, Reason.WAIT_DOES_NOT_PAY),
+        # no training helper: the wait to expect is checkpoint_wait_max_s (600 s);
+        # 8 x 3600 = 28,800 at risk > 8 x 600 s x 200/50 = 19,200: waits
+        (dict(declares_save_on_stop=False), ("med", 200), True, Reason.WAIT_FOR_CHECKPOINT),
+        # 8 x 3600 = 28,800 < 8 x 600 s x 1000/50 = 96,000: does not pay
+        (dict(declares_save_on_stop=False), ("crit", 1000), False, Reason.WAIT_DOES_NOT_PAY),
+    ],
+    ids=[
+        "saves-on-stop", "fresh", "ignored-request", "pays", "pays-for-medium", "does-not-pay-for-critical",
+        "no-helper-medium-waits", "no-helper-critical-does-not",
+    ],
+)
+def test_stop_at_once_or_wait_for_a_checkpoint(victim_kw, preemptor, expected_wait, expected_stop):
+    # Given a low victim of 8 GPUs filling the pool, running the training helper, started
+    # 3600 s ago unless given, with no checkpoint unless given, and a preemptor of 8 GPUs
+    kw = {"started_at": NOW - 3600, "declares_save_on_stop": True, **victim_kw}
+    snap = snapshot(8).running(running("victim", 50, 8, **kw)).pending(pending(preemptor[0], preemptor[1], 8, submitted_at=1)).build()
+    # When planning
+    decision = plan(snap, DEFAULT, NOW)
+    # Then the victim is stopped as the costs say
+    [p] = decision.preemptions
+    assert (p.wait_for_checkpoint, p.stop) == (expected_wait, expected_stop)
+
+
+def test_delayed_preemption_asks_its_likely_victims_for_a_checkpoint_ahead():
+    # Given a medium job within its tier's 900 s preemption delay and two low jobs filling
+    # the pool: one with 1000 s at risk, one seen to save on SIGTERM
+    knobs = Policy(tier_preemption_delay_s={"medium": 900})
+    snap = snapshot(16).running(
+        running("at-risk", 50, 8, started_at=NOW - 1000), running("saver", 50, 8, started_at=NOW - 2000, saves_on_stop=True)
+    ).pending(pending("med", 200, 16, submitted_at=NOW - 100)).build()
+    # When planning
+    decision = plan(snap, knobs, NOW)
+    # Then nothing is preempted yet, and only the job with work at risk is asked ahead
+    assert victims(decision) == []
+    assert [(c.job, c.for_job, c.reason) for c in decision.checkpoint_requests] == [("at-risk", "med", Reason.AHEAD_OF_PREEMPTION)]
+    # and a job asked within the checkpoint wait (600 s) is not asked again
+    asked = replace(snap, running=tuple(replace(v, checkpoint_requested_at=NOW - 60) for v in snap.running))
+    assert plan(asked, knobs, NOW).checkpoint_requests == ()
+
+
+def test_aging_is_off_by_default():
+    # Given a low job that has waited 10 hours and a high job just submitted, one slot
+    snap = snapshot(8).pending(pending("old-low", 50, submitted_at=NOW - 36_000), pending("new-high", 500, submitted_at=NOW)).build()
+    # When planning under the defaults
+    decision = plan(snap, DEFAULT, NOW)
+    # Then the claimed priority orders the queue, as the pending index does
+    assert admitted(decision) == ["new-high"]

@@ -126,6 +126,17 @@ _PROTECTIONS = {
 
 def _running(name: str, decision: Decision, snapshot: Snapshot, policy: Policy, now: float) -> dict:
     facts = running_verdicts(snapshot, policy, now, name) or {}
+    job = next((v for v in snapshot.running if v.name == name), None)
+    if job is not None:
+        # What the controller learned of it (service.learning), which decides how it is stopped.
+        facts["learned"] = {
+            "declares_save_on_stop": job.declares_save_on_stop,
+            "saves_on_stop": job.saves_on_stop,
+            "ignored_checkpoint_request": job.ignored_checkpoint_request,
+            "checkpoint_requested_at": job.checkpoint_requested_at,
+        }
+    ahead = next((c for c in decision.checkpoint_requests if c.job == name), None)
+    facts["checkpoint_ahead"] = None if ahead is None else {"for": ahead.for_job, "detail": ahead.detail}
     chosen = next((p for p in decision.preemptions if p.victim == name), None)
     facts["preempted_now"] = (
         None
@@ -137,6 +148,9 @@ def _running(name: str, decision: Decision, snapshot: Snapshot, policy: Policy, 
             "checkpoint_age_s": None if chosen.checkpoint_age_s is None else round(chosen.checkpoint_age_s, 3),
             "checkpoint_fresh": chosen.checkpoint_fresh,
             "lost_gpu_seconds": round(chosen.lost_gpu_seconds, 3),
+            "wait_for_checkpoint": chosen.wait_for_checkpoint,
+            "stop": chosen.stop.value,
+            "escalated": chosen.escalated,
         }
     )
     facts["considered_for"] = [
@@ -254,11 +268,24 @@ def render(answer: dict) -> str:
         )
         if r.get("protected"):
             out.append(f"  protected: {r['protected']['reason']}: {r['protected']['detail']}")
+        learned = r.get("learned") or {}
+        if any(learned.get(k) for k in ("declares_save_on_stop", "saves_on_stop", "ignored_checkpoint_request")):
+            facts = []
+            if learned.get("saves_on_stop"):
+                facts.append("seen to save on SIGTERM within the grace (stopped at once)")
+            elif learned.get("declares_save_on_stop"):
+                facts.append("declares it saves on SIGTERM, not yet seen to")
+            if learned.get("ignored_checkpoint_request"):
+                facts.append("did not honour its last checkpoint request (not waited for again)")
+            out.append(f"  learned: {'; '.join(facts)}")
+        if r.get("checkpoint_ahead"):
+            out.append(f"  asked for a checkpoint ahead of preemption: {r['checkpoint_ahead']['detail']}")
         now = r.get("preempted_now")
         if now:
+            how = "a checkpoint is asked for first" if now.get("wait_for_checkpoint") else "stopped at once"
             out.append(
                 f"  this plan preempts it for {now['preemptor']} under {now['rule']}; a stop now loses "
-                f"{now['lost_gpu_seconds']:.0f} GPU-seconds"
+                f"{now['lost_gpu_seconds']:.0f} GPU-seconds; {how} ({now.get('stop')})"
             )
         for c in r.get("considered_for", []):
             out.append(f"  considered for {c['preemptor']}: {c['verdict']} ({c['reason']}): {c['detail']}")

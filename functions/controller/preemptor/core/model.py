@@ -14,6 +14,34 @@ from . import progress as _progress
 
 REPREEMPTION_PENALTY_S = 600.0  # victim order: a job preempted n times costs n x 10 min more
 
+
+def _fast_init(cls):
+    """Give a frozen, slotted dataclass an __init__ that sets its slots directly.
+
+    The generated frozen __init__ goes through object.__setattr__ field by field, about
+    three times the cost; a plan builds one Explanation per pending job and one Preemption
+    per victim, so this is most of its object-building time. Same signature and defaults.
+    """
+    from dataclasses import MISSING, fields
+
+    params, body, namespace = [], [], {}
+    for f in fields(cls):
+        if f.default_factory is not MISSING:
+            raise TypeError(f"{cls.__name__}.{f.name}: _fast_init takes plain defaults only")
+        namespace[f"_set_{f.name}"] = cls.__dict__[f.name].__set__
+        if f.default is not MISSING:
+            namespace[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+        else:
+            params.append(f.name)
+        body.append(f"    _set_{f.name}(self, {f.name})")
+    source = f"def __init__(self, {', '.join(params)}) -> None:\n" + "\n".join(body)
+    exec(source, namespace)  # noqa: S102 - the source is built from the class's own field names
+    cls.__init__ = namespace["__init__"]
+    cls.__init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    return cls
+
+
 class JobState(StrEnum):
     """Lifecycle of a job in the controller (not of one SageMaker/Batch run)."""
 
@@ -74,6 +102,17 @@ class Reason(StrEnum):
     SLA_CAPPED = "sla-capped"
     SPOT_CAPPED = "spot-capped"
     AGED = "aged"
+    # an operator escalated a waiting job: the soft protections are lifted for it
+    ESCALATED = "escalated"
+    # how a victim is stopped (`Preemption.stop`): at once, or after a requested checkpoint
+    SAVES_ON_STOP = "saves-on-stop"  # it has been seen to save within the grace: nothing at risk
+    CHECKPOINT_FRESH = "checkpoint-fresh"  # its newest checkpoint is within checkpoint_max_age_s
+    WAIT_DOES_NOT_PAY = "checkpoint-wait-does-not-pay"  # the work saved is worth less than the wait
+    IGNORED_LAST_REQUEST = "ignored-last-checkpoint-request"  # not waited for again
+    ESCALATED_STOP = "escalated-stop"  # stopped at once for an escalated job
+    WAIT_FOR_CHECKPOINT = "waits-for-checkpoint"  # the work at risk outweighs the wait
+    # a checkpoint asked of a likely victim before it is needed (`Decision.checkpoint_requests`)
+    AHEAD_OF_PREEMPTION = "checkpoint-ahead-of-preemption"
 
 
 class Verdict(StrEnum):
@@ -111,7 +150,7 @@ class Pool:
     gpus: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class PendingJob:
     """A job waiting for capacity.
 
@@ -135,13 +174,20 @@ class PendingJob:
     pending_since: float | None = None
     # When victims were last chosen for it: the GPUs they free are handed to it first.
     nominated_at: float | None = None
+    # An operator alarm escalated this waiting job: preemptions on its behalf ignore the
+    # soft protections (minimum runtime, the checkpoint wait and spare-on-timeout, the
+    # preemption delay). The hard ones (not stoppable, guaranteed, already stopping) stay.
+    escalated: bool = False
 
     def waiting_since(self) -> float:
         """When the job last became pending (its submission, unless requeued since)."""
         return self.submitted_at if self.pending_since is None else self.pending_since
 
 
-@dataclass(frozen=True, slots=True)
+_fast_init(PendingJob)
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class RunningJob:
     """A job that holds capacity: admitted, running, or already being preempted (`stopping`).
 
@@ -149,6 +195,13 @@ class RunningJob:
     work, `work_done_s` the part earlier runs saved in checkpoints, `progress` (0..1) the
     job's own report if it gives one: together they estimate how near completion it is.
     `restart_overhead_s` is what a relaunch costs before useful work resumes.
+
+    What the job declares and the controller learned of it (`service.learning`):
+    `declares_save_on_stop`, it runs the training helper, which saves on SIGTERM and answers
+    checkpoint requests; `saves_on_stop`, it declares it and the controller saw it do so (a checkpoint written during the grace after its last stop), so a stop loses
+    nothing at risk; `ignored_checkpoint_request`, its last checkpoint request was not
+    honoured in time, so it is not waited for again; `checkpoint_requested_at`, when a
+    checkpoint was last asked of it (an ahead-of-time request is not repeated while fresh).
     """
 
     name: str
@@ -174,10 +227,17 @@ class RunningJob:
     # False: the controller may not stop it (a run it adopted that does not carry its
     # managed tag); it holds capacity but is never a victim.
     stoppable: bool = True
+    declares_save_on_stop: bool = False
+    saves_on_stop: bool = False
+    ignored_checkpoint_request: bool = False
+    checkpoint_requested_at: float | None = None
 
     def work_at_risk_s(self, now: float) -> float:
         """Seconds of work a stop at `now` throws away (`core.progress.work_at_risk_s`: since the
-        later of the last checkpoint and the run's start)."""
+        later of the last checkpoint and the run's start); none for a job seen to save on
+        SIGTERM within the grace (`saves_on_stop`)."""
+        if self.saves_on_stop:
+            return 0.0
         return _progress.work_at_risk_s(self.last_checkpoint_at, self.started_at, now)
 
     def lost_gpu_seconds(self, now: float) -> float:
@@ -212,6 +272,9 @@ class RunningJob:
         if not self.expected_duration_s:
             return None
         return (self.work_done_s + max(0.0, now - self.started_at)) / self.expected_duration_s
+
+
+_fast_init(RunningJob)
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,7 +334,7 @@ class Snapshot:
     preemption_history: tuple[PastPreemption, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Admission:
     job: str
     pool: str
@@ -281,13 +344,18 @@ class Admission:
     guaranteed: bool = False  # admitted after starving: runs to completion, never a victim
 
 
-@dataclass(frozen=True, slots=True)
+_fast_init(Admission)
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class Preemption:
     """A victim to stop for a preemptor.
 
     `lost_gpu_seconds`: work since the victim's last checkpoint; `cost_gpu_seconds` adds
     its restart overhead. `checkpoint_fresh`: its checkpoint is within the pool's
-    `checkpoint_max_age_s`, so the workflow may stop it without asking for a new one.
+    `checkpoint_max_age_s`. `wait_for_checkpoint`: the workflow asks for a checkpoint and
+    waits for it before stopping; otherwise it stops at once, for the reason `stop`
+    (saves on stop, fresh, the wait does not pay, ignored its last request, escalated).
     """
 
     victim: str
@@ -301,6 +369,25 @@ class Preemption:
     cost_gpu_seconds: float = 0.0
     checkpoint_fresh: bool = False
     borrowed: bool = False
+    wait_for_checkpoint: bool = False
+    stop: Reason = Reason.CHECKPOINT_FRESH
+    escalated: bool = False
+
+
+_fast_init(Preemption)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRequest:
+    """A checkpoint asked of a running job before any preemption needs it, so that when one
+    does its checkpoint is fresh and it can be stopped at once (`reason` AHEAD_OF_PREEMPTION).
+    `for_job` is the pending job whose pressure made it a likely victim."""
+
+    job: str
+    pool: str
+    for_job: str
+    reason: Reason
+    detail: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,7 +400,7 @@ class Failure:
     detail: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Explanation:
     """One line of the decision's audit trail: a candidate and the rule applied to it.
 
@@ -327,12 +414,17 @@ class Explanation:
     for_job: str | None = None
 
 
+
+_fast_init(Explanation)  # a plan writes a line for every pending job
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     admits: tuple[Admission, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
     explanations: tuple[Explanation, ...] = field(default=())
     failures: tuple[Failure, ...] = ()
+    checkpoint_requests: tuple[CheckpointRequest, ...] = ()
 
     def to_dict(self) -> dict:
         """The JSON shape printed by `preemptor plan` and returned by the plan workflow step."""
@@ -351,8 +443,15 @@ class Decision:
                     "cost_gpu_seconds": round(p.cost_gpu_seconds, 3),
                     "checkpoint_age_s": None if p.checkpoint_age_s is None else round(p.checkpoint_age_s, 3),
                     "checkpoint_fresh": p.checkpoint_fresh,
+                    "wait_for_checkpoint": p.wait_for_checkpoint,
+                    "stop": p.stop.value,
+                    "escalated": p.escalated,
                 }
                 for p in self.preemptions
+            ],
+            "checkpoint_requests": [
+                {"job": c.job, "pool": c.pool, "for": c.for_job, "reason": c.reason.value, "detail": c.detail}
+                for c in self.checkpoint_requests
             ],
             "fail": [{"job": f.job, "pool": f.pool, "reason": f.reason.value, "detail": f.detail} for f in self.failures],
             "explanations": [_explanation_dict(e) for e in self.explanations],

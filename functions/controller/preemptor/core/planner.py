@@ -40,6 +40,7 @@ from typing import Callable, Iterable
 from . import progress
 from .model import (
     Admission,
+    CheckpointRequest,
     Decision,
     Explanation,
     Failure,
@@ -107,15 +108,23 @@ class PoolPlanner:
         running: list[RunningJob],
         history: Iterable[PastPreemption],
         discipline: Discipline = OURS,
+        escalated: bool = False,
     ):
         self.pool, self.knobs, self.policy, self.now, self.discipline = pool, knobs, policy, now, discipline
+        self.escalated = escalated  # an escalated job waits in this pool: soft protections are kept apart
         self.admits: list[Admission] = []
         self.preemptions: list[Preemption] = []
         self.failures: list[Failure] = []
         self.lines: list[Explanation] = []
         self.running = running
-        rules = ClaimRules(knobs, policy)
-        self.claimed = {v.name: rules.claim(v.priority, v.sla_s, v.spot)[0] for v in running}
+        rules = self.rules = ClaimRules.of(knobs, policy)
+        if rules.caps:
+            gated, claim = bool(rules.gated), rules.claim
+            self.claimed = {v.name: claim(v.priority, v.sla_s, v.spot)[0] if (gated or v.spot) else v.priority for v in running}
+        else:
+            self.claimed = {v.name: v.priority for v in running}
+        self._delays: dict[int, float] = {}
+        self._timed = bool(knobs.preemption_delay_s or knobs.tier_preemption_delay_s)  # delays apply
         self.free = max(0, pool.gpus - sum(v.gpus for v in running))
         self.releasing = sum(v.gpus for v in running if v.stopping)
         self.initial_free = self.free
@@ -126,6 +135,12 @@ class PoolPlanner:
         self._setup_candidates()
         self._setup_budget(history)
         self._protections_reported = False
+        # Victims a delayed preemption will want (ahead-of-time checkpoints), in order.
+        self._likely_victims: dict[str, tuple[RunningJob, str]] = {}
+        # Outcomes of jobs that could not fit, by what decides them; forgotten whenever
+        # capacity, quotas or candidates change (`_changed`). Most of a long queue waits
+        # for the same reason as the job before it.
+        self._no_fit: dict[tuple, tuple[Reason, str]] = {}
 
     # -- setup ----------------------------------------------------------------------------
     def _setup_candidates(self) -> None:
@@ -135,11 +150,21 @@ class PoolPlanner:
         self._candidates: list[RunningJob] = []
         self._cands: Candidates | None = None
         self._bounds: dict[tuple[str, int, bool], int] = {}
+        # Protected only by min_runtime_s, while an escalated job waits: candidates for it alone.
+        self._soft: dict[str, Eligibility] = {}
+        k, now = self.knobs, self.now
+        # Most jobs meet no knob's protection: `protection` is called only where one may apply.
+        knobbed = bool(k.max_preemptions is not None or k.min_runtime_s or k.near_completion.remaining_s is not None or k.near_completion.progress is not None)
         for v in self.running:
-            verdict = protection(v, self.knobs, self.now)
+            if knobbed or v.stopping or not v.stoppable or v.guaranteed or v.spared_until is not None:
+                verdict = protection(v, k, now)
+            else:
+                verdict = None
             if verdict is not None:
-                self.protected[v.name] = verdict
-                continue
+                if not (self.escalated and verdict.reason is Reason.MIN_RUNTIME_PROTECTED):
+                    self.protected[v.name] = verdict
+                    continue
+                self._soft[v.name] = verdict
             self._candidates.append(v)
             bucket = self.quotas.bucket_of[v.name]
             if bucket is not None:
@@ -149,12 +174,21 @@ class PoolPlanner:
     def cands(self) -> Candidates:
         if self._cands is None:
             cands = self._cands = Candidates(per_team_own=self.quotas.on)
+            borrowed_set, claimed = self.quotas.borrowed, self.claimed
+            lists, list_key = cands.lists, cands.list_key
+            by_priority, totals = cands.by_priority, cands.totals
             for v in self._candidates:
-                borrowed = v.name in self.quotas.borrowed
-                cands.lists[cands.list_key(borrowed, v.team)].append(v)
-                cands.add(v, borrowed, self.claimed[v.name])
-            for jobs in cands.lists.values():
-                jobs.sort(key=self.victim_order)
+                borrowed = v.name in borrowed_set
+                lists[list_key(borrowed, v.team)].append(v)
+                priority, gpus = claimed[v.name], v.gpus
+                for key in ((borrowed, v.team), (borrowed, None)):  # no tree is built yet: plain sums
+                    by_priority[key][priority] += gpus
+                    totals[key] += gpus
+            key_of, now = self.discipline.victim_key, self.now
+            for jobs in lists.values():
+                decorated = [(key_of(v, now, v.name in borrowed_set, claimed[v.name]), i) for i, v in enumerate(jobs)]
+                decorated.sort()
+                jobs[:] = [jobs[i] for _, i in decorated]
         return self._cands
 
     def _setup_budget(self, history: Iterable[PastPreemption]) -> None:
@@ -175,6 +209,9 @@ class PoolPlanner:
         return self.quotas.may_reclaim(bucket, gpus, self.knobs.reclaim_within_pool)
 
     def eligibility(self, r: RankedJob, v: RunningJob, reclaim: bool) -> Eligibility:
+        soft = self._soft.get(v.name) if self._soft else None
+        if soft is not None and not r.job.escalated:
+            return soft
         return eligibility(r, v, self.claimed[v.name], self.knobs, self.quotas.on, v.name in self.quotas.borrowed, reclaim)
 
     def candidate_verdict(self, r: RankedJob, v: RunningJob) -> Eligibility:
@@ -224,9 +261,24 @@ class PoolPlanner:
         job, k = r.job, self.knobs
         # Caps change what a job may preempt, so they get a line of their own; aging only
         # reorders the queue and is told in `explain` and the rank trace.
-        for reason, detail in r.adjustments:
-            if reason is not Reason.AGED:
-                self.lines.append(Explanation(job.name, Verdict.RANK, reason, detail))
+        if r.adjustments:
+            for reason, detail in r.adjustments:
+                if reason is not Reason.AGED:
+                    self.lines.append(Explanation(job.name, Verdict.RANK, reason, detail))
+        bucket = self.quotas.bucket_for(job.team, r.claimed) if self.quotas.on else None
+        # What decides the outcome of a job that does not fit, besides the pool's state.
+        waited = self.waited_enough(r) if (k.budget is not None or self._timed) else True
+        key = (id(bucket), r.claimed, job.team, job.gpus, job.escalated, waited)
+        if self._no_fit and (k.max_preemptions is None or k.on_max_preemptions is not MaxPreemptionsAction.FAIL):
+            # A job alike one that could not fit, since nothing changed: the same outcome
+            # (it does not fit the free GPUs either, so it is not admitted).
+            cached = self._no_fit.get(key)
+            if cached is not None and job.gpus <= self.pool.gpus:
+                if k.aging.starving_after_s is not None and self.starving(job):
+                    self._reserve(r, bucket)  # it cannot fit either: it reserves what is left
+                else:
+                    self.lines.append(Explanation(job.name, Verdict.WAIT, cached[0], cached[1]))
+                return
         if k.max_preemptions is not None and k.on_max_preemptions is MaxPreemptionsAction.FAIL and job.preemptions >= k.max_preemptions:
             detail = f"preempted {job.preemptions} times; max_preemptions is {k.max_preemptions} (on_max_preemptions: fail)"
             self.failures.append(Failure(job.name, job.pool, Reason.MAX_PREEMPTIONS_EXCEEDED, detail))
@@ -236,14 +288,33 @@ class PoolPlanner:
             detail = f"needs {job.gpus} GPUs, pool {self.pool.name} has {self.pool.gpus}"
             self.lines.append(Explanation(job.name, Verdict.SKIP, Reason.LARGER_THAN_POOL, detail))
             return
-        bucket = self.quotas.bucket_for(job.team, r.claimed)
         if self.quotas.fits(bucket, job.gpus, self.free, {})[0]:
             self._admit(r, bucket)
         else:
-            self._nominate(r, bucket)
+            self._nominate(r, bucket, key)
+
+    def _changed(self) -> None:
+        """Capacity, quotas or candidates changed: cached no-fit outcomes no longer hold."""
+        if self._no_fit:
+            self._no_fit.clear()
+
+    def delay_for(self, claimed: int) -> float:
+        """The preemption delay of a job claiming `claimed` (its tier's, else the pool's)."""
+        k = self.knobs
+        if not k.tier_preemption_delay_s:
+            return k.preemption_delay_s
+        delay = self._delays.get(claimed)
+        if delay is None:
+            delay = self._delays[claimed] = k.tier_preemption_delay_s.get(self.policy.tier_of(claimed), k.preemption_delay_s)
+        return delay
+
+    def waited_enough(self, r: RankedJob) -> bool:
+        """Whether `r` has served its preemption delay (an escalated job has none)."""
+        return r.job.escalated or self.now - r.job.waiting_since() >= self.delay_for(r.claimed)
 
     def _admit(self, r: RankedJob, bucket: Bucket | None) -> None:
         job = r.job
+        self._changed()
         self.free -= job.gpus
         self.admitted_gpus += job.gpus
         borrowed = self.quotas.borrowed_above_nominal(bucket, job.gpus)
@@ -265,6 +336,8 @@ class PoolPlanner:
         need = r.job.gpus
         from_free = min(self.free, need)
         from_releasing = min(self.releasing, need - from_free)
+        if from_free or from_releasing:
+            self._changed()
         self.free -= from_free
         self.releasing -= from_releasing
         self.held_gpus += from_free + from_releasing
@@ -284,7 +357,7 @@ class PoolPlanner:
             if verdict is not None and verdict.reason is not Reason.ALREADY_STOPPING:
                 self.lines.append(Explanation(v.name, Verdict.SPARE, verdict.reason, verdict.detail))
 
-    def _nominate(self, r: RankedJob, bucket: Bucket | None) -> None:
+    def _nominate(self, r: RankedJob, bucket: Bucket | None, key: tuple) -> None:
         """Claim capacity for a job that does not fit now, preempting victims if needed."""
         job, k, now = r.job, self.knobs, self.now
         available = self.free + self.releasing
@@ -302,25 +375,34 @@ class PoolPlanner:
             choice.short_of = "quota"  # even stopping all its own quota's work would not make room
         elif available + self.victim_bound(r, reclaim) >= job.gpus:
             spent = self._over_budget([])
-            if spent and waited_enough(job, k, now):
+            if spent and self.waited_enough(r):
                 # Any victim would exceed a budget already spent: no need to look for them.
-                self._hold(r, bucket)
-                self._wait(job, Reason.BUDGET_EXHAUSTED, f"needs {job.gpus} GPUs; the pool's preemption budget is spent: {spent}")
+                held = self._hold(r, bucket)
+                detail = f"needs {job.gpus} GPUs; the pool's preemption budget is spent: {spent}"
+                self._wait(job, Reason.BUDGET_EXHAUSTED, detail)
+                if not held and not self.starving(job):
+                    self._no_fit[key] = (Reason.BUDGET_EXHAUSTED, detail)  # nothing was left to hold
                 return
             choice = self.choose(r, bucket, available, reclaim)
         if not choice.fits:
-            self._cannot_fit(r, bucket, choice, reclaim)
+            outcome = self._cannot_fit(r, bucket, choice, reclaim)
+            if outcome is not None:
+                self._no_fit[key] = outcome
             return
 
         victims = [v for v, _ in choice.victims]
         names = ", ".join(f"{v.name} ({v.gpus} GPUs)" for v in victims)
-        if not waited_enough(job, k, now):
+        if not self.waited_enough(r):
             self._hold(r, bucket)
+            delay = self.delay_for(r.claimed)
+            knob = "tier_preemption_delay_s" if delay != k.preemption_delay_s or k.tier_preemption_delay_s.get(self.policy.tier_of(r.claimed)) is not None else "preemption_delay_s"
             detail = (
-                f"needs {job.gpus} GPUs; waits {k.preemption_delay_s - (now - job.waiting_since()):.0f} s more for capacity to free "
-                f"by itself before preempting {names} (preemption_delay_s {k.preemption_delay_s:g})"
+                f"needs {job.gpus} GPUs; waits {delay - (now - job.waiting_since()):.0f} s more for capacity to free "
+                f"by itself before preempting {names} ({knob} {delay:g})"
             )
             self._wait(job, Reason.PREEMPTION_DELAYED, detail)
+            for v in victims:
+                self._likely_victims.setdefault(v.name, (v, job.name))
             return
         over = self._over_budget(victims)
         if over:
@@ -329,14 +411,26 @@ class PoolPlanner:
             return
         self._commit(r, bucket, choice)
 
-    def _cannot_fit(self, r: RankedJob, bucket: Bucket | None, choice: Choice, reclaim: bool) -> None:
-        job, aging = r.job, self.knobs.aging
+    def _reserve(self, r: RankedJob, bucket: Bucket | None) -> None:
+        """A starving job that cannot fit holds what is free (and being freed) for itself."""
+        job = r.job
+        held = self._hold(r, bucket)
         waited = self.now - job.submitted_at
-        if aging.starving_after_s is not None and waited >= aging.starving_after_s:
-            held = self._hold(r, bucket)
-            detail = f"waited {waited:.0f} s >= starving_after_s {aging.starving_after_s:g}; holds {held} of its {job.gpus} GPUs"
-            self._wait(job, Reason.STARVATION_RESERVATION, detail)
-            return
+        detail = f"waited {waited:.0f} s >= starving_after_s {self.knobs.aging.starving_after_s:g}; holds {held} of its {job.gpus} GPUs"
+        self._wait(job, Reason.STARVATION_RESERVATION, detail)
+
+    def starving(self, job: PendingJob) -> bool:
+        """Whether `job` has waited `aging.starving_after_s` (it then reserves capacity)."""
+        after = self.knobs.aging.starving_after_s
+        return after is not None and self.now - job.submitted_at >= after
+
+    def _cannot_fit(self, r: RankedJob, bucket: Bucket | None, choice: Choice, reclaim: bool) -> tuple[Reason, str] | None:
+        """A job that cannot fit even with every eligible victim waits; returns the
+        (reason, detail) it was given, or None when it reserved capacity (starving)."""
+        job = r.job
+        if self.starving(job):
+            self._reserve(r, bucket)
+            return None
         if choice.scanned:
             eligible = f"{sum(v.gpus for v, _ in choice.victims)} held by {len(choice.victims)} job(s) it may preempt"
         else:
@@ -347,12 +441,13 @@ class PoolPlanner:
                 f" (ceiling {bucket.ceiling_label()}); other quotas keep {self.quotas.kept_by_others(bucket)} GPUs unlent; {eligible}"
             )
             self._wait(job, Reason.OVER_QUOTA, detail)
-            return
+            return Reason.OVER_QUOTA, detail
         reason = Reason.BLOCKED_BY_HIGHER_RANKED if job.gpus <= self.initial_free else Reason.NO_CAPACITY_NO_ELIGIBLE_VICTIMS
         detail = f"needs {job.gpus} GPUs; {self.free} free, {self.releasing} being freed, {eligible}"
         if reason is Reason.BLOCKED_BY_HIGHER_RANKED:
             detail += f"; {self.admitted_gpus} GPUs admitted and {self.held_gpus} held for higher-ranked jobs"
         self._wait(job, reason, detail)
+        return reason, detail
 
     def _over_budget(self, victims: list[RunningJob]) -> str:
         """Why stopping `victims` would exceed the pool's budget ('' when it would not).
@@ -375,6 +470,7 @@ class PoolPlanner:
         """Stop the chosen victims for `r`: it holds the capacity they free; any surplus
         becomes capacity being freed that the next jobs can claim."""
         job, now = r.job, self.now
+        self._changed()
         victims = [v for v, _ in choice.victims]
         victim_gpus = sum(v.gpus for v in victims)
         still_needed = max(0, job.gpus - victim_gpus)  # taken from free, then from releasing
@@ -400,7 +496,7 @@ class PoolPlanner:
         if bucket is not None:
             self.quotas.set_used(bucket, bucket.used + job.gpus)
         for v, verdict in choice.victims:
-            self._preempt(job, v, verdict.rule, verdict.detail)
+            self._preempt(r, v, verdict.rule, verdict.detail)
         for v in choice.dropped:
             self.lines.append(Explanation(v.name, Verdict.SPARE, Reason.NOT_NEEDED, f"fill-back: {job.name} fits without it", for_job=job.name))
         for v, verdict in choice.skipped[:MAX_SKIPPED_LINES]:
@@ -408,15 +504,79 @@ class PoolPlanner:
         more = len(choice.skipped) - MAX_SKIPPED_LINES
         reclaims = any(verdict.rule is PreemptionRule.RECLAIM_BORROWED for _, verdict in choice.victims)
         detail = f"needs {job.gpus} GPUs; preempting {', '.join(v.name for v in victims) or 'nothing new'}"
+        if job.escalated:
+            detail += "; escalated: minimum runtime, checkpoint wait and preemption delay lifted"
         if more > 0:
             detail += f" ({more} more candidates skipped)"
         self._wait(job, Reason.RECLAIMS_BORROWED if reclaims else Reason.PREEMPTS_LOWER_PRIORITY, detail)
 
-    def _preempt(self, job: PendingJob, v: RunningJob, rule: PreemptionRule, why: str) -> None:
-        now = self.now
+    def stop_mode(self, r: RankedJob, v: RunningJob) -> tuple[bool, Reason, str]:
+        """How victim `v` is stopped for `r`: (wait for a requested checkpoint?, why, detail).
+
+        At once when nothing is at risk or waiting does not pay: the preemptor is
+        escalated; the victim has been seen to save on SIGTERM within the grace; its
+        checkpoint is fresh; it ignored its last checkpoint request; or the work a
+        checkpoint would save (victim GPUs x seconds at risk) is not worth the wait
+        (preemptor GPUs x the expected wait, times preemptor priority / victim priority
+        when `priority_weighted`). The expected wait is `checkpoint_wait.expected_wait_s`
+        for a job that runs the training helper (`declares_save_on_stop`), else
+        `checkpoint_wait_max_s`. Otherwise the workflow asks and waits.
+        """
+        now, k = self.now, self.knobs
+        if r.job.escalated:
+            return False, Reason.ESCALATED_STOP, f"stopped at once: {r.job.name} is escalated"
+        if v.saves_on_stop:
+            return False, Reason.SAVES_ON_STOP, "stopped at once: it was seen to save on SIGTERM within the grace"
+        at_risk = v.work_at_risk_s(now)
+        if progress.is_fresh(v.last_checkpoint_at, v.started_at, now, k.checkpoint_max_age_s):
+            return False, Reason.CHECKPOINT_FRESH, f"stopped at once: {at_risk:.0f} s at risk <= checkpoint_max_age_s {k.checkpoint_max_age_s:g}"
+        if v.ignored_checkpoint_request:
+            return False, Reason.IGNORED_LAST_REQUEST, "stopped at once: it did not honour its last checkpoint request"
+        wait = k.checkpoint_wait
+        weight = r.claimed / max(1, self.claimed[v.name]) if wait.priority_weighted else 1.0
+        saved = v.gpus * at_risk
+        # A job without the training helper cannot answer a request: only its own periodic
+        # checkpoint can come, so the wait to expect is the workflow's longest.
+        expected = wait.expected_wait_s if v.declares_save_on_stop else float(k.checkpoint_wait_max_s)
+        cost = r.job.gpus * expected * weight
+        figures = f"{saved:.0f} GPU-s at risk vs {r.job.gpus} GPUs x {expected:g} s x {weight:.2f} = {cost:.0f}"
+        if saved > cost:
+            return True, Reason.WAIT_FOR_CHECKPOINT, f"asks for a checkpoint and waits: {figures}"
+        return False, Reason.WAIT_DOES_NOT_PAY, f"stopped at once: {figures}"
+
+    def ahead_requests(self) -> list[CheckpointRequest]:
+        """Checkpoints to ask now of the victims delayed preemptions will take (`CheckpointAhead`).
+
+        In the order the delayed jobs chose them, at most `max_jobs`: only victims not
+        already stopping or chosen, not known to save on SIGTERM, that honoured their last
+        request, with more than `min_at_risk_s` at risk, and not asked within the
+        checkpoint wait (a request still being answered).
+        """
+        ahead, now = self.knobs.checkpoint_ahead, self.now
+        out: list[CheckpointRequest] = []
+        if ahead.max_jobs <= 0:
+            return out
+        for v, for_job in self._likely_victims.values():
+            if len(out) >= ahead.max_jobs:
+                break
+            if v.name in self.chosen_by or v.saves_on_stop or v.ignored_checkpoint_request:
+                continue
+            at_risk = v.work_at_risk_s(now)
+            if at_risk <= ahead.min_at_risk_s:
+                continue
+            asked = v.checkpoint_requested_at
+            if asked is not None and now - asked < self.knobs.checkpoint_wait_max_s:
+                continue
+            detail = f"likely victim of {for_job}, whose preemption is delayed; {at_risk:.0f} s of work at risk"
+            out.append(CheckpointRequest(v.name, self.pool.name, for_job, Reason.AHEAD_OF_PREEMPTION, detail))
+        return out
+
+    def _preempt(self, r: RankedJob, v: RunningJob, rule: PreemptionRule, why: str) -> None:
+        now, job = self.now, r.job
         age = v.checkpoint_age_s(now)
         borrowed = v.name in self.quotas.borrowed
         lost = v.lost_gpu_seconds(now)
+        wait, stop, how = self.stop_mode(r, v)
         self.preemptions.append(
             Preemption(
                 victim=v.name,
@@ -430,17 +590,23 @@ class PoolPlanner:
                 cost_gpu_seconds=v.stop_cost_gpu_seconds(now),
                 checkpoint_fresh=progress.is_fresh(v.last_checkpoint_at, v.started_at, now, self.knobs.checkpoint_max_age_s),
                 borrowed=borrowed,
+                wait_for_checkpoint=wait,
+                stop=stop,
+                escalated=job.escalated,
             )
         )
         checkpoint = "no checkpoint yet" if age is None else f"checkpoint {age:.0f} s old"
         on_borrowed = "; on borrowed quota" if borrowed and rule is not PreemptionRule.RECLAIM_BORROWED else ""
-        detail = f"{why}{on_borrowed}; stopping it loses {lost:.0f} GPU-seconds ({checkpoint})"
+        soft = self._soft.get(v.name) if job.escalated else None
+        lifted = f"; escalated: {soft.detail} lifted" if soft is not None else ""
+        detail = f"{why}{on_borrowed}{lifted}; stopping it loses {lost:.0f} GPU-seconds ({checkpoint}); {how}"
         self.lines.append(Explanation(v.name, Verdict.PREEMPT, rule.victim_reason, detail, for_job=job.name))
 
 
 def waited_enough(job: PendingJob, knobs: PoolPolicy, now: float) -> bool:
-    """Whether a pending job has served its pool's preemption delay."""
-    return now - job.waiting_since() >= knobs.preemption_delay_s
+    """Whether a pending job has served its pool's preemption delay (`PoolPlanner.waited_enough`
+    also applies the tier delays and escalation)."""
+    return job.escalated or now - job.waiting_since() >= knobs.preemption_delay_s
 
 
 # -- the entry point -------------------------------------------------------------------------
@@ -470,6 +636,7 @@ def run(snapshot: Snapshot, policy: Policy, now: float, discipline: Discipline =
     preemptions: list[Preemption] = []
     failures: list[Failure] = []
     lines: list[Explanation] = []
+    requests: list[CheckpointRequest] = []
     usage_cache: dict[tuple[bool, float], dict[str, float]] = {}
     seen: set[str] = set()
     for pool in snapshot.pools:
@@ -480,8 +647,12 @@ def run(snapshot: Snapshot, policy: Policy, now: float, discipline: Discipline =
         fair = (knobs.fair_share.enabled, knobs.fair_share.half_life_s)
         if fair not in usage_cache:
             usage_cache[fair] = team_usage(snapshot, now, fair[1]) if fair[0] else {}
-        ranked = discipline.rank(pending_by_pool.get(pool.name, ()), knobs, policy, now, usage_cache[fair])
-        planner = PoolPlanner(pool, knobs, policy, now, running_by_pool.get(pool.name, []), snapshot.preemption_history, discipline)
+        waiting = pending_by_pool.get(pool.name, ())
+        ranked = discipline.rank(waiting, knobs, policy, now, usage_cache[fair])
+        escalated = any(job.escalated for job in waiting)
+        planner = PoolPlanner(
+            pool, knobs, policy, now, running_by_pool.get(pool.name, []), snapshot.preemption_history, discipline, escalated
+        )
         for position, r in enumerate(ranked, start=1):
             if observe is not None:
                 observe(planner, ranked, position, r)
@@ -490,10 +661,14 @@ def run(snapshot: Snapshot, policy: Policy, now: float, discipline: Discipline =
         preemptions += planner.preemptions
         failures += planner.failures
         lines += planner.lines
+        if planner._likely_victims:
+            for c in planner.ahead_requests():
+                requests.append(c)
+                lines.append(Explanation(c.job, Verdict.SPARE, c.reason, c.detail, for_job=c.for_job))
     for job in snapshot.pending:
         if job.pool not in seen:
             lines.append(Explanation(job.name, Verdict.SKIP, Reason.UNKNOWN_POOL, f"pool {job.pool!r} is not configured"))
-    return Decision(tuple(admits), tuple(preemptions), tuple(lines), tuple(failures))
+    return Decision(tuple(admits), tuple(preemptions), tuple(lines), tuple(failures), tuple(requests))
 
 
 __all__ = [

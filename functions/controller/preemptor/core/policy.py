@@ -88,7 +88,10 @@ class _Knob(BaseModel):
 
 
 class Aging(_Knob):
-    """A waiting job's effective priority rises by `rate_per_hour` points per hour waited.
+    """A waiting job's effective priority rises by `rate_per_hour` points per hour waited
+    (off by default: the controller reads its pending window from an index sorted by
+    claimed priority, so aging can only reorder the jobs inside the window; see
+    docs/policy.md, "Aging and the pending window").
 
     The rise stops one point below the next tier (`cap`), so aging orders work within a
     tier and does not overturn the tiers. A job that has waited `starving_after_s` loses
@@ -96,7 +99,7 @@ class Aging(_Knob):
     waits for, so low work cannot starve forever behind a stream of small or higher jobs.
     """
 
-    rate_per_hour: float = Field(default=10.0, ge=0)
+    rate_per_hour: float = Field(default=0.0, ge=0)
     cap: AgingCap = AgingCap.BELOW_NEXT_TIER
     starving_after_s: float | None = Field(default=None, gt=0)  # opt-in: see docs/policy.md
 
@@ -105,7 +108,7 @@ class FairShare(_Knob):
     """Among jobs of equal effective priority, the team with less decayed usage goes first."""
 
     enabled: bool = True
-    half_life_s: float = Field(default=7 * 86_400.0, gt=0)
+    half_life_s: float = Field(default=86_400.0, gt=0)  # 1 day: see docs/policy.md
 
 
 class NearCompletion(_Knob):
@@ -121,6 +124,33 @@ class Budget(_Knob):
     window_s: float = Field(default=3600.0, gt=0)
     max_preemptions: int | None = Field(default=None, ge=0)
     max_gpu_hours: float | None = Field(default=None, ge=0)
+
+
+class CheckpointWait(_Knob):
+    """When a victim that is not known to save on SIGTERM is worth waiting for.
+
+    The workflow asks for a checkpoint and waits only when the work it saves, the victim's
+    GPUs x its seconds at risk, outweighs what the wait costs: the preemptor's GPUs x
+    `expected_wait_s` (the checkpoint's write time plus the workflow's poll), weighted by
+    the preemptor's priority over the victim's (`priority_weighted`).
+    """
+
+    expected_wait_s: float = Field(default=200.0, ge=0)
+    priority_weighted: bool = True
+
+
+class CheckpointAhead(_Knob):
+    """Checkpoints asked of likely victims before a preemption needs them.
+
+    When a pending job of higher priority holds capacity without preempting yet (its
+    preemption delay, the budget) the victims its next preemption would take are asked
+    for a checkpoint now, at most `max_jobs` per pool and plan, only those with more than
+    `min_at_risk_s` of work at risk; so that when the preemption comes, their checkpoint
+    is fresh and they are stopped at once.
+    """
+
+    max_jobs: int = Field(default=8, ge=0)  # 0 turns it off
+    min_at_risk_s: float = Field(default=300.0, ge=0)
 
 
 class TeamPolicy(_Knob):
@@ -170,7 +200,10 @@ class Quota(_Knob):
 
 
 # Knobs that are objects: a pool override merges into them key by key.
-_OBJECT_KNOBS = ("aging", "fair_share", "near_completion", "budget", "tier_max_sla_s")
+_OBJECT_KNOBS = (
+    "aging", "fair_share", "near_completion", "budget", "tier_max_sla_s", "tier_preemption_delay_s",
+    "checkpoint_wait", "checkpoint_ahead",
+)
 
 
 class PoolPolicy(BaseModel):
@@ -197,11 +230,15 @@ class PoolPolicy(BaseModel):
     # -- rate limits -----------------------------------------------------------------------
     budget: Budget | None = None
     preemption_delay_s: float = Field(default=0.0, ge=0)
+    # Per tier of the preemptor's claimed priority: replaces `preemption_delay_s` for it.
+    tier_preemption_delay_s: dict[str, float] = Field(default_factory=dict)
     # -- checkpoint protocol (the workflows loop on these) --------------------------------
     checkpoint_max_age_s: float = Field(default=900.0, gt=0)
     checkpoint_poll_s: int = Field(default=30, gt=0)
     checkpoint_wait_max_s: int = Field(default=600, gt=0)
     on_checkpoint_timeout: CheckpointTimeoutAction = CheckpointTimeoutAction.STOP_ANYWAY
+    checkpoint_wait: CheckpointWait = Field(default_factory=CheckpointWait)
+    checkpoint_ahead: CheckpointAhead = Field(default_factory=CheckpointAhead)
     stop_poll_s: int = Field(default=30, gt=0)
     stop_wait_max_s: int = Field(default=900, gt=0)
 
@@ -212,6 +249,14 @@ class PoolPolicy(BaseModel):
             if seconds <= 0:
                 raise ValueError(f"tier_max_sla_s[{tier!r}] must be positive, got {seconds}")
         return {tier.lower(): seconds for tier, seconds in limits.items()}
+
+    @field_validator("tier_preemption_delay_s")
+    @classmethod
+    def _delays(cls, delays: dict[str, float]) -> dict[str, float]:
+        for tier, seconds in delays.items():
+            if seconds < 0:
+                raise ValueError(f"tier_preemption_delay_s[{tier!r}] must be >= 0, got {seconds}")
+        return {tier.lower(): seconds for tier, seconds in delays.items()}
 
     @field_validator("quotas")
     @classmethod
@@ -315,6 +360,9 @@ class Policy(PoolPolicy):
         for tier in knobs.tier_max_sla_s:
             if tier not in self.tiers:
                 raise ValueError(f"{where}tier_max_sla_s: unknown tier {tier!r} (tiers: {known})")
+        for tier in knobs.tier_preemption_delay_s:
+            if tier not in self.tiers:
+                raise ValueError(f"{where}tier_preemption_delay_s: unknown tier {tier!r} (tiers: {known})")
         for quota in knobs.quotas:
             if quota.tier is not None and quota.tier not in self.tiers:
                 raise ValueError(f"{where}quotas: unknown tier {quota.tier!r} for team {quota.team!r} (tiers: {known})")

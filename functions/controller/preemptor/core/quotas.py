@@ -59,6 +59,7 @@ class Quotas:
             q.key: Bucket(q.key, q.nominal_gpus, q.ceiling, q.kept) for q in quotas
         }
         self.bucket_of: dict[str, Bucket | None] = {}
+        self._bucket_cache: dict[tuple[str, int], Bucket] = {}
         self.borrowed: set[str] = set()
         self.reserved_total = 0
         if not self.on:
@@ -85,10 +86,14 @@ class Quotas:
         """The quota a job of `team` at `priority` counts against: its tier's, else its team's."""
         if not self.on:
             return None
+        hit = self._bucket_cache.get((team, priority))
+        if hit is not None:
+            return hit
         tier = self.policy.tier_of(priority)
         bucket = self.buckets.get((team, tier)) or self.buckets.get((team, None))
         if bucket is None:
             bucket = self.buckets.setdefault((team, "*"), _unlimited_bucket(team))
+        self._bucket_cache[(team, priority)] = bucket
         return bucket
 
     def set_used(self, bucket: Bucket | None, used: int) -> None:

@@ -1,8 +1,8 @@
 """Ranking: the order in which the planner takes a pool's pending jobs.
 
 Ours (`rank_pool`): claimed priority (the job's priority capped by the SLA and spot rules),
-aged while it waits; fair share among equal effective priority; FIFO; the name last; a
-job whose victims were just stopped for it goes first. Other schedulers rank by a plain
+aged while it waits (aging is off by default); a job whose victims were just stopped for it
+first among its equals; fair share among equal effective priority; FIFO; the name last. Other schedulers rank by a plain
 key over the job (`ranked_by`): the planner's mechanics take either.
 """
 
@@ -18,16 +18,25 @@ from .model import PendingJob, Reason, Snapshot, run_usage
 from .policy import MAX_PRIORITY, AgingCap, Policy, PoolPolicy
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RankedJob:
-    """A pending job with the priorities the planner derived for it."""
+    """A pending job with the priorities the planner derived for it.
+
+    Not frozen, but never changed once built: one is built for every pending job on every
+    plan, and a frozen dataclass costs five times as much to build. Treat it as immutable.
+    """
 
     job: PendingJob
     claimed: int  # its priority after the SLA and spot caps: what it may preempt with
     effective: int  # claimed plus aging: what orders the queue
     team_usage: float  # decayed GPU-seconds of its team (0 when fair share is off)
     adjustments: tuple[tuple[Reason, str], ...] = ()
-    handover: bool = False  # victims were stopped for it: it is placed before everyone else
+    handover: bool = False  # victims were stopped for it: it is placed first in its tier
+    rank_priority: int | None = None  # what orders it (`rank_key`); None: `effective`
+
+    def __post_init__(self) -> None:
+        if self.rank_priority is None:
+            self.rank_priority = self.effective
 
 
 # (pending jobs of a pool, its knobs, the policy, now, decayed usage per team) -> ranked jobs
@@ -37,20 +46,42 @@ Ranker = Callable[[Iterable[PendingJob], PoolPolicy, Policy, float, dict[str, fl
 def rank_key(ranked: RankedJob) -> tuple:
     """Order of pending work in a pool.
 
-    0. a job whose victims were just stopped for it (nominated within the handover window)
-       first: the capacity freed for it is its own, whoever ranks above it otherwise (without
-       this, a job ranked above it by aging would take the GPUs and it would preempt again);
-    1. higher effective priority first (claimed priority plus aging);
-    2. fair share: the team with the lower decayed usage first;
-    3. FIFO: earlier submission first (a requeued victim keeps its place);
-    4. name, unique, as the final tie-breaker.
+    1. higher rank priority first: the effective priority (claimed plus aging); for a job
+       whose victims were just stopped for it (nominated within the handover window), the
+       top of its claimed tier (`ClaimRules.tier_ceiling`);
+    2. such a "handover" job before the others of the same rank priority.
+    3. fair share: the team with the lower decayed usage first;
+    4. FIFO: earlier submission first (a requeued victim keeps its place);
+    5. name, unique, as the final tie-breaker.
+
+    So the capacity freed for a job is its own against every job of its tier or below,
+    however aged (without this, a job ranked above it by aging would take the GPUs and it
+    would preempt again), but not against a job claiming a higher tier: a critical job that
+    arrives meanwhile takes the GPUs freed first, as it would have preempted for them anyway,
+    instead of waiting behind every handover for GPUs still being freed.
     """
-    return (not ranked.handover, -ranked.effective, ranked.team_usage, ranked.job.submitted_at, ranked.job.name)
+    return (-ranked.rank_priority, not ranked.handover, ranked.team_usage, ranked.job.submitted_at, ranked.job.name)
 
 
 class ClaimRules:
     """The priority rules of one pool, precomputed from its knobs and the tier table:
     what a job may claim (SLA and spot caps) and how aging raises it."""
+
+    _cache: dict[tuple[int, int], tuple[PoolPolicy, Policy, "ClaimRules"]] = {}
+
+    @classmethod
+    def of(cls, knobs: PoolPolicy, policy: Policy) -> "ClaimRules":
+        """The rules of `knobs` under `policy`, built once per pair (both are immutable), so
+        the tier table is not rebuilt on every plan."""
+        key = (id(knobs), id(policy))
+        hit = cls._cache.get(key)
+        if hit is not None and hit[0] is knobs and hit[1] is policy:
+            return hit[2]
+        if len(cls._cache) > 64:
+            cls._cache.clear()
+        rules = cls(knobs, policy)
+        cls._cache[key] = (knobs, policy, rules)
+        return rules
 
     def __init__(self, knobs: PoolPolicy, policy: Policy):
         tiers = sorted(set(policy.tiers.values()))
@@ -63,6 +94,13 @@ class ClaimRules:
         self.aging = knobs.aging
         self.tiers = tiers
         self.capped = knobs.aging.cap is AgingCap.BELOW_NEXT_TIER
+        self.caps = bool(self.gated) or self.spot_cap is not None  # some job may claim less than it asks
+        self.ages = knobs.aging.rate_per_hour > 0
+
+    def tier_ceiling(self, claimed: int) -> int:
+        """One below the next tier above `claimed` (the maximum priority in the top tier)."""
+        i = bisect_right(self.tiers, claimed)
+        return MAX_PRIORITY if i == len(self.tiers) else self.tiers[i] - 1
 
     def cap_for(self, claimed: int) -> int:
         """The highest effective priority aging may give a job claiming `claimed`: one
@@ -116,8 +154,12 @@ def team_usage(snapshot: Snapshot, now: float, half_life_s: float) -> dict[str, 
     usage: dict[str, float] = defaultdict(float)
     for entry in snapshot.usage:
         usage[entry.team] += entry.decayed(now, half_life_s)
+    # `model.run_usage` inlined: one exp per running job on every plan.
+    scale, rate, exp = half_life_s / math.log(2), -math.log(2) / half_life_s, math.exp
     for job in snapshot.running:
-        usage[job.team] += run_usage(job.gpus, job.started_at, now, half_life_s)
+        span = now - job.started_at
+        if span > 0:
+            usage[job.team] += job.gpus * scale * (1.0 - exp(rate * span))
     return dict(usage)
 
 
@@ -128,26 +170,45 @@ def handover_window_s(knobs: PoolPolicy) -> float:
 
 
 def rank_pool(pending: Iterable[PendingJob], knobs: PoolPolicy, policy: Policy, now: float, usage: dict[str, float]) -> list[RankedJob]:
-    """Ours: the pending jobs of one pool, ranked by `rank_key`."""
-    rules = ClaimRules(knobs, policy)
+    """Ours: the pending jobs of one pool, ranked by `rank_key`.
+
+    The caps are computed once per distinct (priority, SLA, spot) and aging only when it
+    is on: a long queue of alike jobs costs one tuple and one object per job.
+    """
+    rules = ClaimRules.of(knobs, policy)
     fair = knobs.fair_share.enabled
-    ranked = []
     window = handover_window_s(knobs)
+    claims: dict[tuple, tuple[int, list[tuple[Reason, str]]]] = {}
+    decorated = []
     for job in pending:
-        claimed, notes = rules.claim(job.priority, job.sla_s, job.spot)
-        effective, aged = rules.effective(claimed, now - job.submitted_at)
-        if aged:
-            notes.append((Reason.AGED, aged))
+        if rules.caps:
+            ck = (job.priority, job.sla_s, job.spot)
+            hit = claims.get(ck)
+            if hit is None:
+                hit = claims[ck] = rules.claim(job.priority, job.sla_s, job.spot)
+            claimed, notes = hit[0], list(hit[1])
+        else:
+            claimed, notes = job.priority, []
+        effective = claimed
+        if rules.ages:
+            effective, aged = rules.effective(claimed, now - job.submitted_at)
+            if aged:
+                notes.append((Reason.AGED, aged))
         handover = job.nominated_at is not None and 0 <= now - job.nominated_at <= window
         if handover:
             notes.append(
                 (Reason.CAPACITY_FREED_FOR_IT, f"victims were stopped for it {now - job.nominated_at:.0f} s ago: placed first")
             )
-        ranked.append(
-            RankedJob(job, claimed, effective, usage.get(job.team, 0.0) if fair else 0.0, tuple(notes), handover)
-        )
-    ranked.sort(key=rank_key)
-    return ranked
+        team_use = usage.get(job.team, 0.0) if fair else 0.0
+        order = max(effective, rules.tier_ceiling(claimed)) if handover else effective
+        ranked = RankedJob(job, claimed, effective, team_use, tuple(notes) if notes else (), handover, order)
+        decorated.append(((-order, not handover, team_use, job.submitted_at, job.name), ranked))
+    decorated.sort(key=_first)
+    return [r for _, r in decorated]
+
+
+def _first(pair: tuple) -> tuple:
+    return pair[0]
 
 
 def ranked_by(key: Callable[[PendingJob], tuple]) -> Ranker:

@@ -217,7 +217,7 @@ class Candidates:
     def remove(self, key: ListKey, names: set[str], scanned: int) -> None:
         """Drop `names` from a list; all of them are among its first `scanned` jobs."""
         jobs = self.lists[key]
-        self.lists[key] = [v for v in jobs[:scanned] if v.name not in names] + jobs[scanned:]
+        jobs[:scanned] = [v for v in jobs[:scanned] if v.name not in names]  # the tail moves in place
 
 
 @dataclass

@@ -172,6 +172,7 @@ class _Job:
         "saved", "ckpt_wall", "run_start", "work_start", "overhead", "incarnation",
         "pending_since", "guaranteed", "pending_view", "running_view", "view_until",
         "signal_at", "saved_after", "ckpt_after", "outcome",
+        "trusted", "ignored", "requested_at", "verdict_at", "verdict_ignored", "extra_ckpt",
     )  # fmt: skip
 
     def __init__(self, idx: int, trace: TraceJob, interval: float, cooperative: bool) -> None:
@@ -198,6 +199,14 @@ class _Job:
         self.signal_at = 0.0
         self.saved_after = 0.0
         self.ckpt_after: float | None = None
+        # What the controller learned of the job (service.learning): seen to save on SIGTERM
+        # within the grace; did not honour its last checkpoint request; when it was asked.
+        self.trusted = False
+        self.ignored = False
+        self.requested_at: float | None = None
+        self.verdict_at = math.inf  # when the controller learns whether the request was honoured
+        self.verdict_ignored = False
+        self.extra_ckpt: float | None = None  # a checkpoint written on request, this run
         self.outcome = JobOutcome(
             name=trace.job_id,
             team=trace.team,
@@ -220,12 +229,18 @@ class _Job:
         return self.saved + min(max(0.0, t - self.work_start), self.remaining)
 
     def periodic_checkpoint(self, t: float) -> tuple[float | None, float]:
-        """(wall time, progress) of the newest checkpoint at `t` while running."""
+        """(wall time, progress) of the newest checkpoint at `t` while running: the periodic
+        ones, and one written on request (`extra_ckpt`) if it is newer."""
         worked = t - self.work_start
         if worked < self.interval:
-            return self.ckpt_wall, self.saved
-        k = math.floor(worked / self.interval)
-        return self.work_start + k * self.interval, self.saved + k * self.interval
+            wall, saved = self.ckpt_wall, self.saved
+        else:
+            k = math.floor(worked / self.interval)
+            wall, saved = self.work_start + k * self.interval, self.saved + k * self.interval
+        extra = self.extra_ckpt
+        if extra is not None and extra <= t and (wall is None or extra > wall):
+            return extra, self.saved + min(extra - self.work_start, self.remaining)
+        return wall, saved
 
 
 class Simulator:
@@ -283,6 +298,9 @@ class Simulator:
             "preemptions_decided": 0,
             "preemptions_moot": 0,  # the victim finished before its stop signal
             "checkpoint_requests": 0,
+            "checkpoint_requests_ahead": 0,
+            "stopped_at_once": 0,
+            "saved_on_sigterm": 0,
             "checkpoint_timeouts": 0,
             "victims_spared": 0,
             "failed_by_policy": 0,
@@ -438,13 +456,18 @@ class Simulator:
 
     def _running_view(self, job: _Job, now: float) -> RunningJob:
         """The job as the controller stores it: its newest checkpoint is read from S3."""
+        if now >= job.verdict_at:
+            job.ignored, job.verdict_at = job.verdict_ignored, math.inf
         if job.state == _RUNNING and now >= job.work_start:
             ckpt, _ = job.periodic_checkpoint(now)
             worked = now - job.work_start
             job.view_until = job.work_start + (math.floor(worked / job.interval) + 1) * job.interval
+            if job.extra_ckpt is not None and job.extra_ckpt > now:
+                job.view_until = min(job.view_until, job.extra_ckpt)
         else:
             ckpt = job.ckpt_wall
             job.view_until = job.work_start if job.state == _RUNNING else math.inf
+        job.view_until = min(job.view_until, job.verdict_at)
         job.running_view = RunningJob(
             name=job.name,
             team=job.trace.team,
@@ -457,8 +480,19 @@ class Simulator:
             stopping=job.state == _STOPPING,
             guaranteed=job.guaranteed,
             **self._extra_running(job),
+            **self._learned(job),
         )
         return job.running_view
+
+    def _learned(self, job: _Job) -> dict:
+        """What the controller observed of the job, as the snapshot passes it (when the core has it)."""
+        extra = {}
+        if "saves_on_stop" in _RUNNING_FIELDS:
+            extra["declares_save_on_stop"] = job.cooperative  # it runs the training helper
+            extra["saves_on_stop"] = job.trusted
+            extra["ignored_checkpoint_request"] = job.ignored
+            extra["checkpoint_requested_at"] = job.requested_at
+        return extra
 
     def _plan(self, now: float) -> None:
         snapshot = self._snapshot(now)
@@ -486,7 +520,7 @@ class Simulator:
             preemptor = self._by_name.get(preemption.preemptor)
             pair = f"{preemptor.priority if preemptor else '?'}>{job.priority}"
             self.pairs[pair] = self.pairs.get(pair, 0) + 1
-            self._preempt(job, now)
+            self._preempt(job, now, getattr(preemption, "wait_for_checkpoint", True))
             if preemptor is not None and preemptor.pending_view is not None and preemptor.state == _PENDING:
                 # As the schedule step does: the GPUs freed go to the preemptor first.
                 preemptor.pending_view = replace(preemptor.pending_view, nominated_at=now)
@@ -494,6 +528,10 @@ class Simulator:
                 self._history.append(
                     _PastPreemption(pool=self._pool.name, at=now, gpus=job.gpus, lost_gpu_seconds=preemption.lost_gpu_seconds, victim=job.name)
                 )
+        for request in getattr(decision, "checkpoint_requests", ()):
+            job = self._by_name.get(request.job)
+            if job is not None and job.state == _RUNNING:
+                self._request_ahead(job, now)
         for failure in getattr(decision, "failures", ()):
             job = self._by_name.get(failure.job)
             if job is None or job.state != _PENDING:
@@ -516,6 +554,7 @@ class Simulator:
         free_restart = self.policy.stop is StopModel.FREE
         job.overhead = 0.0 if job.incarnation == 1 or free_restart else self.config.restart_overhead_s
         job.work_start = now + job.overhead
+        job.extra_ckpt = None
         job.running_view = None
         out = job.outcome
         out.wait_s += now - job.pending_since
@@ -560,19 +599,24 @@ class Simulator:
         job.running_view = None
         self._dirty = True
 
-    def _preempt(self, job: _Job, now: float) -> None:
-        """Stop a victim the way the policy's stop model says."""
+    def saves_on_sigterm(self, job: _Job) -> bool:
+        """A cooperative job saves on SIGTERM when the grace leaves it time to write."""
+        return job.cooperative and self.config.stop_grace_s >= self.config.checkpoint_write_s
+
+    def _preempt(self, job: _Job, now: float, wait_for_checkpoint: bool = True) -> None:
+        """Stop a victim the way the policy's stop model says (ours: as the decision says)."""
         self.counters["preemptions_decided"] += 1
         job.state = _STOPPING
         job.running_view = None
         stop = self.policy.stop
-        grace = self.config.stop_grace_s
         if stop is StopModel.FREE:
-            signal_at, grace = now, 0.0
+            signal_at, release_at = now, now
             saved_after, ckpt_after = job.progress(now), now
-        elif stop is StopModel.IMMEDIATE:
+        elif stop is StopModel.IMMEDIATE or not wait_for_checkpoint:
             signal_at = now
-            ckpt_after, saved_after = job.periodic_checkpoint(now)
+            ckpt_after, saved_after = job.periodic_checkpoint(now) if now >= job.work_start else (job.ckpt_wall, job.saved)
+            if stop is StopModel.CHECKPOINT_GATED:
+                self.counters["stopped_at_once"] += 1
         else:
             signal_at, saved_after, ckpt_after, spare = self._confirm_checkpoint(job, now)
             if spare:
@@ -582,11 +626,43 @@ class Simulator:
         if job.finish_at <= signal_at:
             self.counters["preemptions_moot"] += 1  # it ends first; its FINISH stands
             return
+        if stop is not StopModel.FREE:
+            # The stop signal: a job that saves on SIGTERM writes its state and exits once
+            # written; any other is killed at the end of the grace and resumes from its
+            # newest checkpoint (for ours, the one it was asked for, if it wrote it).
+            if self.saves_on_sigterm(job):
+                saved_after, ckpt_after = job.progress(signal_at), signal_at
+                release_at = signal_at + self.config.checkpoint_write_s
+                self.counters["saved_on_sigterm"] += 1
+            else:
+                release_at = signal_at + self.config.stop_grace_s
+            # What the controller sees: a checkpoint written during the grace, or none.
+            job.trusted = self.saves_on_sigterm(job)
         job.gen += 1  # cancels its FINISH
         job.signal_at = signal_at
         job.saved_after = saved_after
         job.ckpt_after = ckpt_after
-        self._push(signal_at + grace, _STOP_DONE, job)
+        self._push(release_at, _STOP_DONE, job)
+
+    def _request_ahead(self, job: _Job, now: float) -> None:
+        """A checkpoint asked ahead of a preemption: a cooperative job writes it
+        `checkpoint_write_s` after the request (after its reload); the controller knows
+        whether it was honoured once a checkpoint appears, or the wait is over."""
+        self.counters["checkpoint_requests_ahead"] += 1
+        job.requested_at = now
+        job.running_view = None
+        wait_max = self.policy.checkpoint_wait_max_s
+        if job.cooperative:
+            written = max(now, job.work_start) + self.config.checkpoint_write_s
+            if written < job.finish_at:
+                job.extra_ckpt = written if job.extra_ckpt is None or job.extra_ckpt < now else min(job.extra_ckpt, written)
+            job.verdict_at, job.verdict_ignored = written, False
+        else:
+            periods = math.floor(max(0.0, now - job.work_start) / job.interval)
+            periodic = job.work_start + (periods + 1) * job.interval
+            honoured = periodic <= now + wait_max
+            job.verdict_at = periodic if honoured else now + wait_max
+            job.verdict_ignored = not honoured
 
     def _confirm_checkpoint(self, job: _Job, now: float) -> tuple[float, float, float | None, bool]:
         """Ours: (stop signal time, progress kept, its checkpoint time, spare the victim?)."""
@@ -597,6 +673,7 @@ class Simulator:
         if is_fresh(newest, job.run_start, now, policy.checkpoint_max_age_s):
             return now, saved, newest, False
         self.counters["checkpoint_requests"] += 1
+        job.requested_at = now
         poll = policy.checkpoint_poll_s
         attempts = max(1, int(policy.checkpoint_wait_max_s // poll))
         deadline = now + attempts * poll
@@ -612,8 +689,10 @@ class Simulator:
             return job.finish_at, job.saved, job.ckpt_wall, False  # it ends before it could checkpoint
         if first <= deadline:
             signal_at = now + math.ceil((first - now) / poll) * poll  # seen at the next poll
+            job.ignored = False
             return signal_at, job.progress(first), first, False
         self.counters["checkpoint_timeouts"] += 1
+        job.ignored = True  # not waited for again
         if policy.spare_on_timeout:
             return deadline, job.saved, job.ckpt_wall, True
         ckpt, saved = job.periodic_checkpoint(deadline) if deadline >= job.work_start else (job.ckpt_wall, job.saved)

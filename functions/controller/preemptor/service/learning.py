@@ -1,0 +1,100 @@
+"""What the controller learns of a job from what it observes, for the planner.
+
+The planner stops a victim at once when nothing is at risk (`RunningJob.saves_on_stop`),
+and waits for a requested checkpoint only when it pays and the job honoured its last
+request (`RunningJob.ignored_checkpoint_request`). Those inputs are facts the controller
+saw, recorded on the job record (`core.jobs.JobRecord`):
+
+- `saved_on_stop`: after the job's last stop, a checkpoint appeared during the grace
+  (newer than the stop signal). It is trusted only for a job that declares it saves on
+  SIGTERM (`SAVES_ON_STOP_LABEL`); a stop without one revokes it.
+- `ignored_checkpoint_request`: a checkpoint was requested and the wait ran out without
+  one (the workflow stopped it without a fresh checkpoint); cleared when a checkpoint
+  newer than a request is seen.
+- `checkpoint_requested_at`: the last request (by the preemption workflow, or ahead of a
+  preemption by the schedule step), so an ahead-of-time request is not repeated.
+- `stop_at_once`: the plan that chose it as a victim said not to wait for a checkpoint; the
+  workflow's checkpoint check then answers "go ahead" without asking.
+
+The steps in `service.actions` and `service.scheduling` call these functions; each is a
+plain field update, never a status transition.
+"""
+
+from __future__ import annotations
+
+from ..adapters.checkpoints import CheckpointStore
+from ..adapters.store import JobsStore
+from ..core.errors import CheckpointLocationUnavailable
+from ..core.jobs import JobRecord
+from ..core.model import Decision
+from ..core.progress import is_fresh
+
+
+def at_once_check(store: JobsStore, record: JobRecord, now: float, max_age_s: float) -> dict | None:
+    """The checkpoint check of a victim the plan said to stop at once: the answer that lets
+    the workflow stop it without asking (None when the plan said to wait). `fresh` is the
+    truth, for the accounting: its newest checkpoint is within `max_age_s`, or it is trusted
+    to save on SIGTERM within the grace (the checkpoint comes with the stop)."""
+    if not record.stop_at_once:
+        return None
+    trusted = record.saved_on_stop and record.declares_save_on_stop
+    why = "saves on SIGTERM within the grace" if trusted else "a wait would not pay"
+    store.log(record.name, now, "checkpoint-not-awaited", "stop-at-once", f"stopped without asking for a checkpoint: {why}")
+    age = None if record.last_checkpoint_at is None else max(0.0, now - record.last_checkpoint_at)
+    fresh = trusted or is_fresh(record.last_checkpoint_at, record.started_at, now, max_age_s)
+    return {"fresh": fresh, "age_s": age, "last_checkpoint_at": record.last_checkpoint_at, "stop_at_once": True}
+
+
+def checkpoint_seen(store: JobsStore, record: JobRecord, newest: float | None) -> None:
+    """A checkpoint newer than the last request honours it."""
+    asked = record.checkpoint_requested_at
+    if newest is not None and asked is not None and newest > asked and record.ignored_checkpoint_request:
+        store.note_learning(record.name, ignored_checkpoint_request=False)
+
+
+def checkpoint_requested(store: JobsStore, name: str, now: float) -> None:
+    """A checkpoint was asked of the job at `now`."""
+    store.note_learning(name, checkpoint_requested_at=now)
+
+
+def stop_sent(store: JobsStore, record: JobRecord, fresh: bool, now: float) -> None:
+    """The stop signal went out at `now`. Without a fresh checkpoint after a request made
+    for this preemption, the job did not honour it: it is not waited for again."""
+    changes: dict = {"stop_signal_at": now}
+    asked = record.checkpoint_requested_at
+    since = record.preempting_since
+    if not fresh and asked is not None and (since is None or asked >= since):
+        changes["ignored_checkpoint_request"] = True
+    store.note_learning(record.name, **changes)
+
+
+def after_stop(record: JobRecord) -> dict:
+    """The changes the requeue of a stopped victim makes to what was learned: whether a
+    checkpoint appeared during the grace (newer than the stop signal), and a clean slate
+    for the next preemption's decision."""
+    signal = record.stop_signal_at
+    saved = signal is not None and record.last_checkpoint_at is not None and record.last_checkpoint_at > signal
+    return {"saved_on_stop": saved, "stop_signal_at": None, "stop_at_once": False}
+
+
+def request_ahead(store: JobsStore, checkpoints: CheckpointStore, decision: Decision, by_name: dict[str, JobRecord], now: float) -> list[str]:
+    """Write the checkpoint-request markers the decision asks for ahead of a preemption
+    (`Decision.checkpoint_requests`); returns the jobs asked. A location that cannot be
+    written is logged and skipped."""
+    asked = []
+    for c in decision.checkpoint_requests:
+        record = by_name.get(c.job)
+        if record is None:
+            continue
+        try:
+            marker = checkpoints.request(record.checkpoint_s3_uri, now, c.reason.value)
+        except CheckpointLocationUnavailable as e:
+            store.log(c.job, now, "checkpoint-unavailable", e.code or "checkpoint-location", f"cannot ask for a checkpoint: {e}")
+            continue
+        checkpoint_requested(store, c.job, now)
+        store.log(c.job, now, "checkpoint-requested", c.reason.value, f"{c.detail}; marker written at {marker}", preemptor=c.for_job)
+        asked.append(c.job)
+    return asked
+
+
+__all__ = ["after_stop", "at_once_check", "checkpoint_requested", "checkpoint_seen", "request_ahead", "stop_sent"]
