@@ -94,3 +94,81 @@ def test_a_wrong_file_gets_one_line_naming_the_file_and_the_field(tmp_path, caps
     assert code == 2
     assert len(err) == 1 and "Traceback" not in err[0], err
     assert err[0].startswith(f"preemptor: {path}: ") and expected in err[0], err[0]
+
+
+# -- the operator's commands without a stack to talk to: exit codes, one line on stderr -------
+def _one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_a_local_command_with_no_local_stack_running(tmp_path, capsys):
+    state = tmp_path / "local.json"
+    # `local down` and `local status` find nothing: not found
+    assert main(["local", "down", "--state-file", str(state)]) == 1
+    assert main(["local", "status", "--state-file", str(state)]) == 1
+    # a query for the local stack cannot reach it: an AWS-side error
+    assert main(["queue", "--local", "--state-file", str(state)]) == 3
+    assert "no local stack is running" in _one_line(capsys.readouterr().err.splitlines()[-1])
+
+
+def test_a_local_stack_that_does_not_answer_is_an_aws_error_in_one_line(tmp_path, capsys):
+    # Given a state file naming a live process and a port nobody listens on
+    import os
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    state = tmp_path / "local.json"
+    state.write_text(json.dumps({
+        "pid": os.getpid(), "port": port, "region": "us-east-1", "stack": "preemptor",
+        "outputs": {"JobsTableName": "preemptor-JobsTable", "SubmissionBusName": "preemptor-SubmissionBus"},
+        "parameters": {"PoolsConfig": '[{"name": "p5", "gpus": 8}]'},
+        "speed": 1.0, "sim_now": 0.0, "real_at": 0.0, "started_at": 0.0, "stops_at": 0.0,
+    }))
+    # When the operator asks for the queue, Then: exit 3, one line naming the failure
+    assert main(["queue", "--local", "--state-file", str(state)]) == 3
+    assert _one_line(capsys.readouterr().err).startswith("preemptor: AWS error: Could not connect to the endpoint URL")
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["queue"], "which stack?"),
+        (["history", "--limit", "0", "--local"], "--limit must be positive"),
+        (["local", "up", "--speed", "0"], "must be positive"),
+        (["local", "up", "--port", "70000"], "is not a TCP port"),
+    ],
+    ids=["no-stack", "history-limit", "local-speed", "local-port"],
+)
+def test_bad_operator_input_exits_2(monkeypatch, capsys, argv, expected):
+    monkeypatch.delenv("PREEMPTOR_STACK", raising=False)
+    assert main(argv) == 2
+    assert expected in _one_line(capsys.readouterr().err)
+
+
+def test_tables_are_coloured_only_for_a_terminal_without_no_color():
+    import io
+
+    from preemptor_tools.tables import Painter, render_queue, use_colour
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert use_colour(Terminal(), env={}) and not use_colour(io.StringIO(), env={})
+    assert not use_colour(Terminal(), env={"NO_COLOR": "1"}) and use_colour(Terminal(), env={"NO_COLOR": ""})
+    data = {"pools": [{"pool": "p5", "capacity_gpus": 8, "used_gpus": 8, "drained": True, "drained_note": "upgrade", "jobs": [
+        {"rank": None, "job": "a", "team": "t", "priority": 50, "gpus": 8, "state": "RUNNING", "wait_s": 3.0,
+         "running_s": 4000.0, "checkpoint_age_s": 65.0, "waiting_reason": None, "preempted_by": None},
+    ]}]}
+    plain, coloured = render_queue(data, Painter(False)), render_queue(data, Painter(True))
+    assert "\x1b[" not in plain and "\x1b[32mRUNNING\x1b[0m" in coloured
+    assert "DRAINED (upgrade)" in plain and "running 1h06m, checkpoint 1m05s ago" in plain
+    # columns line up whatever the colour
+    assert [len(line) for line in plain.splitlines()[1:]] == [
+        len(line.replace("\x1b[32m", "").replace("\x1b[0m", "").replace("\x1b[1m", "").replace("\x1b[1;31m", ""))
+        for line in coloured.splitlines()[1:]
+    ]

@@ -3,24 +3,71 @@
   preemptor demo [--scenario FILE] [--report FILE]   the controller on emulated AWS
   preemptor replay-events FILE...                    feed captured events through the intake
   preemptor plan --snapshot FILE [--policy FILE]     what-if: print the decision as JSON
-  preemptor explain JOB --snapshot FILE [--policy FILE] [--history FILE] [--json]
-                                                     why a job waits, or who preempted it
-  preemptor submit --file JOB.json [--bus NAME]      submit a job to a deployed stack
   preemptor sim --trace CSV --gpus N --policy NAME|FILE [--json]
                                                      replay a job trace (docs/simulator.md)
+
+  preemptor local up [--port N] [--speed X]          serve the emulated stack on 127.0.0.1
+  preemptor local down | status                      stop it / where it is
+
+The operator's commands, against a deployed stack (--stack NAME, or $PREEMPTOR_STACK; the
+usual AWS profile and region settings, or --profile/--region) or the local one (--local);
+each takes --json:
+  preemptor submit --file JOB.json [--wait [--timeout S]]   (or --bus NAME: a bus by name)
+  preemptor cancel JOB [--wait]
+  preemptor queue                                    pending and running jobs per pool
+  preemptor status JOB
+  preemptor explain JOB                              why it waits, runs, or was preempted
+                                                     (or --snapshot FILE: offline)
+  preemptor history [JOB] [--limit N]                the decision log
+  preemptor pools                                    capacity, used, borrowed, per team
+  preemptor drain POOL [--note TEXT] | undrain POOL  admit nothing new, preempt nothing
+
+Exit codes: 0 ok; 1 not found (job, pool, local stack); 2 bad input (a wrong file, a request
+the stack refuses); 3 AWS error (one line on stderr, never a traceback); 4 `--wait` timed
+out; 5 `--wait` saw the job end failed or cancelled.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from .inputs import InputFileError, load
+
+EXIT_OK, EXIT_NOT_FOUND, EXIT_BAD_INPUT, EXIT_AWS, EXIT_TIMED_OUT, EXIT_JOB_FAILED = 0, 1, 2, 3, 4, 5
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from . import ops
+    from .local.state import LocalStackError, NoLocalStack
+
+    try:
+        return _dispatch(args)
+    except (InputFileError, ops.BadInput) as e:
+        return _fail(e, EXIT_BAD_INPUT)
+    except (ops.NotFound, NoLocalStack) as e:
+        return _fail(e, EXIT_NOT_FOUND if isinstance(e, ops.NotFound) or args.command == "local" else EXIT_AWS)
+    except ops.TimedOut as e:
+        return _fail(e, EXIT_TIMED_OUT)
+    except LocalStackError as e:
+        return _fail(e, EXIT_AWS)
+    except (ClientError, BotoCoreError) as e:
+        return _fail(f"AWS error: {_aws_error(e)}", EXIT_AWS)
+    except Exception as e:
+        # An adapter's translation of an AWS error (`adapters.errors.translate`) keeps the
+        # ClientError as its cause; anything else is a bug and keeps its traceback.
+        if isinstance(e.__cause__, (ClientError, BotoCoreError)):
+            return _fail(f"AWS error: {_aws_error(e.__cause__)}", EXIT_AWS)
+        raise
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="preemptor", description="Priority scheduler with checkpoint-aware preemption")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -40,48 +87,140 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--snapshot", type=Path, required=True)
     plan.add_argument("--policy", type=Path)
 
-    explain = sub.add_parser("explain", help="why a job waits, runs, or was preempted (from a snapshot)")
+    explain = sub.add_parser("explain", help="why a job waits, runs, or was preempted (a stack's state, or a snapshot)")
     explain.add_argument("job")
-    source = explain.add_mutually_exclusive_group(required=True)
+    source = explain.add_mutually_exclusive_group()
     source.add_argument("--snapshot", type=Path, help="snapshot JSON (the `plan` format)")
-    source.add_argument("--stack", help="a deployed stack: read its jobs table and configuration")
-    explain.add_argument("--policy", type=Path, help="policy JSON (default: the documented defaults)")
-    explain.add_argument("--history", type=Path, help="the job's decision log as a JSON list of entries")
-    explain.add_argument("--json", action="store_true", help="print the structured answer as JSON")
+    _add_target_options(explain, source)
+    explain.add_argument("--policy", type=Path, help="policy JSON (default: the documented defaults, or the stack's)")
+    explain.add_argument("--history", type=Path, help="with --snapshot: the job's decision log as a JSON list of entries")
 
-    submit = sub.add_parser("submit", help="submit a job request to a deployed stack (EventBridge)")
-    submit.add_argument("--file", type=Path, required=True, help="job request JSON (see the README)")
-    submit.add_argument(
-        "--bus", required=True, help="the stack's submission bus (its SubmissionBusName output: <stack>-submissions)"
-    )
+    submit = sub.add_parser("submit", help="submit a job request to a stack (its submission bus)")
+    submit.add_argument("--file", type=Path, required=True, help="job request JSON (examples/jobs/)")
+    submit.add_argument("--bus", help="put it on this bus by name, unchecked (default: the stack's SubmissionBusName output)")
+    _add_target_options(submit)
+    _add_wait_options(submit, "until the job runs or ends")
+
+    cancel = sub.add_parser("cancel", help="cancel a job (a Job Cancelled event from its team)")
+    cancel.add_argument("job")
+    _add_target_options(cancel)
+    _add_wait_options(cancel, "until the job has ended")
+
+    queue = sub.add_parser("queue", help="pending and running jobs per pool: rank, priority, team, GPUs, wait, state")
+    _add_target_options(queue)
+
+    status = sub.add_parser("status", help="where one job stands")
+    status.add_argument("job")
+    _add_target_options(status)
+
+    history = sub.add_parser("history", help="the decision log: one job's, or every job's")
+    history.add_argument("job", nargs="?")
+    history.add_argument("--limit", type=int, help="only the newest N entries")
+    _add_target_options(history)
+
+    pools = sub.add_parser("pools", help="capacity, used, borrowed, per team")
+    _add_target_options(pools)
+
+    drain = sub.add_parser("drain", help="a pool admits nothing new and preempts nothing (running jobs go on)")
+    drain.add_argument("pool")
+    drain.add_argument("--note", default="", help="why (shown by queue, pools and explain)")
+    _add_target_options(drain)
+
+    undrain = sub.add_parser("undrain", help="a drained pool schedules again (a cycle starts at once)")
+    undrain.add_argument("pool")
+    _add_target_options(undrain)
+
+    local = sub.add_parser("local", help="the local stack: emulated AWS on 127.0.0.1 that the CLI and AWS SDKs talk to")
+    local_sub = local.add_subparsers(dest="local_command", required=True)
+    up = local_sub.add_parser("up", help="serve the local stack until `local down` or Ctrl-C")
+    from .local.state import DEFAULT_PORT
+
+    up.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port on 127.0.0.1 (default {DEFAULT_PORT}; 0: any free one)")
+    up.add_argument("--speed", type=float, default=60.0, help="simulated seconds per real second (default 60)")
+    up.add_argument("--scenario", type=Path, help="scenario YAML whose pools and policy the stack runs (its jobs are not submitted)")
+    up.add_argument("--max-lifetime", type=float, default=8 * 3600, metavar="SECONDS", help="stop after this long (default 8 h)")
+    up.add_argument("--max-jobs", type=int, default=500, help="route at most this many submissions (default 500)")
+    for name in ("down", "status"):
+        cmd = local_sub.add_parser(name, help={"down": "stop the local stack", "status": "where the local stack is"}[name])
+        cmd.add_argument("--json", action="store_true", help="print the answer as JSON")
+    for cmd in local_sub.choices.values():
+        cmd.add_argument("--state-file", type=Path, help="the local stack's state file (default: $PREEMPTOR_LOCAL_STATE, "
+                         "$XDG_RUNTIME_DIR/preemptor/local.json, or .preemptor/local.json)")
 
     sim = sub.add_parser("sim", help="replay a job trace through our policy or a competitor's (docs/simulator.md)")
     from .sim.command import add_arguments as add_sim_arguments
 
     add_sim_arguments(sim)
+    return parser
 
-    args = parser.parse_args(argv)
-    try:
-        return _dispatch(args)
-    except InputFileError as e:
-        print(f"preemptor: {e}", file=sys.stderr)
-        return 2
+
+def _fail(message: object, code: int) -> int:
+    print(f"preemptor: {' '.join(str(message).split())}", file=sys.stderr)
+    return code
+
+
+def _aws_error(e: Exception) -> str:
+    if isinstance(e, ClientError):
+        error = e.response.get("Error", {})
+        return f"{e.operation_name}: {error.get('Code', '?')}: {error.get('Message', '')}".rstrip(": ")
+    return str(e)
 
 
 def _dispatch(args) -> int:
-    if args.command == "demo":
-        return _demo(args)
-    if args.command == "replay-events":
-        return _replay(args)
-    if args.command == "plan":
-        return _plan(args)
-    if args.command == "explain":
-        return _explain(args)
-    if args.command == "submit":
-        return _submit(args)
-    if args.command == "sim":
-        return _sim(args)
-    return 2
+    commands = {
+        "demo": _demo,
+        "replay-events": _replay,
+        "plan": _plan,
+        "explain": _explain,
+        "submit": _submit,
+        "sim": _sim,
+        "cancel": _cancel,
+        "queue": _queue,
+        "status": _status,
+        "history": _history_command,
+        "pools": _pools,
+        "drain": _drain,
+        "undrain": _drain,
+        "local": _local,
+    }
+    return commands[args.command](args)
+
+
+# -- options shared by the operator commands ---------------------------------------------------
+def _add_target_options(parser: argparse.ArgumentParser, group=None) -> None:
+    where = group if group is not None else parser.add_mutually_exclusive_group()
+    where.add_argument("--stack", help="a deployed stack's name (default: $PREEMPTOR_STACK)")
+    where.add_argument("--local", action="store_true", help="the local stack (`preemptor local up`)")
+    parser.add_argument("--profile", help="AWS profile (default: the usual settings)")
+    parser.add_argument("--region", help="AWS region (default: the usual settings)")
+    parser.add_argument("--state-file", type=Path, help="with --local: the local stack's state file")
+    parser.add_argument("--json", action="store_true", help="print the answer as JSON")
+
+
+def _add_wait_options(parser: argparse.ArgumentParser, until: str) -> None:
+    parser.add_argument("--wait", action="store_true", help=f"poll and print state changes {until}")
+    parser.add_argument("--timeout", type=float, default=600.0, help="with --wait: give up after this many seconds (default 600)")
+
+
+def _target(args):
+    from . import ops
+    from .local.state import LocalState, default_state_path
+
+    if args.local:
+        return ops.Target.local_stack(LocalState.read(args.state_file or default_state_path()))
+    stack = args.stack or os.environ.get("PREEMPTOR_STACK")
+    if not stack:
+        raise ops.BadInput("which stack? give --stack NAME (or set PREEMPTOR_STACK), or --local")
+    return ops.Target.deployed(stack, profile=args.profile, region=args.region)
+
+
+def _print(args, data, render) -> None:
+    from .tables import Painter, use_colour
+
+    if args.json:
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        print(render(data, Painter(use_colour(sys.stdout))))
 
 
 def _demo(args) -> int:
@@ -124,8 +263,8 @@ def _plan(args) -> int:
 
 
 def _explain(args) -> int:
-    """Explain from a snapshot file (offline), or from a deployed stack's live state."""
-    if args.stack:
+    """Explain from a snapshot file (offline), or from a stack's live state."""
+    if not args.snapshot:
         return _explain_stack(args)
     from preemptor.core.explain import explain_job
     from preemptor.core.planner import plan
@@ -141,42 +280,45 @@ def _explain(args) -> int:
 
 
 def _explain_stack(args) -> int:
-    import time
+    from . import ops
 
-    import boto3
-
-    from preemptor.adapters.store import JobsStore
-    from preemptor.config import Settings
-    from preemptor.service.scheduling import explain
-
-    stack = boto3.client("cloudformation").describe_stacks(StackName=args.stack)["Stacks"][0]
-    outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
-    params = {p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])}
-    settings = Settings.from_env(
-        {
-            "JOBS_TABLE": outputs["JobsTableName"],
-            "POOLS_CONFIG": params.get("PoolsConfig", "[]"),
-            "POLICY_CONFIG": _policy_text(args.policy) if args.policy else params.get("PolicyConfig", "{}"),
-        }
-    )
-    store = JobsStore(settings.jobs_table, boto3.client("dynamodb"))
-    answer = explain(store=store, settings=settings, job=args.job, now=time.time())
+    target = _target(args)
+    if args.policy:  # what-if: the stack's state under another policy
+        target.parameters = {**target.parameters, "PolicyConfig": _policy_text(args.policy)}
+    answer = ops.explain(target, args.job)
     print(json.dumps(answer, indent=2, default=str) if args.json else answer["text"])
-    return 0 if answer["status"] != "unknown" else 1
+    return EXIT_OK
 
 
 def _submit(args) -> int:
-    import boto3
-
     from preemptor.core.requests import JobRequest
+    from . import ops
 
     request = load(args.file, "job request", JobRequest.model_validate)
+    if args.bus and not (args.stack or args.local):
+        return _submit_to_bus(request, args.bus)
+    target = _target(args)
+    if args.bus:
+        target.outputs = {**target.outputs, "SubmissionBusName": args.bus}
+    result = ops.submit(target, request)
+    _say(args, f"submitted {result['job']} to {target.name}: event {result['event_id']}")
+    if args.wait:
+        result["status"] = ops.wait_for(target, result["job"], ops.RUNS_OR_ENDED, args.timeout, _progress(args))
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    return _wait_outcome(args, result)
+
+
+def _submit_to_bus(request, bus: str) -> int:
+    """A bus named by hand (no stack read, no checks against its configuration)."""
+    import boto3
+
     entry = {
         # The team is who sends: the bus lets a principal put only its own team's source.
         "Source": f"preemptor.{request.team}",
         "DetailType": "Job Submitted",
         "Detail": request.model_dump_json(exclude_none=True),
-        "EventBusName": args.bus,
+        "EventBusName": bus,
     }
     out = boto3.client("events").put_events(Entries=[entry])
     if out.get("FailedEntryCount"):
@@ -184,6 +326,141 @@ def _submit(args) -> int:
         return 1
     print(f"submitted {request.name}: event {out['Entries'][0]['EventId']}")
     return 0
+
+
+def _cancel(args) -> int:
+    from . import ops
+
+    target = _target(args)
+    result = ops.cancel(target, args.job)
+    _say(args, f"{result['job']}: {result['note']} (was {result['state']})")
+    if args.wait and result["event_id"]:
+        result["status"] = ops.wait_for(target, args.job, ops.ENDED, args.timeout, _progress(args))
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    return EXIT_OK
+
+
+def _say(args, line: str) -> None:
+    """A progress line: on stdout, or on stderr when stdout carries the JSON answer."""
+    print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+
+def _progress(args):
+    from .tables import clock_time, duration
+
+    def on_change(view: dict) -> None:
+        why = f" ({view['waiting_reason']})" if view.get("waiting_reason") else ""
+        if view["state"] == "PENDING":
+            why += f", waiting {duration(view['wait_s'])}"
+        if view.get("outcome_reason") and view["state"] in ("FAILED", "CANCELLED", "COMPLETED"):
+            why = f" ({view['outcome_reason']})"
+        _say(args, f"{clock_time(view.get('started_at') or view['submitted_at'])[11:]}  {view['job']}: {view['state']}{why}")
+
+    return on_change
+
+
+def _wait_outcome(args, result: dict) -> int:
+    state = (result.get("status") or {}).get("state")
+    return EXIT_JOB_FAILED if args.wait and state in ("FAILED", "CANCELLED") else EXIT_OK
+
+
+def _queue(args) -> int:
+    from . import ops
+    from .tables import render_queue
+
+    _print(args, ops.queue(_target(args)), render_queue)
+    return EXIT_OK
+
+
+def _status(args) -> int:
+    from . import ops
+    from .tables import render_status
+
+    _print(args, ops.status(_target(args), args.job), render_status)
+    return EXIT_OK
+
+
+def _history_command(args) -> int:
+    from . import ops
+    from .tables import render_history
+
+    if args.limit is not None and args.limit <= 0:
+        raise ops.BadInput(f"--limit must be positive, got {args.limit}")
+    entries = ops.history(_target(args), args.job, args.limit)
+    _print(args, entries, lambda data, painter: render_history(data, painter, one_job=args.job is not None))
+    return EXIT_OK
+
+
+def _pools(args) -> int:
+    from . import ops
+    from .tables import render_pools
+
+    _print(args, ops.pools(_target(args)), render_pools)
+    return EXIT_OK
+
+
+def _drain(args) -> int:
+    from . import ops
+
+    drained = args.command == "drain"
+    result = ops.set_drained(_target(args), args.pool, drained, getattr(args, "note", ""))
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    elif drained:
+        print(f"pool {args.pool} drained: it admits nothing new and preempts nothing; running jobs go on")
+    else:
+        print(f"pool {args.pool} undrained: scheduling again" + (" (a cycle started)" if result["schedule_execution"] else ""))
+    return EXIT_OK
+
+
+def _local(args) -> int:
+    from .local import state as local_state
+    from . import ops
+
+    path = args.state_file or local_state.default_state_path()
+    if args.local_command == "up":
+        if not 0 <= args.port < 65536:
+            raise ops.BadInput(f"--port {args.port} is not a TCP port")
+        if not args.speed > 0 or not args.max_lifetime > 0 or args.max_jobs <= 0:
+            raise ops.BadInput("--speed, --max-lifetime and --max-jobs must be positive")
+        from .local import server
+        from .local.scenario import Scenario
+
+        options = server.Options(
+            port=args.port,
+            speed=args.speed,
+            max_lifetime_s=args.max_lifetime,
+            max_jobs=args.max_jobs,
+            state_path=path,
+            scenario=load(args.scenario, "scenario", Scenario.model_validate) if args.scenario else server.LOCAL_SCENARIO,
+        )
+        try:
+            server.serve(options, sys.stdout, sys.stderr)
+        except OSError as e:
+            raise local_state.LocalStackError(f"cannot serve on 127.0.0.1:{args.port}: {e.strerror or e}") from e
+        return EXIT_OK
+    if args.local_command == "down":
+        stopped = local_state.stop(path)
+        data = {"stopped": True, "pid": stopped.pid, "endpoint_url": stopped.endpoint_url}
+        print(json.dumps(data, indent=2) if args.json else f"stopped the local stack (pid {stopped.pid}, {stopped.endpoint_url})")
+        return EXIT_OK
+    running = local_state.LocalState.read(path)
+    data = {**running.to_dict(), "now": running.now(), "state_file": str(path)}
+    if args.json:
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        from .tables import clock_time
+
+        print(
+            f"local stack {running.stack} on {running.endpoint_url} (pid {running.pid}), {running.speed:g}x real time\n"
+            f"  simulated time  {clock_time(running.now())}\n"
+            f"  stops by itself {clock_time(running.stops_at)}\n"
+            f"  state file      {path}\n"
+            f"  e.g.  aws --endpoint-url {running.endpoint_url} --region {running.region} dynamodb scan "
+            f"--table-name {running.outputs.get('JobsTableName')} (any credentials)"
+        )
+    return EXIT_OK
 
 
 def _object(document):

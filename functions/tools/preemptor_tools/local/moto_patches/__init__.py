@@ -14,6 +14,8 @@ and each patch says which gap it fills:
 - `s3`: `LastModified` from the simulated clock.
 - `dynamodb`: each item operation atomic (moto applies a conditional write without a lock,
   and runs each Step Functions execution in its own thread: concurrent cycles lost updates).
+- `events`: every event PutEvents accepted handed to listeners (the local stack routes what
+  arrives over HTTP to the intake; moto cannot invoke Lambda targets).
 
 Features no state machine of the product uses (`.sync` polling, task tokens, task timeouts,
 Timestamp waits, `aws-sdk:*` error names) are not patched: on the emulated stack they behave
@@ -46,9 +48,10 @@ if moto.__version__ != PINNED_MOTO_VERSION:
 
 from preemptor_tools.local.clock import SimClock  # noqa: E402
 
-from . import batch, dynamodb, lambda_, s3, sagemaker, stepfunctions  # noqa: E402
+from . import batch, dynamodb, events, lambda_, s3, sagemaker, stepfunctions  # noqa: E402
 from ._core import _STATE, LambdaInvoker, quiet_moto_logging, restore_all  # noqa: E402
 from .batch import get_batch_job, on_batch_job_submitted, on_batch_job_terminate_requested, set_batch_job_status  # noqa: E402
+from .events import on_events_put  # noqa: E402
 from .lambda_ import LambdaRuntimeExited  # noqa: E402
 from .sagemaker import (  # noqa: E402
     get_training_job,
@@ -76,6 +79,7 @@ __all__ = [
     "get_training_job",
     "on_batch_job_submitted",
     "on_batch_job_terminate_requested",
+    "on_events_put",
     "on_lambda_task_returned",
     "on_training_job_created",
     "on_training_job_stop_requested",
@@ -97,6 +101,7 @@ def install(clock: SimClock, lambda_invoker: LambdaInvoker) -> None:
         batch.patch()
         s3.patch()
         dynamodb.patch()
+        events.patch()
         quiet_moto_logging()
 
 
