@@ -1,4 +1,4 @@
-"""Thousands of events, duplicated, reordered and replayed late, after a preemption story:
+"""A thousand events, duplicated, reordered and replayed late, after a preemption story:
 every one gets an outcome, none raises, and nothing the story settled moves.
 
 EventBridge delivers at least once and in no order, and services re-announce old states
@@ -18,7 +18,7 @@ from storm.test_storm_scenarios import story
 
 from preemptor_tools.local import demo
 
-STORM_EVENTS = 2000
+STORM_EVENTS = 1000
 OUTCOMES = {"accepted", "ignored", "rejected", "duplicate"}
 
 

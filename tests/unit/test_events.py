@@ -15,6 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preemptor.core.events import (
+    AlarmStateChanged,
+    BatchServiceJobPreemption,
+    BatchServiceJobStateChanged,
     AdoptionTags,
     BatchJobStateChanged,
     BatchJobStatus,
@@ -82,6 +85,9 @@ CANCELLED = "preemptor/job-cancelled.json"
 EXPECTED: dict[str, type | str] = {
     # AWS Batch
     "batch/aws-batch-user-guide__batch-job-state-change__1399a7c6.json": BatchJobStateChanged,
+    "batch/constructed__batch-service-job-state-change__running.json": BatchServiceJobStateChanged,
+    "batch/constructed__batch-service-job-preemption-started__docs.json": BatchServiceJobPreemption,
+    "batch/constructed__batch-service-job-preemption-completed__docs.json": BatchServiceJobPreemption,
     "batch/aws-batch-user-guide__batch-job-state-change__5b40fa52.json": BatchJobStateChanged,
     BATCH_2022: BatchJobStateChanged,
     "batch/constructed__batch-job-state-change__running-tagged.json": BatchJobStateChanged,
@@ -108,10 +114,10 @@ EXPECTED: dict[str, type | str] = {
     # Health and CloudWatch
     "other/amazon-cloudwatch-events-use__aws-health-event__a11c106b.json": Ignored,
     "other/amazon-cloudwatch-events-use__aws-health-event__d92cc472.json": Ignored,
-    "other/amazon-cloudwatch-user-guide__cloudwatch-alarm-state-change__06df3b84.json": Ignored,
-    "other/amazon-cloudwatch-user-guide__cloudwatch-alarm-state-change__3d93f584.json": Ignored,
-    "other/amazon-cloudwatch-user-guide__cloudwatch-alarm-state-change__d9aa1f4a.json": Ignored,
-    "other/amazon-cloudwatch-user-guide__cloudwatch-alarm-state-change__e5f99f07.json": Ignored,
+    "other/amazon-cloudwatch-user-guide__cloudwatch-alarm-state-change__06df3b84.json": AlarmStateChanged,
+    "other/amazon-cloudwatch-user-guide__cloudwatch-alarm-state-change__3d93f584.json": AlarmStateChanged,
+    "other/amazon-cloudwatch-user-guide__cloudwatch-alarm-state-change__d9aa1f4a.json": AlarmStateChanged,
+    "other/amazon-cloudwatch-user-guide__cloudwatch-alarm-state-change__e5f99f07.json": AlarmStateChanged,
     "other/aws-node-termination-handler__aws-health-event__6620a964.json": InstanceScheduledChange,
     # Alarm payloads a CloudWatch alarm sends straight to Lambda: no EventBridge envelope.
     "other/powertools__cloudWatchAlarmEventCompositeMetric.json": "missing-field",
@@ -1102,3 +1108,31 @@ def test_an_ec2_scheduled_change_names_its_instances_and_other_health_events_are
     assert scheduled.event_type_code == "AWS_EC2_DEDICATED_HOST_NETWORK_MAINTENANCE_SCHEDULED"
     assert isinstance(issue, Ignored) and "not an EC2 scheduled change" in issue.reason
     assert isinstance(elb, Ignored) and "ELASTICLOADBALANCING" in elb.reason
+
+
+def test_an_alarm_state_change_names_the_alarm_its_state_and_why():
+    event = parse_event(json.loads(load_raw("other/amazon-cloudwatch-user-guide__cloudwatch-alarm-state-change__06df3b84.json")))
+    assert isinstance(event, AlarmStateChanged)
+    assert (event.alarm_name, event.state.value, event.previous_state.value) == ("ServerCpuTooHigh", "ALARM", "OK")
+    assert event.reason.startswith("Threshold Crossed")
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        pytest.param({"state": {"value": "ON_FIRE"}}, "bad-value", id="unknown-state"),
+        pytest.param({"state": None}, "missing-field", id="no-state"),
+        pytest.param({"alarmName": None}, "missing-field", id="no-name"),
+        pytest.param({"previousState": {"value": 7}}, "bad-value", id="bad-previous"),
+    ],
+)
+def test_a_malformed_alarm_state_change_is_refused_with_the_reason(change, reason):
+    raw = json.loads(load_raw("other/amazon-cloudwatch-user-guide__cloudwatch-alarm-state-change__06df3b84.json"))
+    for key, value in change.items():
+        if value is None:
+            raw["detail"].pop(key)
+        else:
+            raw["detail"][key] = value
+    with pytest.raises(EventRejected) as refused:
+        parse_event(raw)
+    assert refused.value.reason == reason

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from preemptor.core.pools import JobDefinition, PoolConfig
-from preemptor.core.requests import JobRequest, Refusal, RequestRefused, admit_request
+from preemptor.core.requests import JobRequest, Refusal, RequestRefused, admit_request, spot_launch
 
 BUCKET = "preemptor-checkpoints"
 ROLE = "arn:aws:iam::123456789012:role/p5-training"
@@ -277,3 +277,56 @@ def test_a_team_may_override_the_command_of_its_own_or_a_shared_definition():
 def test_a_batch_pool_without_a_queue_refuses_submissions():
     error = refused(batch(), PoolConfig(name="g5", service="batch", gpus=32, job_definitions=("eval:3",)))
     assert (error.reason, error.field) == (Refusal.NOT_ALLOWED, "request.jobQueue")
+
+
+# --------------------------------------------------------------------------- capacity type
+
+P5_SPOT = P5_OPEN.model_copy(update={"capacity_type": "spot", "on_demand_fallback": True, "spot_wait_s": 600})
+
+
+def test_a_spot_pool_launches_managed_spot_waiting_its_spot_wait_beyond_the_run_time():
+    # Given a spot pool that waits 600 s for spot, and a job of at most 86,400 s
+    body = admit_request(sagemaker(), P5_SPOT, checkpoint_bucket=BUCKET, default_role_arn=ROLE).request
+    # Then the pool made it a managed-spot job: MaxWait = run time + spot wait
+    assert body["EnableManagedSpotTraining"] is True
+    assert body["StoppingCondition"] == {"MaxRuntimeInSeconds": 86_400, "MaxWaitTimeInSeconds": 87_000}
+
+
+@pytest.mark.parametrize(
+    ("pool", "changes", "field"),
+    [
+        pytest.param(P5_OPEN, {"request_EnableManagedSpotTraining": True}, "request.EnableManagedSpotTraining", id="spot-in-on-demand"),
+        pytest.param(P5_SPOT, {"request_EnableManagedSpotTraining": False}, "request.EnableManagedSpotTraining", id="on-demand-in-spot"),
+        pytest.param(
+            P5_SPOT,
+            {"request_StoppingCondition": {"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 999_999}},
+            "request.StoppingCondition.MaxWaitTimeInSeconds",
+            id="own-spot-wait",
+        ),
+    ],
+)
+def test_spot_or_on_demand_is_the_pools_choice_not_the_submitters(pool, changes, field):
+    # When a submitter picks the capacity type (or how long to wait for spot) itself
+    with pytest.raises(RequestRefused) as refused:
+        admit_request(sagemaker(**changes), pool, checkpoint_bucket=BUCKET, default_role_arn=ROLE)
+    # Then it is refused, naming the field the pool sets
+    assert (refused.value.reason, refused.value.field) == (Refusal.SET_BY_POOL, field)
+
+
+def test_a_spot_pool_offers_every_type_on_spot_before_any_on_demand():
+    pool = P5_SPOT.model_copy(update={"fallback_instance_types": ("ml.p5e.48xlarge",)})
+    assert pool.offerings == ("ml.p5.48xlarge:spot", "ml.p5e.48xlarge:spot", "ml.p5.48xlarge", "ml.p5e.48xlarge")
+    assert P5_SPOT.model_copy(update={"on_demand_fallback": False}).offerings == ("ml.p5.48xlarge:spot",)
+    assert P5_OPEN.offerings == ("ml.p5.48xlarge",)
+
+
+def test_a_fallback_launch_changes_the_capacity_type_of_the_admitted_request():
+    body = admit_request(sagemaker(), P5_SPOT, checkpoint_bucket=BUCKET, default_role_arn=ROLE).request
+    on_demand = spot_launch(body, spot=False)
+    assert "EnableManagedSpotTraining" not in on_demand and on_demand["StoppingCondition"] == {"MaxRuntimeInSeconds": 86_400}
+    assert spot_launch(on_demand, spot=True, spot_wait_s=600) == body
+
+
+def test_on_demand_fallback_needs_a_spot_pool():
+    with pytest.raises(ValueError, match="on_demand_fallback"):
+        PoolConfig(name="p5", instance_type="ml.p5.48xlarge", instances=1, on_demand_fallback=True)

@@ -76,11 +76,21 @@ INTAKE_RULES = {
         "detail-type": ["Object Created"],
         "detail": {"bucket": {"name": [{"Ref": "CheckpointBucketName"}]}},
     },
+    "BatchServiceJobEvents": {
+        "source": ["aws.batch"],
+        "detail-type": ["Batch Service Job State Change", "Batch Service Job Preemption Started", "Batch Service Job Preemption Completed"],
+    },
+    "WaitAlarmStateChange": {
+        "source": ["aws.cloudwatch"],
+        "detail-type": ["CloudWatch Alarm State Change"],
+        "detail": {"alarmName": [{"Fn::Sub": "${AWS::StackName}-job-waiting-too-long"}], "state": {"value": ["ALARM"]}},
+    },
 }
 
 ALARMS = {
-    "HighPriorityWaitAlarm",
-    "HighTierWaitAlarm",
+    "WaitAlarm",
+    "PreemptionThrashAlarm",
+    "IdleWhileWaitingAlarm",
     "PreemptionWithoutFreshCheckpointAlarm",
     "WorkflowFailuresAlarm",
     "DeadLetterAlarm",
@@ -503,13 +513,32 @@ def test_failed_async_invocations_go_to_the_dead_letter_queue(cfn, function):
 _SUBSCRIBED = {dt: rule for rule, p in INTAKE_RULES.items() for dt in p["detail-type"]}
 
 
+def _resolved_rules(template, stack: str = "preemptor") -> dict:
+    """The intake's rules with the stack name resolved (EventBridge sees the value)."""
+    events = template["Resources"]["IntakeFunction"]["Properties"]["Events"]
+    text = json.dumps(events).replace('{"Fn::Sub": "${AWS::StackName}-job-waiting-too-long"}', f'"{stack}-job-waiting-too-long"')
+    return json.loads(text)
+
+
+def test_the_stacks_own_wait_alarm_reaches_the_intake_and_only_in_alarm():
+    from moto.events.models import EventPattern
+
+    template = load_template()
+    rule = _resolved_rules(template)["WaitAlarmStateChange"]["Properties"]["Pattern"]
+    pattern = EventPattern(json.dumps(rule), rule)
+    sample = json.loads((_REPO / "events/other/amazon-cloudwatch-user-guide__cloudwatch-alarm-state-change__06df3b84.json").read_text())
+    ours = {**sample, "detail": {**sample["detail"], "alarmName": "preemptor-job-waiting-too-long"}}
+    back_to_ok = {**ours, "detail": {**ours["detail"], "state": {**ours["detail"]["state"], "value": "OK"}}}
+    assert [pattern.matches_event(e) for e in (sample, ours, back_to_ok)] == [False, True, False]
+
+
 @pytest.mark.parametrize("path", [p for p in all_event_files() if p.parent.name != "malformed"], ids=relative_name)
 def test_sample_event_reaches_exactly_the_rule_for_its_type(template, path):
     from moto.events.models import EventPattern
 
     # Given a sample event from events/
     event = json.loads(path.read_text(encoding="utf-8"))
-    events = template["Resources"]["IntakeFunction"]["Properties"]["Events"]
+    events = _resolved_rules(template)
     # When it is matched against every intake rule
     matched = {
         name
@@ -525,6 +554,8 @@ def test_sample_event_reaches_exactly_the_rule_for_its_type(template, path):
     narrowed = rule != "ScheduledInstanceChange" or (
         (event.get("detail") or {}).get("service") == "EC2" and (event.get("detail") or {}).get("eventTypeCategory") == "scheduledChange"
     )
+    # (Alarm state changes: only the stack's own wait alarm's; no sample is one of ours)
+    narrowed = narrowed and rule != "WaitAlarmStateChange"
     expected = {rule} if rule and ours and narrowed else set()
     assert matched == expected
 
@@ -576,25 +607,41 @@ def test_alarm_notifies_the_alerts_topic_both_ways(template, alarm):
 @pytest.mark.parametrize(
     "alarm, metric",
     [
-        ("HighPriorityWaitAlarm", "OldestPendingWaitSeconds"),
-        ("HighTierWaitAlarm", "OldestPendingWaitSeconds"),
+        ("WaitAlarm", "OldestPendingWaitSeconds"),
+        ("PreemptionThrashAlarm", "Preemptions"),
+        ("IdleWhileWaitingAlarm", "IdleGpusWhileWaiting"),
         ("PreemptionWithoutFreshCheckpointAlarm", "StopsWithoutFreshCheckpoint"),
         ("RejectedEventsAlarm", "RejectedEvents"),
     ],
 )
 def test_custom_metric_alarms_read_the_preemptor_namespace(template, alarm, metric):
-    expressions = " ".join(m.get("Expression", "") for m in template["Resources"][alarm]["Properties"]["Metrics"])
+    def text(expression) -> str:  # a plain query, or one built with Fn::Sub
+        return expression["Fn::Sub"][0] if isinstance(expression, dict) else expression
+
+    expressions = " ".join(text(m.get("Expression", "")) for m in template["Resources"][alarm]["Properties"]["Metrics"])
     assert f"({metric}) FROM Preemptor" in expressions
 
 
-def test_wait_alarms_threshold_is_the_parameter_in_minutes(template):
-    for alarm, tier in (("HighPriorityWaitAlarm", "critical"), ("HighTierWaitAlarm", "high")):
-        props = template["Resources"][alarm]["Properties"]
-        assert props["Threshold"] == {"Ref": "HighPriorityWaitAlarmMinutes"}
-        metrics = {m["Id"]: m for m in props["Metrics"]}
-        assert f"Tier = '{tier}'" in metrics["waitSeconds"]["Expression"]
-        assert metrics["waitMinutes"]["Expression"] == "waitSeconds / 60"
-        assert metrics["waitMinutes"]["ReturnData"] is True
+def test_the_wait_alarm_watches_the_configured_tiers_in_minutes(template):
+    props = template["Resources"]["WaitAlarm"]["Properties"]
+    assert props["Threshold"] == {"Ref": "HighPriorityWaitAlarmMinutes"}
+    metrics = {m["Id"]: m for m in props["Metrics"]}
+    # The query is built from the WaitAlarmTiers parameter, not from tier names in the code
+    query, values = metrics["waitSeconds"]["Expression"]["Fn::Sub"]
+    assert values == {"Tiers": {"Fn::Join": ["' OR Tier = '", {"Ref": "WaitAlarmTiers"}]}}
+    tiers = template["Parameters"]["WaitAlarmTiers"]["Default"].split(",")
+    assert query.replace("${Tiers}", "' OR Tier = '".join(tiers)) == (
+        "SELECT MAX(OldestPendingWaitSeconds) FROM Preemptor WHERE Tier = 'critical' OR Tier = 'high'"
+    )
+    assert metrics["waitMinutes"]["Expression"] == "waitSeconds / 60"
+    assert metrics["waitMinutes"]["ReturnData"] is True
+    # And the functions know the alarm by the same name, tiers and threshold (the escalation)
+    env = template["Globals"]["Function"]["Environment"]["Variables"]
+    assert env["WAIT_ALARM_NAME"] == props["AlarmName"]
+    assert env["WAIT_ALARM_TIERS"] == {"Fn::Join": [",", {"Ref": "WaitAlarmTiers"}]}
+    assert env["WAIT_ALARM_MINUTES"] == {"Ref": "HighPriorityWaitAlarmMinutes"}
+    rule = template["Resources"]["IntakeFunction"]["Properties"]["Events"]["WaitAlarmStateChange"]["Properties"]["Pattern"]
+    assert rule["detail"]["alarmName"] == [props["AlarmName"]]
 
 
 def test_workflow_failures_alarm_watches_every_state_machine(template):

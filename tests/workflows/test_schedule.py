@@ -32,14 +32,16 @@ def test_admits_and_launches_into_free_capacity():
         run = _last_schedule(env)
         assert run["status"] == "SUCCEEDED"
         states = env.states_visited(run["executionArn"])
-        assert states[:5] == [
+        assert states[:6] == [
+            "Wait first?",
             "Start counting cycles",
             "Plan the pool",
             "Did we get the pool?",
             "Nothing given up yet",
             "Any jobs to launch?",
         ]
-        assert "Launch the job" in states and "Start the preemptions" not in states
+        assert "Launch the job" in states and "Backing off?" in states and "Plan again after the backoff" not in states
+        assert "Start the preemptions" not in states
         assert env.store.pool("p5")["used_gpus"] == 32
 
 

@@ -33,6 +33,11 @@ class Settings(BaseModel):
     # role a SageMaker pool without its own `role_arn` passes (the one iam:PassRole allows).
     checkpoint_bucket: str = ""
     training_role_arn: str | None = None
+    # The wait alarm (template.yaml `WaitAlarm`): the tiers it watches, its threshold, and
+    # its name, by which the controller knows its state changes (the escalation).
+    wait_alarm_name: str = ""
+    wait_alarm_tiers: tuple[str, ...] = ("critical", "high")
+    wait_alarm_minutes: float = Field(default=10.0, gt=0)
 
     def pool(self, name: str) -> PoolConfig | None:
         return next((p for p in self.pools if p.name == name), None)
@@ -48,6 +53,9 @@ class Settings(BaseModel):
             policy=Policy(**json.loads(env.get("POLICY_CONFIG") or "{}")),
             checkpoint_bucket=env.get("CHECKPOINT_BUCKET", ""),
             training_role_arn=env.get("TRAINING_ROLE_ARN") or None,
+            wait_alarm_name=env.get("WAIT_ALARM_NAME", ""),
+            wait_alarm_tiers=tuple(t.strip() for t in env.get("WAIT_ALARM_TIERS", "critical,high").split(",") if t.strip()),
+            wait_alarm_minutes=float(env.get("WAIT_ALARM_MINUTES") or 10),
             workflow_arns={
                 key: env[var]
                 for key, var in (

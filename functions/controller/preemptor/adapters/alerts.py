@@ -1,13 +1,30 @@
-"""The operators' alerts topic (SNS)."""
+"""The alerts topic (SNS): alerts for the operators, and notices to the teams that own jobs.
+
+Every notice about a job carries the message attributes `team`, `job` and `kind`, so that a
+team subscribes to its own with a filter policy (`{"team": ["research"]}`) and an operator's
+unfiltered subscription still gets everything:
+
+    aws sns subscribe --topic-arn <AlertsTopicArn> --protocol email \
+        --notification-endpoint research-oncall@example.com \
+        --attributes '{"FilterPolicy": "{\"team\": [\"research\"]}"}'
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+import logging
+from typing import Any, Literal
 
 from botocore.exceptions import ClientError
 
+from ..core.errors import PreemptorError
 from .errors import translate
+
+log = logging.getLogger(__name__)
+
+# What a notice tells its team (the `kind` attribute).
+NoticeKind = Literal["preemption-planned", "preempted", "relaunched", "failed", "waiting-too-long"]
+NOTICE_KINDS: tuple[str, ...] = ("preemption-planned", "preempted", "relaunched", "failed", "waiting-too-long")
 
 
 class Alerts:
@@ -15,14 +32,29 @@ class Alerts:
         self.client = client
         self.topic_arn = topic_arn
 
-    def publish(self, subject: str, message: dict) -> str | None:
+    def publish(self, subject: str, message: dict, attributes: dict[str, str] | None = None) -> str | None:
         """Publish one alert (subject cut to SNS's 100 characters); None if no topic is set."""
         if not self.topic_arn:
             return None
+        kwargs: dict[str, Any] = {
+            "TopicArn": self.topic_arn,
+            "Subject": subject[:100],
+            "Message": json.dumps(message, sort_keys=True, default=str),
+        }
+        if attributes:
+            kwargs["MessageAttributes"] = {k: {"DataType": "String", "StringValue": v} for k, v in attributes.items()}
         try:
-            out = self.client.publish(
-                TopicArn=self.topic_arn, Subject=subject[:100], Message=json.dumps(message, sort_keys=True, default=str)
-            )
+            out = self.client.publish(**kwargs)
         except ClientError as e:
             raise translate(e, "SNS Publish") from e
         return out.get("MessageId")
+
+    def notify(self, kind: NoticeKind, *, job: str, team: str, subject: str, message: dict) -> str | None:
+        """A notice to the team that owns `job` (attributes team, job, kind). Best effort: the
+        decision it reports is already recorded, so a refused publish is logged, not raised
+        (a retry of the step would record nothing new and notify twice)."""
+        try:
+            return self.publish(subject, {"kind": kind, "job": job, "team": team, **message}, {"team": team, "job": job, "kind": kind})
+        except PreemptorError as e:
+            log.warning("notice not published: %s", e, extra={"job": job, "kind": kind, "error": type(e).__name__})
+            return None

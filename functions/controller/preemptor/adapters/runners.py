@@ -14,6 +14,8 @@ from botocore.exceptions import ClientError
 
 from ..core.errors import RunNameTaken, ServiceJobNotFound
 from ..core.jobs import JobRecord
+from ..core.pools import parse_offering
+from ..core.requests import spot_launch
 from .errors import ErrorKind, classify, code_of, is_sagemaker_not_found, translate
 
 MANAGED_TAG = "preemptor:managed"
@@ -50,7 +52,7 @@ class RunState:
 class Runner(Protocol):
     service: str
 
-    def launch(self, record: JobRecord, instance_type: str | None = None) -> str: ...
+    def launch(self, record: JobRecord, offering: str | None = None) -> str: ...
 
     def stop(self, run_id: str, reason: str) -> None: ...
 
@@ -92,14 +94,17 @@ class SageMakerRunner:
     def __init__(self, client: Any):
         self.client = client
 
-    def launch(self, record: JobRecord, instance_type: str | None = None) -> str:
+    def launch(self, record: JobRecord, offering: str | None = None) -> str:
         """Create the training job of the record's current incarnation (idempotent by name),
-        on `instance_type` when given (a fallback offering of the pool)."""
+        on `offering` when given (one of the pool's: an instance type, on spot or on-demand)."""
         request = copy.deepcopy(record.request)
         name = record.next_run_name
         request["TrainingJobName"] = name
-        if instance_type and "ResourceConfig" in request:
-            request["ResourceConfig"] = {**request["ResourceConfig"], "InstanceType": instance_type}
+        if offering:
+            instance_type, spot = parse_offering(offering)
+            request = spot_launch(request, spot)
+            if "ResourceConfig" in request:
+                request["ResourceConfig"] = {**request["ResourceConfig"], "InstanceType": instance_type}
         checkpoint = dict(request.get("CheckpointConfig") or {})
         checkpoint["S3Uri"] = record.checkpoint_s3_uri
         request["CheckpointConfig"] = checkpoint
@@ -185,14 +190,17 @@ class BatchRunner:
     def __init__(self, client: Any):
         self.client = client
 
-    def launch(self, record: JobRecord, instance_type: str | None = None) -> str:
-        """Submit the job of the record's current incarnation (the queue decides instances).
+    def launch(self, record: JobRecord, offering: str | None = None) -> str:
+        """Submit the job of the record's current incarnation (the queue decides instances),
+        to `offering` when given (one of the pool's queues).
 
         Batch job names are not unique, so a retry first looks for a live job of the same
         name in the queue carrying this incarnation's tags, and returns it instead of
         submitting a second one.
         """
         request = copy.deepcopy(record.request)
+        if offering:
+            request["jobQueue"] = offering  # a fallback queue of the pool
         name = record.next_run_name
         existing = self._find_live(request["jobQueue"], name, record)
         if existing:

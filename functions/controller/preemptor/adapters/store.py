@@ -348,6 +348,22 @@ class JobsStore:
         except ConflictError:
             return False
 
+    def set_drained(self, pool: str, drained: bool, at: float, note: str = "") -> None:
+        """Drain a pool (its cycles admit nothing and preempt nothing; `note` says why), or
+        undrain it. The flag is on the pool item; its capacity and usage are left as they are."""
+        if drained:
+            expression = "SET drained = :t, drained_at = :at, drained_note = :n"
+            values = {":t": _to_attr(True), ":at": _to_attr(at), ":n": _to_attr(note)}
+        else:
+            expression, values = "REMOVE drained, drained_at, drained_note", None
+        self._call(
+            "update_item",
+            TableName=self.table,
+            Key=pool_key(pool),
+            UpdateExpression=expression,
+            **({"ExpressionAttributeValues": values} if values else {}),
+        )
+
     def remember_waits(self, pool: str, waiting: list[dict], now: float) -> None:
         """Keep the latest plan's reasons why jobs wait on the pool item, for `explain`."""
         self._call(
@@ -637,6 +653,42 @@ class JobsStore:
         except ConflictError:
             pass  # admitted or cancelled meanwhile: nothing to hand over
 
+    def note_learning(self, name: str, **fields: Any) -> None:
+        """Set what the controller learned of a job (`service.learning`): plain fields of its
+        record, written as they are, no status transition (a job gone meanwhile is skipped)."""
+        if not fields:
+            return
+        names = {f"#f{i}": key for i, key in enumerate(fields)}
+        values = {f":v{i}": _to_attr(value) for i, value in enumerate(fields.values())}
+        try:
+            self._call(
+                "update_item",
+                TableName=self.table,
+                Key=job_key(name),
+                UpdateExpression="SET " + ", ".join(f"#f{i} = :v{i}" for i in range(len(fields))),
+                ConditionExpression="attribute_exists(pk)",
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+            )
+        except ConflictError:
+            pass
+
+    def escalate(self, name: str, at: float) -> bool:
+        """Mark a pending job escalated (once: True only for the write that did it)."""
+        try:
+            self._call(
+                "update_item",
+                TableName=self.table,
+                Key=job_key(name),
+                UpdateExpression="SET escalated_at = :t",
+                ConditionExpression="attribute_exists(pk) AND #s = :pending AND attribute_not_exists(escalated_at)",
+                ExpressionAttributeNames={"#s": "status"},
+                ExpressionAttributeValues={":t": _to_attr(at), ":pending": {"S": JobState.PENDING.value}},
+            )
+        except ConflictError:
+            return False
+        return True
+
     def note_checkpoint(self, name: str, at: float) -> None:
         """Remember the newest checkpoint time seen (never moves backwards)."""
         try:
@@ -771,6 +823,20 @@ class JobsStore:
             if item:
                 return _unmarshal(item)["job"]
         return None
+
+    def put_service_job_alias(self, service_job_id: str, training_job: str) -> None:
+        """Map a Batch service job to the training job of its current attempt."""
+        self._call(
+            "put_item",
+            TableName=self.table,
+            Item=_marshal({"pk": f"RUN#batch-service#{service_job_id}", "sk": "RUN", "training_job": training_job}),
+        )
+
+    def service_job_training_job(self, service_job_id: str) -> str | None:
+        item = self._call(
+            "get_item", TableName=self.table, Key={"pk": {"S": f"RUN#batch-service#{service_job_id}"}, "sk": {"S": "RUN"}}
+        ).get("Item")
+        return _unmarshal(item)["training_job"] if item else None
 
     def put_instance_alias(self, instance_id: str, job: str, incarnation: int) -> None:
         self._call(

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, NoReturn, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -78,6 +78,12 @@ class TrainingJobStatus(StrEnum):
     STOPPING = "Stopping"
     STOPPED = "Stopped"
     DELETING = "Deleting"
+
+
+class AlarmState(StrEnum):
+    OK = "OK"
+    ALARM = "ALARM"
+    INSUFFICIENT_DATA = "INSUFFICIENT_DATA"
 
 
 class BatchJobStatus(StrEnum):
@@ -188,6 +194,37 @@ class CheckpointWritten(_Event):
     key: str
 
 
+class BatchServiceJobStateChanged(_Event):
+    """A Batch service job (a SageMaker training job that a Batch service queue runs)
+    changed state; `training_job` is its current attempt's training job, when it has one."""
+
+    service_job_id: str
+    status: str
+    status_reason: str | None
+    training_job: str | None
+
+
+class BatchServiceJobPreemption(_Event):
+    """Batch's own quota management preempts a service job (cross-share reclaim):
+    `phase` "started" (the attempt is still running: it can checkpoint) or "completed"
+    (with the preempted attempts' training jobs and times)."""
+
+    phase: Literal["started", "completed"]
+    service_job_id: str
+    status_reason: str | None
+    preempted_attempts: int
+    stopped_training_jobs: tuple[str, ...]
+
+
+class AlarmStateChanged(_Event):
+    """A CloudWatch alarm changed state (the controller's wait alarm escalates waiting jobs)."""
+
+    alarm_name: str
+    state: AlarmState
+    previous_state: AlarmState | None
+    reason: str | None
+
+
 class JobSubmitted(_Event):
     """A team asked the controller to run a job (our own event). `request.team` is the
     team of the source."""
@@ -232,6 +269,9 @@ DomainEvent = (
     | SpotInterruptionWarning
     | RebalanceRecommendation
     | CheckpointWritten
+    | BatchServiceJobStateChanged
+    | BatchServiceJobPreemption
+    | AlarmStateChanged
     | JobSubmitted
     | JobCancelled
     | Ignored
@@ -703,6 +743,66 @@ def _object_created(envelope: _Envelope, detail: _Fields, tiers: Mapping[str, in
     )
 
 
+def _training_job_of(attempt: object) -> str | None:
+    """The training job name of a service job attempt (`serviceResourceId` TrainingJobArn)."""
+    if not isinstance(attempt, dict):
+        return None
+    resource = attempt.get("serviceResourceId")
+    if not isinstance(resource, dict) or resource.get("name") != "TrainingJobArn" or not isinstance(resource.get("value"), str):
+        return None
+    return resource["value"].rsplit("/", 1)[-1] or None
+
+
+def _service_job_id(arn: str) -> str:
+    if ":service-job/" not in arn:
+        raise EventRejected("bad-value", f"{_shown(arn)} is not a Batch service job ARN")
+    return arn.rsplit("/", 1)[-1]
+
+
+def _service_job_state(envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int]) -> BatchServiceJobStateChanged:
+    attempts = detail.optional_list("attempts")
+    return BatchServiceJobStateChanged(
+        **envelope.common(),
+        service_job_id=_service_job_id(detail.required_str("jobArn")),
+        status=detail.required_str("status"),
+        status_reason=detail.optional_str("statusReason"),
+        training_job=_training_job_of(attempts[-1]) if attempts else None,
+    )
+
+
+def _service_job_preemption(phase: Literal["started", "completed"]):
+    def parse(envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int]) -> BatchServiceJobPreemption:
+        summary = detail.optional_object("preemptionSummary")
+        recent = summary.optional_list("recentPreemptedAttempts")
+        count = summary.optional_int("preemptedAttemptCount")
+        return BatchServiceJobPreemption(
+            **envelope.common(),
+            phase=phase,
+            service_job_id=_service_job_id(detail.required_str("preemptedJobArn")),
+            status_reason=detail.optional_str("statusReason"),
+            preempted_attempts=count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else len(recent),
+            stopped_training_jobs=tuple(t for t in (_training_job_of(a) for a in recent[:100]) if t),
+        )
+
+    return parse
+
+
+def _alarm_state_change(envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int]) -> AlarmStateChanged:
+    state = detail.optional_object("state")
+    previous = detail.optional_object("previousState").optional_str("value")
+    try:
+        previous_state = AlarmState(previous) if previous is not None else None
+    except ValueError as error:
+        raise EventRejected("bad-value", f"detail.previousState.value {_shown(previous)} is not an alarm state") from error
+    return AlarmStateChanged(
+        **envelope.common(),
+        alarm_name=detail.required_str("alarmName"),
+        state=state.enum("value", AlarmState),
+        previous_state=previous_state,
+        reason=(state.optional_str("reason") or "")[:500] or None,
+    )
+
+
 def _own_event(envelope: _Envelope, tiers: Mapping[str, int]) -> DomainEvent:
     team = team_of_source(envelope.source)
     parser = _OWN_PARSERS.get(envelope.detail_type)
@@ -759,4 +859,8 @@ _PARSERS: Mapping[
     ("aws.ec2", "EC2 Instance Rebalance Recommendation"): _rebalance,
     ("aws.s3", "Object Created"): _object_created,
     ("aws.health", "AWS Health Event"): _health_event,
+    ("aws.cloudwatch", "CloudWatch Alarm State Change"): _alarm_state_change,
+    ("aws.batch", "Batch Service Job State Change"): _service_job_state,
+    ("aws.batch", "Batch Service Job Preemption Started"): _service_job_preemption("started"),
+    ("aws.batch", "Batch Service Job Preemption Completed"): _service_job_preemption("completed"),
 }

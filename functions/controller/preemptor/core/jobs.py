@@ -7,6 +7,11 @@ from dataclasses import dataclass, field, replace
 from .model import JobState, PendingJob, RunningJob
 
 
+# The label by which a job declares that it saves a checkpoint on SIGTERM within the grace
+# (the training helper, preemptor_training.Checkpointer, does).
+SAVES_ON_STOP_LABEL = "preemptor/saves-on-stop"
+
+
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     """One job: what was asked for, where it stands, and what preemption has cost it.
@@ -76,6 +81,19 @@ class JobRecord:
     # job waits for capacity (backoff until `not_before`), failed after MAX_CAPACITY_RETRIES.
     capacity_retries: int = 0
     launched_instance_type: str | None = None  # the offering the current run was created on
+    # What the controller learned of the job (service.learning). `saved_on_stop`: after its
+    # last stop a checkpoint appeared during the grace (it saves on SIGTERM); trusted only
+    # with the declaration `SAVES_ON_STOP_LABEL`. `ignored_checkpoint_request`: its last
+    # checkpoint request was not honoured in time. `stop_at_once`: the plan that chose it
+    # as a victim said to stop it without asking for a checkpoint.
+    saved_on_stop: bool = False
+    ignored_checkpoint_request: bool = False
+    checkpoint_requested_at: float | None = None
+    stop_signal_at: float | None = None
+    stop_at_once: bool = False
+    # When the wait alarm escalated it (service.escalation): its preemptions ignore the soft
+    # protections of their victims until it is admitted.
+    escalated_at: float | None = None
 
     def backing_off(self, now: float) -> bool:
         """A pending job whose last launch was refused waits until `not_before`."""
@@ -101,6 +119,8 @@ class JobRecord:
             restart_overhead_s=self.restart_overhead_s,
             pending_since=self.pending_since,
             nominated_at=self.nominated_at,
+            # Escalated while it waits now (a later requeue starts a new wait).
+            escalated=self.escalated_at is not None and self.escalated_at >= (self.pending_since or self.submitted_at),
         )
 
     def as_running(self) -> RunningJob:
@@ -123,7 +143,17 @@ class JobRecord:
             spared_until=self.spared_until,
             guaranteed=self.guaranteed,
             stoppable=self.stoppable,
+            declares_save_on_stop=self.declares_save_on_stop,
+            saves_on_stop=self.saved_on_stop and self.declares_save_on_stop,
+            ignored_checkpoint_request=self.ignored_checkpoint_request,
+            checkpoint_requested_at=self.checkpoint_requested_at,
         )
+
+    @property
+    def declares_save_on_stop(self) -> bool:
+        """The job says it saves on SIGTERM (it runs the training helper): label
+        `SAVES_ON_STOP_LABEL` = "true"."""
+        return str(self.labels.get(SAVES_ON_STOP_LABEL, "")).lower() == "true"
 
     def with_changes(self, **changes) -> "JobRecord":
         return replace(self, **changes)

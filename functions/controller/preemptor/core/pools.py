@@ -23,6 +23,22 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+SPOT = ":spot"  # an offering on managed spot: "<instance type>:spot"
+# SageMaker managed spot waits for spot capacity within MaxWaitTimeInSeconds, which must be
+# at least MaxRuntimeInSeconds: a spot launch gets the run time plus this much to find it.
+DEFAULT_SPOT_WAIT_S = 900
+
+
+def parse_offering(offering: str) -> tuple[str, bool]:
+    """(instance type, on spot?) of a SageMaker offering (a Batch pool's are its queues)."""
+    return (offering[: -len(SPOT)], True) if offering.endswith(SPOT) else (offering, False)
+
+
+def describe_offering(offering: str) -> str:
+    """"ml.p5.48xlarge (spot)", "ml.p5.48xlarge (on-demand)": an offering as people read it."""
+    instance_type, spot = parse_offering(offering)
+    return f"{instance_type} ({'spot' if spot else 'on-demand'})"
+
 
 class JobDefinition(BaseModel):
     """A Batch job definition a pool allows, exactly as requests name it (name, name:revision
@@ -60,8 +76,19 @@ class PoolConfig(BaseModel):
     # (each with the pool's gpus_per_instance: a job's GPUs do not change with the type).
     # They must be in the stack's TrainingInstanceTypes too (the IAM condition).
     fallback_instance_types: tuple[str, ...] = ()
+    # What the pool's instances are bought as. A spot pool launches SageMaker managed spot
+    # (EnableManagedSpotTraining, set by the pool, never by the submitter); with
+    # `on_demand_fallback` a launch that found no spot capacity goes on to on-demand.
+    capacity_type: Literal["on-demand", "spot"] = "on-demand"
+    on_demand_fallback: bool = False
+    spot_wait_s: int = Field(default=DEFAULT_SPOT_WAIT_S, gt=0, le=172_800)
     # -- Batch: what SubmitJob gets from the pool -----------------------------------------
     job_queue: str | None = None
+    # Queues a launch may fall back to when the pool's own queue found no capacity (a job left
+    # RUNNABLE past `runnable_timeout_s`), in order: other compute environments, e.g. on-demand
+    # behind a spot queue. Their GPUs count in the pool's.
+    fallback_job_queues: tuple[str, ...] = ()
+    runnable_timeout_s: int = Field(default=1800, gt=0)  # RUNNABLE this long: no capacity
     job_definitions: tuple[JobDefinition, ...] = ()
 
     @field_validator("job_definitions", mode="before")
@@ -77,15 +104,35 @@ class PoolConfig(BaseModel):
             raise ValueError(f"pool {self.name!r} needs 'instances' or 'gpus'")
         if self.fallback_instance_types and (self.service != "sagemaker" or not self.instance_type):
             raise ValueError(f"pool {self.name!r}: 'fallback_instance_types' needs a SageMaker pool with an 'instance_type'")
+        if self.fallback_job_queues and (self.service != "batch" or not self.job_queue):
+            raise ValueError(f"pool {self.name!r}: 'fallback_job_queues' needs a Batch pool with a 'job_queue'")
+        if self.on_demand_fallback and self.capacity_type != "spot":
+            raise ValueError(f"pool {self.name!r}: 'on_demand_fallback' needs 'capacity_type: spot'")
+        if self.capacity_type == "spot" and self.service == "sagemaker" and not self.instance_type:
+            raise ValueError(f"pool {self.name!r}: a SageMaker spot pool needs an 'instance_type'")
         if bool(self.subnets) != bool(self.security_group_ids):
             raise ValueError(f"pool {self.name!r}: give both 'subnets' and 'security_group_ids', or neither")
         return self
 
     @property
-    def offerings(self) -> tuple[str, ...]:
-        """The instance types a SageMaker launch may use, preferred first."""
+    def instance_types(self) -> tuple[str, ...]:
         own = (self.instance_type,) if self.instance_type else ()
         return own + tuple(t for t in self.fallback_instance_types if t not in own)
+
+    @property
+    def offerings(self) -> tuple[str, ...]:
+        """What a SageMaker launch may use, preferred first: each instance type on the pool's
+        capacity type; for a spot pool with `on_demand_fallback`, then each on on-demand
+        (spot on any type is cheaper than on-demand on the preferred one). Batch pools have
+        none of their own (the job queue's compute environments decide): theirs are the queue,
+        then its fallbacks."""
+        if self.service != "sagemaker":
+            own = (self.job_queue,) if self.job_queue else ()
+            return own + tuple(q for q in self.fallback_job_queues if q not in own) if self.fallback_job_queues else ()
+        types = self.instance_types
+        if self.capacity_type != "spot":
+            return types
+        return tuple(t + SPOT for t in types) + (types if self.on_demand_fallback else ())
 
     @property
     def capacity_gpus(self) -> int:

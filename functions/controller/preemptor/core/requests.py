@@ -39,7 +39,7 @@ from pydantic import (
 
 from preemptor.core.errors import PreemptorError
 from preemptor.core.policy import DEFAULT_TIERS, MAX_PRIORITY, validate_team_name
-from preemptor.core.pools import PoolConfig
+from preemptor.core.pools import DEFAULT_SPOT_WAIT_S, PoolConfig
 from preemptor.core.s3uri import S3Uri
 
 # Teams think in tier names, the planner compares integers. The tier table is
@@ -324,6 +324,8 @@ _BATCH_KEYS = frozenset(
     {"jobQueue", "jobDefinition", "containerOverrides", "parameters", "retryStrategy", "timeout", "tags"}
 )
 _CONTAINER_OVERRIDE_KEYS = frozenset({"command", "environment", "resourceRequirements", "vcpus", "memory"})
+# SageMaker's MaxRuntimeInSeconds when a request gives none (one day).
+DEFAULT_MAX_RUNTIME_S = 86_400
 # The environment variable through which a Batch job learns its checkpoint prefix.
 CHECKPOINT_ENV = "PREEMPTOR_CHECKPOINT_S3_URI"
 
@@ -419,6 +421,7 @@ def _sagemaker_request(
     checkpoint_config["S3Uri"] = checkpoint
     body["CheckpointConfig"] = checkpoint_config
     _check_user_tags(body.get("Tags"), "request.Tags", as_list=True)
+    _capacity_type(body, pool)
 
     resources = _object(body, "ResourceConfig", "request")
     _only_keys(resources, _RESOURCE_CONFIG_KEYS, "request.ResourceConfig")
@@ -434,6 +437,36 @@ def _sagemaker_request(
             f"({pool.gpus_per_instance} GPUs each) = {gpus}",
         )
     return body, gpus
+
+
+def _capacity_type(body: dict[str, Any], pool: PoolConfig) -> None:
+    """Spot or on-demand is the pool's (`capacity_type`): a spot pool's jobs run on managed
+    spot, waiting for spot capacity up to `spot_wait_s` beyond their run time."""
+    spot = pool.capacity_type == "spot"
+    _pool_sets(body, "EnableManagedSpotTraining", True if spot else None, "request", absent_means=False)
+    stopping = _object(body, "StoppingCondition", "request")
+    runtime = stopping.get("MaxRuntimeInSeconds", DEFAULT_MAX_RUNTIME_S)
+    if not isinstance(runtime, int) or isinstance(runtime, bool) or runtime <= 0:
+        raise RequestRefused(Refusal.NOT_ALLOWED, "request.StoppingCondition.MaxRuntimeInSeconds", "expected a positive integer")
+    _pool_sets(stopping, "MaxWaitTimeInSeconds", runtime + pool.spot_wait_s if spot else None, "request.StoppingCondition")
+    if stopping:
+        body["StoppingCondition"] = stopping
+
+
+def spot_launch(request: dict[str, Any], spot: bool, spot_wait_s: int = DEFAULT_SPOT_WAIT_S) -> dict[str, Any]:
+    """`request` (an admitted CreateTrainingJob) bought as spot or on-demand: the launch of a
+    fallback offering of another capacity type than the pool's."""
+    out = copy.deepcopy(request)
+    stopping = dict(out.get("StoppingCondition") or {})
+    if spot:
+        out["EnableManagedSpotTraining"] = True
+        stopping.setdefault("MaxWaitTimeInSeconds", stopping.get("MaxRuntimeInSeconds", DEFAULT_MAX_RUNTIME_S) + spot_wait_s)
+    else:
+        out.pop("EnableManagedSpotTraining", None)
+        stopping.pop("MaxWaitTimeInSeconds", None)
+    if stopping:
+        out["StoppingCondition"] = stopping
+    return out
 
 
 def _count_instances(req: JobRequest, pool: PoolConfig, resources: dict[str, Any]) -> int:

@@ -5,7 +5,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from .. import clock
 from ..service import actions
-from .observability import logger, metrics, tracer
+from .observability import emit, logger, metrics, tracer
 from .steps import ControlStep, Finish, Interrupt, Launch, Requeue, RunState, Spare, Stop, step_input
 from .wiring import deps
 
@@ -28,6 +28,10 @@ def handler(step, context: LambdaContext) -> dict:
                 logger.warning("launch refused", extra=result)
             if result.get("failed"):
                 metrics.add_metric(name="JobsFailedToLaunch", unit=MetricUnit.Count, value=1)
+            if result.get("relaunch"):
+                emit("Relaunches", 1, Pool=result["pool"])
+            if result.get("reason") == "no-capacity":
+                emit("CapacityWaits", 1, Pool=result["pool"])
             return result
         case Stop(fresh=fresh):
             if not fresh:
@@ -36,13 +40,16 @@ def handler(step, context: LambdaContext) -> dict:
         case RunState():
             return actions.run_state(**common, runners=d.runners)
         case Requeue(fresh=fresh, phase=phase):
-            result = actions.requeue(**common, policy=d.settings.policy, fresh=fresh, phase=phase, now=now)
+            result = actions.requeue(**common, policy=d.settings.policy, fresh=fresh, phase=phase, now=now, alerts=d.alerts)
             if result.get("requeued"):
-                metrics.add_metric(name="LostGpuSeconds", unit=MetricUnit.Count, value=result["lost_gpu_seconds"])
+                emit("LostGpuSeconds", result["lost_gpu_seconds"], Pool=result["pool"])
             return result
         case Interrupt(reason=reason):
             return actions.interrupt(**common, reason=reason, now=now)
         case Spare(why=why):
             return actions.spare(**common, policy=d.settings.policy, why=why, now=now)
         case Finish(outcome=outcome, reason=reason):
-            return actions.finish(**common, policy=d.settings.policy, outcome=outcome, reason=reason, now=now, alerts=d.alerts)
+            result = actions.finish(**common, policy=d.settings.policy, outcome=outcome, reason=reason, now=now, alerts=d.alerts)
+            if result.get("reason") == "no-capacity":
+                emit("CapacityWaits", 1, Pool=result["pool"])
+            return result

@@ -9,7 +9,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from .. import clock
 from ..service.intake import Intake
-from .observability import logger, metrics, tracer
+from .observability import emit, logger, metrics, tracer
 from .wiring import deps
 
 
@@ -18,15 +18,18 @@ from .wiring import deps
 @metrics.log_metrics
 def handler(event: dict, context: LambdaContext) -> dict:
     d = deps()
-    intake = Intake(store=d.store, workflows=d.workflows, runners=d.runners, settings=d.settings, instances=d.instances)
+    intake = Intake(store=d.store, workflows=d.workflows, runners=d.runners, settings=d.settings, instances=d.instances, alerts=d.alerts)
     result = intake.handle(event, clock.CLOCK.now())
     if result.job:
         logger.set_correlation_id(result.job)
     if result.outcome == "rejected":
         logger.warning("event rejected", extra={"reason": result.reason, "event_id": _event_id(event)})
         metrics.add_metric(name="RejectedEvents", unit=MetricUnit.Count, value=1)
+        emit("RejectedEventsByReason", 1, Reason=result.code)
     else:
         logger.info("event handled", extra=result.to_dict())
+    if result.code == "escalated":
+        emit("Escalations", 1)
     return result.to_dict()
 
 

@@ -1,4 +1,10 @@
-"""Powertools logger, tracer and metrics shared by every function (service name from env)."""
+"""Powertools logger, tracer and metrics shared by every function (service name from env).
+
+The metrics (namespace Preemptor) and their dimensions are a contract with template.yaml:
+its alarms and its dashboard read them with Metrics Insights queries, and
+tests/unit/test_dashboard.py checks every metric they name against what the functions
+emitted in the scenario replays.
+"""
 
 import os
 
@@ -10,25 +16,29 @@ tracer = Tracer()
 metrics = Metrics()
 
 
-def emit_oldest_waits(oldest_wait_s: dict[str, float]) -> None:
-    """`OldestPendingWaitSeconds` per tier: the high-priority-wait alarms read it.
+def _disabled() -> bool:
+    # `single_metric` does not honour POWERTOOLS_METRICS_DISABLED (the local runtime sets it).
+    return os.environ.get("POWERTOOLS_METRICS_DISABLED", "").lower() == "true"
 
-    One EMF blob per tier (a blob carries one value per dimension). `single_metric` does
-    not honour POWERTOOLS_METRICS_DISABLED, which the local runtime sets, so check it here.
-    """
-    if os.environ.get("POWERTOOLS_METRICS_DISABLED", "").lower() == "true":
+
+def emit(name: str, value: float, unit: MetricUnit = MetricUnit.Count, **dimensions: str) -> None:
+    """One value of `name` with its own dimensions (one EMF blob: a blob carries one value
+    per dimension set)."""
+    if _disabled():
         return
+    with single_metric(name=name, unit=unit, value=value, namespace=metrics.namespace) as metric:
+        for key, dimension in dimensions.items():
+            metric.add_dimension(name=key, value=str(dimension))
+
+
+def emit_oldest_waits(oldest_wait_s: dict[str, float], **dimensions: str) -> None:
+    """`OldestPendingWaitSeconds` per tier (and `dimensions`, e.g. the pool): the wait alarm
+    reads it for the tiers it watches."""
     for tier, seconds in oldest_wait_s.items():
-        with single_metric(
-            name="OldestPendingWaitSeconds", unit=MetricUnit.Seconds, value=seconds, namespace=metrics.namespace
-        ) as metric:
-            metric.add_dimension(name="Tier", value=tier)
+        emit("OldestPendingWaitSeconds", seconds, MetricUnit.Seconds, Tier=tier, **dimensions)
 
 
-def emit_counts(name: str, dimension: str, counts: dict[str, int]) -> None:
+def emit_counts(name: str, dimension: str, counts: dict[str, int], **dimensions: str) -> None:
     """One count per value of `dimension` (e.g. reconcile's repairs per `Repair` kind)."""
-    if os.environ.get("POWERTOOLS_METRICS_DISABLED", "").lower() == "true":
-        return
     for value, count in counts.items():
-        with single_metric(name=name, unit=MetricUnit.Count, value=count, namespace=metrics.namespace) as metric:
-            metric.add_dimension(name=dimension, value=value)
+        emit(name, count, MetricUnit.Count, **{dimension: value}, **dimensions)

@@ -10,6 +10,7 @@ raised for the workflow's Retry.
 
 from __future__ import annotations
 
+import math
 import random
 
 from ..adapters.alerts import Alerts
@@ -19,8 +20,10 @@ from ..adapters.store import JobsStore
 from ..core.errors import AccessDenied, CheckpointLocationUnavailable, ConflictError, ServiceJobNotFound, ServiceRejected
 from ..core.jobs import JobRecord
 from ..core.model import JobState
+from ..core.pools import describe_offering
 from ..core.policy import Policy
 from ..core.progress import is_fresh, lost_gpu_seconds, saved_in_run_s
+from . import learning  # what the controller learns of each job (issue 10)
 
 SPOT_INTERRUPTION = "spot-interruption"  # `preempted_by` of a job stopped for its instance
 OUTCOMES = {"completed": JobState.COMPLETED, "failed": JobState.FAILED, "cancelled": JobState.CANCELLED}
@@ -50,22 +53,32 @@ def check_checkpoint(
     (a spot interruption: the instance goes away anyway), only a checkpoint written after
     that time counts."""
     record = store.require(job)
+    max_age_s = policy.for_pool(record.pool).checkpoint_max_age_s
+    at_once = newer_than is None and record.stop_at_once  # the plan said not to wait (issue 10)
     try:
         newest = checkpoints.newest(record.checkpoint_s3_uri)
     except CheckpointLocationUnavailable as e:
         # No checkpoint can be confirmed: the policy's timeout decides, as for a job that
         # never checkpoints. Logged so `explain` shows why.
         store.log(job, now, "checkpoint-unavailable", e.code or "checkpoint-location", str(e))
+        if at_once:
+            return learning.at_once_check(store, record, now, max_age_s)
         return {"fresh": False, "age_s": None, "last_checkpoint_at": None, "error": e.code}
+    if newest is not None:
+        store.note_checkpoint(job, newest)
+        learning.checkpoint_seen(store, record, newest)  # issue 10
+    if at_once:
+        # Stopped without a wait; its freshness, for the accounting, is what S3 holds now
+        # (an S3 event may not have told the table yet).
+        newest = max(newest or 0.0, record.last_checkpoint_at or 0.0) or None
+        return learning.at_once_check(store, record.with_changes(last_checkpoint_at=newest), now, max_age_s)
     age = None if newest is None else max(0.0, now - newest)
     if newer_than is not None:
         fresh = newest is not None and newest > newer_than
     else:
         # The one rule (core.progress): a relaunched run resumed from that checkpoint, so
         # only the work since the later of it and the run's start is at risk.
-        fresh = is_fresh(newest, record.started_at, now, policy.for_pool(record.pool).checkpoint_max_age_s)
-    if newest is not None:
-        store.note_checkpoint(job, newest)
+        fresh = is_fresh(newest, record.started_at, now, max_age_s)
     if fresh:
         store.log(
             job, now, "checkpoint-confirmed", "fresh-checkpoint", f"newest checkpoint is {age:.0f} s old", checkpoint_age_s=age
@@ -81,6 +94,7 @@ def request_checkpoint(*, store: JobsStore, checkpoints: CheckpointStore, job: s
         store.log(job, now, "checkpoint-unavailable", e.code or "checkpoint-location", f"cannot ask for a checkpoint: {e}")
         return {"requested_at": now, "marker": None, "error": e.code}
     store.log(job, now, "checkpoint-requested", reason, f"marker written at {marker}")
+    learning.checkpoint_requested(store, job, now)  # issue 10
     return {"requested_at": now, "marker": marker}
 
 
@@ -101,6 +115,7 @@ def stop(*, store: JobsStore, runners: dict[str, Runner], job: str, incarnation:
         raise
     detail = why + ("" if fresh else "; WITHOUT a fresh checkpoint: work since the last one is lost")
     store.log(job, now, "stop-requested", "fresh-checkpoint" if fresh else "checkpoint-timeout", detail)
+    learning.stop_sent(store, record, fresh, now)  # issue 10
     return {"stopping": True}
 
 
@@ -116,7 +131,9 @@ def run_state(*, store: JobsStore, runners: dict[str, Runner], job: str, incarna
     return {"ended": state.ended, "phase": state.phase, "service_status": state.service_status}
 
 
-def requeue(*, store: JobsStore, policy: Policy, job: str, incarnation: int, fresh: bool, phase: str, now: float) -> dict:
+def requeue(
+    *, store: JobsStore, policy: Policy, job: str, incarnation: int, fresh: bool, phase: str, now: float, alerts: Alerts | None = None
+) -> dict:
     """Put a stopped victim back in the queue under its next incarnation; free its GPUs.
 
     A victim that completed on its own while being stopped is recorded as completed.
@@ -141,12 +158,12 @@ def requeue(*, store: JobsStore, policy: Policy, job: str, incarnation: int, fre
             store=store, policy=policy, job=job, incarnation=incarnation, outcome="cancelled", reason="cancelled", now=now
         )
     if record.preempted_by == SPOT_INTERRUPTION:
-        return _back_to_queue(store, policy, record, fresh, now, "interrupted", "stopped before its spot instance goes away")
-    return _back_to_queue(store, policy, record, fresh, now, "preempted", f"stopped for {record.preempted_by}")
+        return _back_to_queue(store, policy, record, fresh, now, "interrupted", "stopped before its spot instance goes away", alerts)
+    return _back_to_queue(store, policy, record, fresh, now, "preempted", f"stopped for {record.preempted_by}", alerts)
 
 
 def _back_to_queue(
-    store: JobsStore, policy: Policy, record: JobRecord, fresh: bool, now: float, reason: str, why: str
+    store: JobsStore, policy: Policy, record: JobRecord, fresh: bool, now: float, reason: str, why: str, alerts: Alerts | None = None
 ) -> dict:
     started = record.started_at or now
     lost = lost_gpu_seconds(record.gpus, record.last_checkpoint_at, started, now)
@@ -165,6 +182,7 @@ def _back_to_queue(
         lost_gpu_seconds=record.lost_gpu_seconds + lost,
         stops_without_fresh_checkpoint=record.stops_without_fresh_checkpoint + (0 if fresh else 1),
         preempting_since=None,
+        **learning.after_stop(record),  # issue 10: a checkpoint during the grace?
     )
     try:
         store.transition(record, new, expect=[record.status], usage_delta=-record.gpus)
@@ -173,7 +191,8 @@ def _back_to_queue(
         current = store.get(record.name)
         if current is not None and current.status is JobState.PREEMPTING and current.incarnation == record.incarnation:
             return requeue(
-                store=store, policy=policy, job=record.name, incarnation=record.incarnation, fresh=fresh, phase="stopped", now=now
+                store=store, policy=policy, job=record.name, incarnation=record.incarnation, fresh=fresh, phase="stopped", now=now,
+                alerts=alerts,
             )
         return {"requeued": False, "reason": "conflict", "pool": record.pool}
     _fold_usage(store, policy, record, now)
@@ -187,6 +206,14 @@ def _back_to_queue(
         lost_gpu_seconds=lost,
         fresh_checkpoint=fresh,
     )
+    if alerts is not None:
+        alerts.notify(
+            "preempted", job=record.name, team=record.team, subject=f"Preemptor: job {record.name} was {reason}",
+            message={
+                "why": why, "by": record.preempted_by, "pool": record.pool, "lost_gpu_seconds": round(lost, 1),
+                "fresh_checkpoint": fresh, "resumes_as": new.next_run_name,
+            },
+        )
     return {"requeued": True, "pool": record.pool, "lost_gpu_seconds": lost, "fresh": fresh, "released": True}
 
 
@@ -296,12 +323,20 @@ def launch(
         runners[record.service].stop(run_id, "preemptor: cancelled")
         store.log(job, now, "cancel-requested", "job-cancelled", f"{new.run_name} was created as the cancel arrived; stopping it")
         return {"launched": True, "run_id": run_id, "run_name": new.run_name, "stopping": True}
-    on = f" on {instance_type}" if instance_type else ""
-    if record.incarnation > 1:
+    on = "" if not instance_type else f" to {instance_type}" if record.service == "batch" else f" on {describe_offering(instance_type)}"
+    if record.incarnation > 1 and record.first_started_at is None:
+        # The earlier runs never got capacity: nothing was trained, nothing to resume.
+        store.log(job, now, "relaunched", "capacity-free", f"{new.run_name}{on}: a new run after {record.capacity_retries} that met no capacity (nothing trained yet)", instance_type=instance_type)
+    elif record.incarnation > 1:
         store.log(job, now, "relaunched", "capacity-free", f"{new.run_name}{on} resumes from {record.checkpoint_s3_uri}", instance_type=instance_type)
+        if alerts is not None:
+            alerts.notify(
+                "relaunched", job=job, team=record.team, subject=f"Preemptor: job {job} relaunched as {new.run_name}",
+                message={"run": new.run_name, "pool": record.pool, "resumes_from": record.checkpoint_s3_uri, "offering": instance_type},
+            )
     else:
         store.log(job, now, "launched", "capacity-free", f"{new.run_name} created in {record.service}{on}", instance_type=instance_type)
-    return {"launched": True, "run_id": run_id, "run_name": new.run_name}
+    return {"launched": True, "run_id": run_id, "run_name": new.run_name, "pool": record.pool, "relaunch": record.incarnation > 1}
 
 
 _LAUNCH_FIELDS = (
@@ -311,11 +346,11 @@ _LAUNCH_FIELDS = (
 
 
 def _offering(store: JobsStore, record: JobRecord, offerings: tuple[str, ...], now: float) -> str | None:
-    """The instance type to launch on: the pool's first offering (its own type, then its
-    fallbacks in order) that did not just meet no capacity (the unavailable-offerings cache);
-    when every one did, the pool's own type."""
+    """What to launch on: the pool's first offering (its own instance type, then its
+    fallbacks in order; spot before on-demand) that did not just meet no capacity (the
+    unavailable-offerings cache); when every one did, the preferred one."""
     if len(offerings) < 2:
-        return None  # nothing to choose: the request's own instance type
+        return None  # nothing to choose: the request as admitted
     unavailable = store.unavailable_offerings(record.pool, now)
     return next((t for t in offerings if t not in unavailable), offerings[0])
 
@@ -357,9 +392,9 @@ def _wait_for_capacity(
             return {"released": False, "pool": record.pool, "reason": "conflict"}  # it moved meanwhile: its own step decides
         store.log(record.name, now, "failed", "no-capacity", why)
         if alerts is not None:
-            alerts.publish(
-                f"Preemptor: job {record.name} failed: no capacity",
-                {"job": record.name, "pool": record.pool, "team": record.team, "retries": MAX_CAPACITY_RETRIES, "reason": reason},
+            alerts.notify(
+                "failed", job=record.name, team=record.team, subject=f"Preemptor: job {record.name} failed: no capacity",
+                message={"pool": record.pool, "retries": MAX_CAPACITY_RETRIES, "reason": reason},
             )
         return {"released": True, "pool": record.pool, "failed": True, "reason": "no-capacity"}
     if record.launched_instance_type:
@@ -392,7 +427,19 @@ def _wait_for_capacity(
         not_before=now + wait,
         run_created=run_created,
     )
-    return {"released": True, "pool": record.pool, "reason": "no-capacity", "not_before": now + wait, "wait_s": round(wait, 3)}
+    # Whole seconds, rounded up: a Wait state's SecondsPath takes a non-negative integer, and
+    # the pool planned after it must find the backoff over (not_before <= now).
+    return {"released": True, "pool": record.pool, "reason": "no-capacity", "not_before": now + wait, "wait_s": math.ceil(wait)}
+
+
+def no_capacity_in_queue(*, store: JobsStore, runners: dict[str, Runner], record: JobRecord, reason: str, now: float, alerts: Alerts | None = None) -> dict:
+    """A Batch run that never found instances (RUNNABLE past the pool's limit) is terminated
+    and its job waits for capacity like a SageMaker launch that met none."""
+    try:
+        runners[record.service].stop(record.run_id, f"preemptor: no capacity ({reason})"[:255])
+    except ServiceJobNotFound:
+        pass  # it ended meanwhile: the capacity wait below still holds
+    return _wait_for_capacity(store, alerts, record, f"no capacity: {reason}", now, run_created=True)
 
 
 def _launch_refused(
@@ -412,9 +459,9 @@ def _launch_refused(
         store.transition(record, new, [JobState.ADMITTED], usage_delta=-record.gpus)
         store.log(record.name, now, "failed", "launch-rejected", f"launch refused {attempts} times; last: {error}")
         if alerts is not None:
-            alerts.publish(
-                f"Preemptor: job {record.name} failed to launch",
-                {"job": record.name, "pool": record.pool, "team": record.team, "attempts": attempts, "reason": reason, "error": str(error)},
+            alerts.notify(
+                "failed", job=record.name, team=record.team, subject=f"Preemptor: job {record.name} failed to launch",
+                message={"pool": record.pool, "attempts": attempts, "reason": reason, "error": str(error)},
             )
         return {"launched": False, "reason": "launch-rejected", "failed": True, "attempts": attempts, "error": str(error)}
     wait = launch_backoff_s(record.name, attempts)
@@ -435,7 +482,10 @@ def _launch_refused(
         attempts=attempts,
         not_before=now + wait,
     )
-    return {"launched": False, "reason": "service-rejected", "attempts": attempts, "not_before": now + wait, "error": str(error)}
+    return {
+        "launched": False, "reason": "service-rejected", "attempts": attempts, "not_before": now + wait, "wait_s": math.ceil(wait),
+        "error": str(error),
+    }
 
 
 def _cancel_admitted(store: JobsStore, record: JobRecord, now: float) -> dict:
@@ -534,6 +584,11 @@ def finish(
         return {"released": False, "pool": record.pool, "reason": "conflict"}
     _fold_usage(store, policy, record, now)
     store.log(job, now, outcome, reason, f"{record.run_name or record.name} ended: {state.value}")
+    if state is JobState.FAILED and alerts is not None:
+        alerts.notify(
+            "failed", job=job, team=record.team, subject=f"Preemptor: job {job} failed",
+            message={"run": record.run_name or record.name, "pool": record.pool, "reason": reason},
+        )
     return {"released": True, "pool": record.pool}
 
 

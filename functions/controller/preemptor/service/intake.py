@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..adapters.alerts import Alerts
 from ..adapters.checkpoints import CONTROL_DIR
 from ..adapters.instances import InstanceResolver
 from ..adapters.runners import Runner
@@ -27,7 +28,7 @@ from ..core import events as ev
 from ..core.jobs import JobRecord
 from ..core.model import JobState
 from ..core.requests import Refusal, RequestRefused, admit_request
-from . import actions
+from . import actions, escalation
 
 # SageMaker's FailureReason when it cannot provision the instances ("CapacityError: Unable to
 # provision requested ML compute capacity. ..."): the job was created, then Failed.
@@ -37,6 +38,9 @@ MANAGED_SPOT_PROGRESS = ("Interrupted", "Restarting")
 SAGEMAKER_OUTCOMES = {"Completed": "completed", "Failed": "failed", "Stopped": "stopped"}
 BATCH_OUTCOMES = {"SUCCEEDED": "completed", "FAILED": "failed"}
 SPOT_RECLAIM_PREFIX = "Host EC2"  # Batch statusReason when the instance went away under the job
+# Batch statusReason of a job a queue's state time limit action cancelled in RUNNABLE, by the
+# reason the queue was configured with ("CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY", ...).
+BATCH_CAPACITY_PREFIX = "CAPACITY:"
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,9 @@ class Intake:
         runners: dict[str, Runner],
         settings: Settings,
         instances: InstanceResolver | None = None,
+        alerts: Alerts | None = None,
     ):
+        self.alerts = alerts
         self.instances = instances
         self.store = store
         self.workflows = workflows
@@ -116,7 +122,25 @@ class Intake:
             return self._scheduled_change(event, now)
         if isinstance(event, ev.CheckpointWritten):
             return self._checkpoint_written(event, now)
+        if isinstance(event, ev.AlarmStateChanged):
+            return self._alarm_changed(event, now)
+        if isinstance(event, ev.BatchServiceJobStateChanged):
+            return self._service_job_changed(event)
+        if isinstance(event, ev.BatchServiceJobPreemption):
+            return self._service_job_preempted(event, now)
         return IntakeResult("ignored", f"no handler for {type(event).__name__}")
+
+    def _alarm_changed(self, event: ev.AlarmStateChanged, now: float) -> IntakeResult:
+        """The wait alarm went to ALARM: escalate the jobs it is about (service.escalation)."""
+        if not self.settings.wait_alarm_name or event.alarm_name != self.settings.wait_alarm_name:
+            return IntakeResult("ignored", f"alarm: {event.alarm_name} is not the controller's wait alarm")
+        if event.state is not ev.AlarmState.ALARM:
+            return IntakeResult("ignored", f"alarm: {event.alarm_name} is {event.state.value}")
+        result = escalation.escalate(
+            store=self.store, settings=self.settings, workflows=self.workflows, alerts=self.alerts, alarm=event.alarm_name, now=now
+        )
+        jobs = result["escalated"]
+        return IntakeResult("accepted", f"escalated: {len(jobs)} job(s) waiting too long" + (f" ({', '.join(jobs[:5])})" if jobs else ""))
 
     # -- the controller's own events -----------------------------------------------------
     @staticmethod
@@ -215,6 +239,9 @@ class Intake:
         reason = getattr(event, "failure_reason", None) or getattr(event, "status_reason", None) or status
         if outcome == "failed" and service == "batch" and str(reason).startswith(SPOT_RECLAIM_PREFIX):
             outcome, reason = "interrupted", f"spot reclaim: {reason}"
+        if outcome == "failed" and service == "batch" and str(reason).startswith(BATCH_CAPACITY_PREFIX):
+            # A job queue's state time limit cancelled it in RUNNABLE for want of instances.
+            outcome = "capacity-error"
         if outcome == "failed" and service == "sagemaker" and secondary == "MaxWaitTimeExceeded":
             # Managed spot found no spot capacity within MaxWaitTimeInSeconds: wait and relaunch.
             outcome, reason = "capacity-error", f"MaxWaitTimeExceeded: {reason}"
@@ -381,6 +408,50 @@ class Intake:
         if not started:
             return IntakeResult("ignored", f"{event.event_type_code}: no managed run on {', '.join(event.instance_ids)}")
         return IntakeResult("accepted", f"scheduled-change: checkpoint asked of {', '.join(started)}", started[0])
+
+    # -- Batch's own preemption of service jobs --------------------------------------------
+    # The controller never submits Batch service jobs, but a team may run its SageMaker
+    # training through a Batch service queue and tag the job so that the controller adopts
+    # its training job (it then counts in a pool and can be a victim). When Batch's quota
+    # management preempts such a service job, the training job is asked for a checkpoint
+    # while it still runs, and the preemption is accounted on the job.
+    def _service_job_changed(self, event: "ev.BatchServiceJobStateChanged") -> IntakeResult:
+        if event.training_job is None:
+            return IntakeResult("ignored", f"service job {event.service_job_id} is {event.status}: no training job yet")
+        self.store.put_service_job_alias(event.service_job_id, event.training_job)
+        return IntakeResult("accepted", f"service job {event.service_job_id} runs training job {event.training_job}")
+
+    def _service_job_preempted(self, event: "ev.BatchServiceJobPreemption", now: float) -> IntakeResult:
+        if event.phase == "started":
+            training = self.store.service_job_training_job(event.service_job_id)
+            found = self.store.find_run("sagemaker", training) if training else None
+            if found is None:
+                return IntakeResult("ignored", f"batch-preemption: service job {event.service_job_id} runs no job the controller knows")
+            name, incarnation = found
+            payload = {"job": name, "incarnation": incarnation, "instance_id": "", "stop": False,
+                       "reason": f"batch-preemption: {event.status_reason or 'quota reclaim'}"[:200]}
+            self.workflows.start("spot", execution_name(name, str(incarnation), event.event_id), payload)
+            self.store.log(name, now, "batch-preempting", "batch-quota-reclaim",
+                           f"Batch preempts service job {event.service_job_id}: checkpoint asked while it still runs")
+            return IntakeResult("accepted", f"batch-preemption: checkpoint asked of {name}", name)
+        accounted = []
+        for training in event.stopped_training_jobs:
+            found = self.store.find_run("sagemaker", training)
+            record = self.store.get(found[0]) if found else None
+            if record is None:
+                continue
+            since = record.last_checkpoint_at if record.last_checkpoint_at is not None else record.started_at or now
+            at_risk = record.gpus * max(0.0, now - since)
+            self.store.log(
+                record.name, now, "batch-preempted", "batch-quota-reclaim",
+                f"Batch preempted {training} ({event.preempted_attempts} preemption(s) of service job {event.service_job_id}); "
+                f"about {at_risk:.0f} GPU-seconds since its last checkpoint",
+                lost_gpu_seconds=at_risk, service_job=event.service_job_id,
+            )
+            accounted.append(record.name)
+        if not accounted:
+            return IntakeResult("ignored", f"batch-preemption: service job {event.service_job_id} stopped no job the controller knows")
+        return IntakeResult("accepted", f"batch-preemption: accounted on {', '.join(accounted)}", accounted[0])
 
     def _checkpoint_written(self, event: "ev.CheckpointWritten", now: float) -> IntakeResult:
         """Keep each job's last checkpoint time current, so victims are ranked by the work

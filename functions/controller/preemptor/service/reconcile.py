@@ -40,6 +40,7 @@ class Repair(StrEnum):
     ORPHANED_LEASE_CLEARED = "orphaned-lease-cleared"  # a holder died with the pool's lease
     USAGE_RECOUNTED = "usage-recounted"  # the pool's used GPUs drifted from its holders
     UNKNOWN_RUN_STOPPED = "unknown-run-stopped"  # a managed run no job accounts for: stopped
+    STUCK_RUNNABLE_REQUEUED = "stuck-runnable-requeued"  # a Batch run found no capacity: a capacity wait
 
 
 def reconcile(
@@ -65,7 +66,9 @@ def reconcile(
         except Exception as error:  # noqa: BLE001 - one pool's failure (throttled, say) never stops the others
             errors.append({"pool": pool.name, "error": type(error).__name__, "detail": str(error)[:500]})
     try:
-        repairs += _stop_unknown_runs(store, runners, settings, now, errors)
+        # A run this pass has just stopped is still live for a while (its grace): not unknown.
+        stopped = {r["run_id"] for r in repairs if r.get("repair") == Repair.STUCK_RUNNABLE_REQUEUED.value and r.get("run_id")}
+        repairs += _stop_unknown_runs(store, runners, settings, now, errors, stopped)
     except Exception as error:  # noqa: BLE001 - retried at the next run
         errors.append({"pool": "*", "error": type(error).__name__, "detail": str(error)[:500]})
     configured = {p.name for p in settings.pools}
@@ -97,6 +100,11 @@ def _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now,
         if repair:
             repairs.append(repair)
             schedule = schedule or repair["repair"] != Repair.MISSED_END.value or repair.get("released", False)
+            if repair.get("wait_s"):
+                # A capacity wait: plan the pool again once its backoff is over.
+                workflows.start(
+                    "schedule", execution_name("backoff", record.name, f"{int(now)}"), {"pool": pool.name, "wait_s": repair["wait_s"]}
+                )
     recount = _recount_usage(store, pool.name, now)
     if recount.get("repair"):
         repairs.append(recount)
@@ -108,7 +116,7 @@ def _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now,
 
 
 def _stop_unknown_runs(
-    store: JobsStore, runners: dict[str, Runner], settings: Settings, now: float, errors: list[dict]
+    store: JobsStore, runners: dict[str, Runner], settings: Settings, now: float, errors: list[dict], stopped: set[str] = frozenset()
 ) -> list[dict]:
     """Stop every live run the controller launched that no job accounts for.
 
@@ -124,13 +132,16 @@ def _stop_unknown_runs(
     """
     queues: dict[str, set[str | None]] = {}
     for pool in settings.pools:
-        queues.setdefault(pool.service, set()).add(pool.job_queue if pool.service == "batch" else None)
+        if pool.service == "batch":
+            queues.setdefault(pool.service, set()).update([pool.job_queue, *pool.fallback_job_queues])
+        else:
+            queues.setdefault(pool.service, set()).add(None)
     repairs = []
     for service, service_queues in sorted(queues.items()):
         runner = runners[service]
         for queue in sorted(service_queues, key=str):
             for run in runner.live_runs(queue):
-                if now - run.created_at < UNKNOWN_RUN_GRACE_S:
+                if now - run.created_at < UNKNOWN_RUN_GRACE_S or run.run_id in stopped:
                     continue
                 try:
                     repair = _check_live_run(store, runner, service, run, now)
@@ -232,12 +243,35 @@ def _check_run(store: JobsStore, runners: dict[str, Runner], settings: Settings,
             store=store, policy=settings.policy, job=record.name, incarnation=record.incarnation, fresh=False, phase="stopped", now=now
         )
         return {"job": record.name, "pool": record.pool, "repair": Repair.STUCK_PREEMPTION_REQUEUED.value, **result}
+    if alive and record.status is JobState.RUNNING and state.service_status in BATCH_WAITING:
+        return _check_runnable(store, runners, settings, record, state.service_status, now)
     if alive:
         return None
     outcome = "failed" if state is None else {"stopped": "cancelled"}.get(state.phase, state.phase)
     reason = "reconcile: run not found" if state is None else f"reconcile: missed end event ({state.service_status})"
     result = actions.finish(store=store, policy=settings.policy, job=record.name, incarnation=record.incarnation, outcome=outcome, reason=reason, now=now)
     return {"job": record.name, "pool": record.pool, "repair": Repair.MISSED_END.value, **result}
+
+
+# Batch statuses of a job that has not found its instances yet.
+BATCH_WAITING = ("SUBMITTED", "PENDING", "RUNNABLE")
+
+
+def _check_runnable(store: JobsStore, runners: dict[str, Runner], settings: Settings, record, status: str, now: float) -> dict | None:
+    """A Batch run still waiting for instances past its pool's `runnable_timeout_s` met no
+    capacity: it is terminated and the job waits out a backoff, then launches again (on the
+    pool's next queue, when it has fallbacks: the queue is remembered as unavailable)."""
+    pool = settings.pool(record.pool)
+    waited = now - (record.started_at or now)
+    if pool is None or waited < pool.runnable_timeout_s:
+        return None
+    queue = record.launched_instance_type or pool.job_queue
+    store.log(
+        record.name, now, "stuck-runnable", Repair.STUCK_RUNNABLE_REQUEUED.value,
+        f"run {record.run_id} still {status} after {waited:.0f} s in {queue} (limit {pool.runnable_timeout_s} s): terminated",
+    )
+    result = actions.no_capacity_in_queue(store=store, runners=runners, record=record, reason=f"{status} for {waited:.0f} s in {queue}", now=now)
+    return {"job": record.name, "pool": record.pool, "repair": Repair.STUCK_RUNNABLE_REQUEUED.value, "run_id": record.run_id, **result}
 
 
 def _spare_stuck_victim(store: JobsStore, settings: Settings, record, now: float) -> dict | None:

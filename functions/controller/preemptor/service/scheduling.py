@@ -16,17 +16,21 @@ it already reserved instead of reserving again or losing it.
 from __future__ import annotations
 
 import hashlib
+import math
+from collections import Counter
 from dataclasses import dataclass, field
 
+from ..adapters.checkpoints import CheckpointStore
 from ..adapters.store import JobsStore
 from ..adapters.workflows import execution_name
 from ..config import Mode, Settings
 from ..core.errors import ConflictError
 from ..core.jobs import JobRecord
-from ..core.model import Decision, JobState, PastPreemption, Pool, Snapshot, TeamUsage
+from ..core.model import Decision, JobState, PastPreemption, Pool, Reason, Snapshot, TeamUsage
 from ..core.policy import Policy
 from ..core.explain import explain_job
 from ..core.planner import plan
+from . import learning
 
 # The lease covers planning only (a plan step takes seconds; the plan Lambda times out
 # after 60 s and a retry keeps the lease, being the same owner). A holder that died keeps
@@ -53,6 +57,15 @@ class CycleResult:
     oldest_wait_s: dict[str, float] = field(default_factory=dict)
     rerun: bool = False  # work arrived while the lease was held: plan again
     retried: bool = False  # a retried step: what this cycle had reserved was returned again
+    # For the metrics (not the workflow): pending jobs per tier, and the pool's GPUs held
+    # (running, admitted or being stopped) out of its capacity once this cycle's admissions count.
+    depth_by_tier: dict[str, int] = field(default_factory=dict)
+    used_gpus: int | None = None
+    capacity_gpus: int | None = None
+    # When a job waits out its preemption delay, the pool is planned again once the earliest
+    # such delay ends: nothing else would wake it then.
+    wake_s: int | None = None
+    wake_at: int | None = None  # its epoch second: one wake-up per pool and moment, whichever cycle asks
 
     def to_dict(self) -> dict:
         return {
@@ -70,6 +83,7 @@ class CycleResult:
             "retried": self.retried,
             "max_cycles": MAX_CYCLES,
             "continue_as": continuation_name(self.pool, self.owner),
+            **({"wake_s": self.wake_s, "wake_as": execution_name("wake", self.pool[:40], str(self.wake_at))} if self.wake_s else {}),
         }
 
 
@@ -124,6 +138,7 @@ def plan_cycle(
     owner: str,
     now: float,
     cycle: int = 0,
+    checkpoints: CheckpointStore | None = None,
 ) -> CycleResult:
     """Plan one pool under its lease, reserve the decision's admissions and victims, and
     let the lease go (`rerun` tells whether work arrived meanwhile).
@@ -138,6 +153,8 @@ def plan_cycle(
     if stored is None or stored.get("capacity_gpus") != pool_cfg.capacity_gpus:
         store.ensure_pool(pool_name, pool_cfg.capacity_gpus)
     workflow_settings = settings.policy.workflow_settings(pool_name)
+    if stored is not None and stored.get("drained"):
+        return _drained_cycle(store, settings, pool_name, owner, now, workflow_settings)
     if not store.acquire_lease(pool_name, owner, now, LEASE_TTL_S):
         return CycleResult(pool_name, owner, False, [], [], [], workflow_settings)
 
@@ -151,19 +168,68 @@ def plan_cycle(
         if e.verdict.value in ("wait", "skip")
     ]
     waits = oldest_wait_by_tier(pending, settings.policy, now)
+    depth = Counter(settings.policy.tier_of(r.priority) for r in pending)
+    gauges = {"depth_by_tier": dict(depth), "capacity_gpus": pool_cfg.capacity_gpus}
     if settings.mode is Mode.SHADOW:
         _log_shadow(store, decision, now)
         rerun = store.release_lease(pool_name, owner)
-        return CycleResult(pool_name, owner, True, [], [], waiting, workflow_settings, waits, rerun)
+        held = sum(r.gpus for r in active if r.status.holds_capacity)
+        return CycleResult(pool_name, owner, True, [], [], waiting, workflow_settings, waits, rerun, used_gpus=held, **gauges)
 
     by_name = {r.name: r for r in pending + active}
     _fail_exhausted(store, decision, by_name, now)
-    admits = earlier_admits + _reserve_admissions(store, decision, by_name, pool_cfg.capacity_gpus, now, mark)
+    new_admits = _reserve_admissions(store, decision, by_name, pool_cfg.capacity_gpus, now, mark)
+    admits = earlier_admits + new_admits
     preemptions = earlier_victims + _mark_victims(store, decision, by_name, now, mark)
+    if checkpoints is not None and decision.checkpoint_requests:
+        learning.request_ahead(store, checkpoints, decision, by_name, now)  # issue 10: ahead of preemption
     store.remember_waits(pool_name, waiting, now)
     rerun = store.release_lease(pool_name, owner)
     retried = bool(earlier_admits or earlier_victims)
-    return CycleResult(pool_name, owner, True, admits, preemptions, waiting, workflow_settings, waits, rerun, retried)
+    held = sum(r.gpus for r in active if r.status.holds_capacity) + sum(a["gpus"] for a in new_admits)
+    wake = _next_wake_s(decision, by_name, active, settings.policy, pool_name, now)
+    return CycleResult(
+        pool_name, owner, True, admits, preemptions, waiting, workflow_settings, waits, rerun, retried, used_gpus=held,
+        wake_s=wake, wake_at=None if wake is None else math.ceil(now) + wake, **gauges,
+    )
+
+
+# A longer delay is planned again after this much, and again: reconcile plans every pool
+# every 5 minutes besides.
+MAX_WAKE_S = 300
+
+
+def _next_wake_s(decision: Decision, by_name: dict[str, JobRecord], active: list[JobRecord], policy: Policy, pool: str, now: float) -> int | None:
+    """Seconds until the earliest preemption delay of a waiting job runs out (at most
+    MAX_WAKE_S). A victim's minimum runtime is left to reconcile and the next event: it runs
+    for an hour or more, and the wait alarm escalates a job kept waiting by it."""
+    knobs = policy.for_pool(pool)
+    ends: list[float] = []
+    waiting = [e for e in decision.explanations if e.verdict.value in ("wait", "skip")]
+    for e in waiting:
+        if e.reason is Reason.PREEMPTION_DELAYED and e.job in by_name:
+            record = by_name[e.job]
+            delay = knobs.tier_preemption_delay_s.get(policy.tier_of(record.priority), knobs.preemption_delay_s)
+            ends.append((record.pending_since or record.submitted_at) + delay)
+    future = [t - now for t in ends if t > now]
+    return min(MAX_WAKE_S, math.ceil(min(future)) + 1) if future else None
+
+
+# Why every pending job of a drained pool waits (`preemptor drain POOL`).
+POOL_DRAINED = "pool-drained"
+
+
+def _drained_cycle(
+    store: JobsStore, settings: Settings, pool_name: str, owner: str, now: float, workflow_settings: dict
+) -> CycleResult:
+    """A drained pool is not planned: nothing is admitted, nothing preempted. Its pending
+    jobs wait for the operator, which the pool item records for `explain` and `queue`."""
+    pending = store.pending(pool_name, settings.pending_window)
+    detail = f"pool {pool_name} is drained: it admits nothing new and preempts nothing until undrained"
+    waiting = [{"job": r.name, "reason": POOL_DRAINED, "detail": detail} for r in pending]
+    store.remember_waits(pool_name, waiting, now)
+    waits = oldest_wait_by_tier(pending, settings.policy, now)
+    return CycleResult(pool_name, owner, True, [], [], waiting, workflow_settings, waits)
 
 
 def _reserved_by(active: list[JobRecord], mark: str) -> tuple[list[dict], list[dict]]:
@@ -186,6 +252,7 @@ def _victim_item(victim: JobRecord, preemptor: str, marked_at: float, lost_gpu_s
         "job": victim.name,
         "incarnation": victim.incarnation,
         "preemptor": preemptor,
+        "team": victim.team,  # the owner notice's `team` attribute (teams subscribe by it)
         "gpus": victim.gpus,
         "execution": execution,
         "then": then,
@@ -287,6 +354,8 @@ def _mark_victims(
                     preempting_since=now,
                     last_checkpoint_at=victim.last_checkpoint_at,
                     decided_by=mark,
+                    # issue 10: the workflow does not ask (a fresh checkpoint it confirms as before)
+                    stop_at_once=not p.wait_for_checkpoint and p.stop is not Reason.CHECKPOINT_FRESH,
                 ),
                 expect=[JobState.RUNNING],
             )
@@ -310,7 +379,11 @@ def _mark_victims(
         )
         store.log(p.preemptor, now, "preempting", "preempts-lower-priority", f"stopping {victim.name} ({victim.gpus} GPUs)")
         store.nominate(p.preemptor, now)
-        marked.append(_victim_item(victim, p.preemptor, now, p.lost_gpu_seconds))
+        item = _victim_item(victim, p.preemptor, now, p.lost_gpu_seconds)
+        item["reason"] = p.reason.value  # for the metrics: preemptions by reason
+        if p.checkpoint_age_s is not None:
+            item["checkpoint_age_s"] = round(p.checkpoint_age_s, 3)
+        marked.append(item)
     return marked
 
 
@@ -333,4 +406,8 @@ def _log_shadow(store: JobsStore, decision: Decision, now: float) -> None:
     for a in decision.admits:
         store.log(a.job, now, "shadow-admit", a.reason.value, "shadow mode: would admit")
     for p in decision.preemptions:
-        store.log(p.victim, now, "shadow-preempt", p.reason.value, f"shadow mode: would preempt for {p.preemptor}")
+        store.log(
+            p.victim, now, "shadow-preempt", p.reason.value,
+            f"shadow mode: would preempt for {p.preemptor}, losing {p.lost_gpu_seconds:.0f} GPU-seconds",
+            preemptor=p.preemptor, lost_gpu_seconds=p.lost_gpu_seconds,
+        )

@@ -16,10 +16,13 @@ from dataclasses import dataclass, field
 from typing import Callable, TextIO
 
 from preemptor.core.model import JobState
+from .alarms import WaitAlarm
 from .clock import SimClock
 from .fleet import FleetStop, SimulatedFleet
 from .hostile import HostileWorld, StopAttempt
-from .scenario import DEFAULT_SCENARIO, ROLE_ARN, CapacityError, Chaos, Scenario, StoppedByHand, local_pool, submission_event
+from .scenario import (
+    DEFAULT_SCENARIO, ROLE_ARN, CapacityError, Chaos, Scenario, StoppedByHand, local_pool, submission_event, team_launch_request,
+)
 from preemptor.service.scheduling import explain as explaining
 from .stack import EmulatedStack, RoutedEvent
 
@@ -73,19 +76,22 @@ def run(
     tick_s: float = TICK_S,
     explain: list[str] = (),
     on_stack: Callable[[EmulatedStack], None] | None = None,
+    metrics: list[dict] | None = None,
 ) -> DemoResult:
     """Replay `scenario` on the emulated stack; returns the timeline, the report, and the
     `explain` answer for each job named in `explain`, as it stands at the end.
     `on_stack` is called with the started stack (before any event) and again at the end,
-    for instruments such as the running-cost benchmark."""
+    for instruments such as the running-cost benchmark. `metrics`, when given, receives every
+    EMF document the functions emit (their metrics are off otherwise)."""
     clock = SimClock(START)
     parameters = {
         "PoolsConfig": json.dumps([local_pool(p).model_dump(exclude_none=True) for p in scenario.pools]),
         "PolicyConfig": json.dumps(scenario.policy),
         # What IAM lets the controller launch (tests/unit/test_iam.py evaluates every call).
         "ManagedRoleArnForTraining": ROLE_ARN,
+        "Mode": scenario.mode,
         "TrainingInstanceTypes": ",".join(
-            sorted({t for p in scenario.pools if p.service == "sagemaker" for t in p.offerings})
+            sorted({t for p in scenario.pools if p.service == "sagemaker" for t in p.instance_types})
         ) or "ml.p5.48xlarge",
     }
     result = DemoResult()
@@ -95,7 +101,7 @@ def run(
         if scenario.hostile
         else None
     )
-    with EmulatedStack(clock, parameters=parameters, hostile=hostile) as stack:
+    with EmulatedStack(clock, parameters=parameters, hostile=hostile, metrics=metrics) as stack:
         fleet = SimulatedFleet(
             clock,
             stack.client("s3"),
@@ -107,11 +113,14 @@ def run(
         )
         for fault in scenario.faults:
             if isinstance(fault, CapacityError):
-                fleet.capacity_outage(fault.pool, START + fault.at, START + fault.at + fault.duration, fault.instance_type)
+                fleet.capacity_outage(
+                    fault.pool, START + fault.at, START + fault.at + fault.duration,
+                    fault.job_queue or fault.instance_type, fault.capacity_type,
+                )
         if on_stack:
             on_stack(stack)
         try:
-            _create_batch_queues(stack, scenario)
+            create_batch_queues(stack, scenario)
             _replay(stack, fleet, clock, scenario, tick_s, result)
         finally:
             fleet.close()
@@ -171,11 +180,20 @@ def _replay(
             result.timeline.append(entry)
 
     store = stack.deps().store
+    alarm = WaitAlarm(stack)  # CloudWatch's part: moto evaluates no alarm
     changed = True
     while True:
         elapsed = clock.now() - START
         while submissions and submissions[0].submit_at <= elapsed:
             job = submissions.pop(0)
+            if job.launched_by == "team":
+                # Outside the controller: the team creates its run itself; the fleet's
+                # events tell the controller, which adopts it.
+                stack.client("sagemaker").create_training_job(**team_launch_request(job, scenario.pool(job.pool), bucket))
+                result.timeline.append(TimelineEntry(elapsed, "workload", job.name, "launched by its team", "CreateTrainingJob outside the controller"))
+                stack.pump(on_event)
+                changed = True
+                continue
             event = submission_event(job, scenario.pool(job.pool), bucket, clock.now(), stack.region)
             if stack.hostile is not None:
                 stack.emit(event)  # duplicated and delayed like any other event
@@ -212,6 +230,7 @@ def _replay(
                 target = min(target, START + getattr(upcoming[0], "submit_at", getattr(upcoming[0], "at", 0)))
         clock.advance_to(target)
         changed = stack.pump(on_event) > 0
+        changed = alarm.tick(on_event) > 0 or changed
         if stack.hostile is not None:
             # The level-triggered safety net (reconcile every few minutes) is what repairs
             # what a hostile world breaks; a calm demo reads better without its noise.
@@ -236,7 +255,12 @@ def pool_classifier(scenario: Scenario):
     """(pool, GPUs) of a run from what it asked the service for: a SageMaker run by its
     instance type and count, a Batch run by its job queue and GPU resource requirement."""
     sagemaker = {p.instance_type: p for p in scenario.pools if p.service == "sagemaker" and p.instance_type}
-    batch = {f"{p.name}-queue": p for p in scenario.pools if p.service == "batch"}
+    batch = {
+        queue: p
+        for p in scenario.pools
+        if p.service == "batch"
+        for queue in (local_pool(p).job_queue, *p.fallback_job_queues)
+    }
 
     def classify(service: str, request: dict) -> tuple[str, int] | None:
         if service == "sagemaker":
@@ -275,6 +299,8 @@ def _event_entry(routed: RoutedEvent, at: float) -> TimelineEntry | None:
         what = f"SageMaker {status}" + (f"/{secondary}" if secondary and secondary != status else "")
     elif event.get("source") == "aws.batch":
         name, what = detail.get("jobName", "?"), f"Batch {detail.get('status')}"
+    elif event.get("source") == "aws.cloudwatch":
+        name, what = detail.get("alarmName", "?"), f"Alarm {(detail.get('state') or {}).get('value')}"
     elif event.get("source") == "aws.ec2":
         name, what = detail.get("instance-id", "?"), event.get("detail-type", "?").replace("EC2 ", "")[:22]
     else:
@@ -282,7 +308,7 @@ def _event_entry(routed: RoutedEvent, at: float) -> TimelineEntry | None:
     return TimelineEntry(at, "aws", name, what, f"intake: {outcome['outcome']} ({outcome['reason']})")
 
 
-def _create_batch_queues(stack: EmulatedStack, scenario: Scenario) -> None:
+def create_batch_queues(stack: EmulatedStack, scenario: Scenario) -> None:
     batch = stack.client("batch")
     batch_pools = [p for p in scenario.pools if p.service == "batch"]
     if not batch_pools:
@@ -295,12 +321,10 @@ def _create_batch_queues(stack: EmulatedStack, scenario: Scenario) -> None:
         ce = batch.create_compute_environment(
             computeEnvironmentName=f"{pool.name}-ce", type="UNMANAGED", state="ENABLED", serviceRole=role
         )["computeEnvironmentArn"]
-        batch.create_job_queue(
-            jobQueueName=f"{pool.name}-queue",
-            state="ENABLED",
-            priority=1,
-            computeEnvironmentOrder=[{"order": 1, "computeEnvironment": ce}],
-        )
+        for queue in (local_pool(pool).job_queue, *pool.fallback_job_queues):
+            batch.create_job_queue(
+                jobQueueName=queue, state="ENABLED", priority=1, computeEnvironmentOrder=[{"order": 1, "computeEnvironment": ce}]
+            )
         batch.register_job_definition(
             jobDefinitionName=f"{pool.name}-training",
             type="container",
@@ -341,13 +365,19 @@ def build_report(store, scenario: Scenario) -> dict:
                 "wait_s": wait,
                 "preemptions": sum(1 for e in mine if e["reason"] == "preempted"),
                 # Stops before a spot instance goes away, and SageMaker managed-spot interruptions
-                "interruptions": sum(1 for e in mine if e["reason"] == "interrupted") + kinds.count("spot-interrupted"),
+                # (and Batch's own preemptions of a service job whose training job it adopted)
+                "interruptions": sum(1 for e in mine if e["reason"] == "interrupted") + kinds.count("spot-interrupted")
+                + kinds.count("batch-preempted"),
                 "lost_gpu_seconds": round(r.lost_gpu_seconds, 3),
                 "incarnations": r.incarnation,
                 # Runs created (first launch and relaunches) plus launches the service refused.
                 "relaunches": kinds.count("relaunched"),
                 "launch_attempts": kinds.count("launched") + kinds.count("relaunched") + refused_at_create,
                 "capacity_waits": kinds.count("capacity-wait"),
+                # Across its incarnations: the time its runs held GPUs, and the work its
+                # checkpoints carried from one incarnation to the next.
+                "runtime_s": round(_runtime_s(own, r), 3),
+                "work_carried_s": round(r.work_done_s, 3),
             }
         )
     details = []
@@ -366,7 +396,22 @@ def build_report(store, scenario: Scenario) -> dict:
                 "lost_gpu_seconds": round(entry["extra"].get("lost_gpu_seconds", 0.0), 3),
             }
         )
+    shadow, seen = [], set()
+    for e in history:
+        if e["kind"] in ("shadow-admit", "shadow-preempt"):
+            key = (e["kind"], e["job"], e["extra"].get("preemptor"))
+            if key not in seen:
+                seen.add(key)
+                item = {"at_s": round(e["at"] - START, 3), "would": e["kind"].removeprefix("shadow-"), "job": e["job"], "reason": e["reason"]}
+                if e["extra"].get("preemptor"):
+                    item |= {"for": e["extra"]["preemptor"], "lost_gpu_seconds": round(e["extra"].get("lost_gpu_seconds", 0.0), 3)}
+                shadow.append(item)
     return {
+        "mode": scenario.mode,
+        # What the controller itself did: in shadow mode, nothing (its would-be decisions are `shadow`)
+        "controller_launches": sum(1 for e in history if e["kind"] in ("launched", "relaunched")),
+        "controller_stops": sum(1 for e in history if e["kind"] == "stop-requested"),
+        "shadow": shadow,
         "jobs": jobs,
         "preemptions": sum(j["preemptions"] for j in jobs),
         "interruptions": sum(j["interruptions"] for j in jobs),
@@ -380,6 +425,26 @@ def build_report(store, scenario: Scenario) -> dict:
             if not r.status.is_terminal
         ],
     }
+
+
+_RUN_STARTS = ("launched", "relaunched")
+_RUN_ENDS = ("requeued", "capacity-wait", "completed", "failed", "cancelled")
+
+
+def _runtime_s(own: list[dict], record) -> float:
+    """Seconds the job's runs held their GPUs, summed over its incarnations, from its decision
+    log (a run starts when it is launched, ends when it is requeued, waits for capacity or
+    ends); a run still going counts up to its record's last change."""
+    total, started = 0.0, None
+    for e in own:
+        if e["kind"] in _RUN_STARTS:
+            started = e["at"]
+        elif e["kind"] in _RUN_ENDS and started is not None:
+            total += e["at"] - started
+            started = None
+    if started is not None and record.ended_at is not None:
+        total += record.ended_at - started
+    return total
 
 
 def _last_reason(record, history: list[dict]) -> str | None:
@@ -414,9 +479,21 @@ def print_result(result: DemoResult, out: TextIO) -> None:
         f"stops without a fresh checkpoint: {report['stops_without_fresh_checkpoint']}\n"
     )
     for p in report["preemption_details"]:
-        check = "checkpoint confirmed before the stop" if p["checkpoint_confirmed_before_stop"] else "NO fresh checkpoint"
+        check = (
+            "checkpoint confirmed before the stop" if p["checkpoint_confirmed_before_stop"]
+            else "stopped at once, its last checkpoint fresh" if p["fresh_checkpoint"]
+            else "NO fresh checkpoint"
+        )
         why = f"preempted for {p['preemptor']}" if p["kind"] == "preempted" else "stopped before its spot instance went away"
         out.write(f"  {p['victim']} {why} at {_duration(p['at_s'])}: {check}\n")
+    if report.get("mode") == "shadow":
+        out.write(
+            f"  shadow mode: the controller launched {report['controller_launches']} and stopped "
+            f"{report['controller_stops']} jobs; enforce mode would have:\n"
+        )
+        for w in report["shadow"]:
+            what = f"preempted {w['job']} for {w['for']} (losing {w['lost_gpu_seconds']:,.0f} GPU-seconds)" if w["would"] == "preempt" else f"admitted {w['job']}"
+            out.write(f"    at {_duration(w['at_s'])}: {what} [{w['reason']}]\n")
     for pool in report.get("pools", []):
         out.write(
             f"  pool {pool['name']}: at most {pool['max_gpus_in_use']} of {pool['capacity_gpus']} GPUs in use "

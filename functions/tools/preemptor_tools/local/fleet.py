@@ -71,6 +71,7 @@ CHECKPOINT_REQUEST_KEY = "_preemptor/checkpoint-request.json"
 _BATCH_EXIT_REASON = "Essential container in task exited"
 # SageMaker's answer when it cannot provision the instances (FailureReason of the job).
 CAPACITY_ERROR = "CapacityError: Unable to provision requested ML compute capacity. Please retry using a different ML instance type."
+SPOT_WAIT_EXCEEDED = "Training job exceeded MaxWaitTimeInSeconds provided without spot capacity"
 
 # Fields of CreateTrainingJob that real "SageMaker Training Job State Change" events repeat.
 _SAGEMAKER_DETAIL_FIELDS = (
@@ -205,7 +206,7 @@ class SimulatedFleet:
         self._emit = emit
         self._startup_s = {SAGEMAKER: sagemaker_startup_s, BATCH: batch_startup_s}
         self._stop_grace_s = {SAGEMAKER: sagemaker_stop_grace_s, BATCH: batch_stop_grace_s}
-        self._capacity_outages: list[tuple[str, str | None, float, float]] = []  # (pool, type, from, until)
+        self._capacity_outages: list[tuple[str, str | None, str | None, float, float]] = []  # (pool, type, market, from, until)
         self._checkpoint_write_s = checkpoint_write_s
         self._checkpoint_on_stop = checkpoint_on_stop
         self._new_id = id_factory or (lambda: str(uuid.uuid4()))
@@ -497,27 +498,71 @@ class SimulatedFleet:
             return self._end(job, t, completed=job.stop_requested_at is None)
         if kind == "stopped":
             return self._end(job, t, completed=False)
+        if kind == "spot_wait_exceeded":
+            job.final_progress = 0.0
+            job.phase = "ended"
+            self._occupy(job, -1)
+            moto_patches.set_training_job_status(job.name, "Failed", "MaxWaitTimeExceeded", SPOT_WAIT_EXCEEDED)
+            job.status = "Failed/MaxWaitTimeExceeded"
+            self._record(t, job, f"Failed: {SPOT_WAIT_EXCEEDED}")
+            self._emit(self._sagemaker_event(job))
+            return True
         if kind == "instance_terminated":
             job.stop_reason = f"Host EC2 (instance {transition.payload}) terminated."
             return self._end(job, t, completed=False)
         raise ValueError(f"unknown fleet transition {kind!r}")
 
-    def capacity_outage(self, pool: str, start: float, end: float, instance_type: str | None = None) -> None:
+    def capacity_outage(
+        self, pool: str, start: float, end: float, instance_type: str | None = None, capacity_type: str | None = None
+    ) -> None:
         """From `start` to `end` (epoch seconds), SageMaker cannot provision `pool`'s
-        instances (of `instance_type` only, when given): a training job that would start then
-        fails with SageMaker's `CapacityError`, as on AWS (created, then Failed), holding no GPU."""
-        self._capacity_outages.append((pool, instance_type, start, end))
+        instances (of `instance_type` only, and on `capacity_type` ("spot" or "on-demand")
+        only, when given; for a Batch pool, `instance_type` names one of its queues). A Batch
+        job stays RUNNABLE until the outage ends. An on-demand training job that would start then fails with
+        SageMaker's `CapacityError`, as on AWS (created, then Failed), holding no GPU; a
+        managed-spot one waits for spot capacity, and fails `MaxWaitTimeExceeded` when its
+        wait (MaxWaitTimeInSeconds less MaxRuntimeInSeconds) runs out first."""
+        self._capacity_outages.append((pool, instance_type, capacity_type, start, end))
 
-    def _out_of_capacity(self, job: _Job, t: float) -> bool:
-        if job.service != SAGEMAKER:
-            return False
-        its_type = (job.request.get("ResourceConfig") or {}).get("InstanceType")
-        return any(p == job.pool and (k is None or k == its_type) and a <= t < b for p, k, a, b in self._capacity_outages)
+    def _outage_end(self, job: _Job, t: float) -> float | None:
+        """When the capacity outage that `job` meets at `t` ends; None when it meets none."""
+        if job.service == SAGEMAKER:
+            its_type = (job.request.get("ResourceConfig") or {}).get("InstanceType")
+            market = "spot" if job.request.get("EnableManagedSpotTraining") else "on-demand"
+        else:  # a Batch job: by its queue (its compute environments' capacity)
+            its_type, market = str(job.request.get("jobQueue", "")).rsplit("/", 1)[-1], None
+        ends = [
+            b for p, k, c, a, b in self._capacity_outages
+            if p == job.pool and (k is None or k == its_type) and (c is None or market is None or c == market) and a <= t < b
+        ]
+        return max(ends) if ends else None
+
+    def _spot_deadline(self, job: _Job) -> float | None:
+        """A managed-spot job's last moment to find spot capacity; None for on-demand."""
+        if not job.request.get("EnableManagedSpotTraining"):
+            return None
+        stopping = job.request.get("StoppingCondition") or {}
+        wait = stopping.get("MaxWaitTimeInSeconds", 0) - stopping.get("MaxRuntimeInSeconds", 86_400)
+        return job.created_at + max(0, wait)
 
     def _start(self, job: _Job, t: float) -> bool:
         if job.stop_requested_at is not None and job.phase == "starting":
             return False  # the stop already ended it (scheduled at the request)
-        if self._out_of_capacity(job, t):
+        outage_end = self._outage_end(job, t)
+        deadline = self._spot_deadline(job)
+        if outage_end is not None and job.service == BATCH:
+            # No instances for the queue: the job stays RUNNABLE until capacity returns (or
+            # someone terminates it), as Batch leaves it.
+            self._schedule(outage_end, job, "start")
+            return False
+        if outage_end is not None and deadline is not None:
+            if outage_end < deadline:
+                self._record(t, job, "waiting for spot capacity")
+                self._schedule(outage_end, job, "start")
+                return False
+            self._schedule(max(t, deadline), job, "spot_wait_exceeded")
+            return False
+        if outage_end is not None:
             job.final_progress = 0.0
             job.phase = "ended"
             self._occupy(job, -1)

@@ -15,8 +15,10 @@ Batch pools take `gpus` per job instead of `instances`, and may list spot interr
 A hostile world (see `hostile.py`): `chaos: {seed, throttle_rate, duplicate_rate, reorder_rate,
 transaction_conflict_rate, crash_rate}` and `faults: [{type: stop_denied, at, job, duration},
 {type: stopped_by_hand, at, job}, {type: workflow_crash, at}, {type: capacity_error, at, pool,
-duration}, {type: spot_interruption, at, job}]`. Batch pools described by instances
-(`instance_type`, `instances`, `gpus_per_instance`) take `instances` on jobs.
+duration, instance_type?, capacity_type?}, {type: spot_interruption, at, job}]`. Batch pools
+described by instances (`instance_type`, `instances`, `gpus_per_instance`) take `instances` on
+jobs. Pools take `capacity_type: spot | on-demand` (and `on_demand_fallback: true` for a spot
+pool that may fall back to on-demand), as the controller's pool configuration does.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ class ScenarioJob(BaseModel):
     checkpoint_every: float | None = Field(default=None, gt=0)
     instances: int | None = Field(default=None, gt=0)
     gpus: int | None = Field(default=None, gt=0)
+    # "team": the team launches the training job itself in SageMaker, tagged with its team,
+    # priority and pool (and preemptor:managed=true: it may be preempted); the controller
+    # only learns of it from its events and adopts it. "controller": submitted to the bus.
+    launched_by: Literal["controller", "team"] = "controller"
 
 
 class SpotInterruption(BaseModel):
@@ -104,8 +110,10 @@ class WorkflowCrash(BaseModel):
 
 
 class CapacityError(BaseModel):
-    """From `at` for `duration` seconds, SageMaker cannot provision `pool`'s instances:
-    every training job that would start there fails with FailureReason `CapacityError`."""
+    """From `at` for `duration` seconds, the service cannot provision `pool`'s instances:
+    a SageMaker training job that would start there fails with FailureReason
+    `CapacityError` (a managed-spot one waits for spot, then fails `MaxWaitTimeExceeded`); a
+    Batch job stays RUNNABLE (in `job_queue` only, when given)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -114,6 +122,14 @@ class CapacityError(BaseModel):
     pool: str
     duration: float = Field(gt=0)
     instance_type: str | None = None  # only this instance type (a pool's fallbacks still have capacity)
+    capacity_type: Literal["spot", "on-demand"] | None = None  # only spot, or only on-demand, capacity
+    job_queue: str | None = None  # Batch: only this queue (a pool's fallback queues still have capacity)
+
+    @model_validator(mode="after")
+    def _one_offering(self) -> "CapacityError":
+        if self.job_queue and (self.instance_type or self.capacity_type):
+            raise ValueError("give 'job_queue' (a Batch pool) or 'instance_type'/'capacity_type' (SageMaker), not both")
+        return self
 
 
 class SpotInterruptionFault(BaseModel):
@@ -142,6 +158,9 @@ class Scenario(BaseModel):
     faults: list[Fault] = Field(default_factory=list)
     policy: dict[str, Any] = Field(default_factory=dict)
     horizon: float | None = Field(default=None, gt=0)
+    # The stack's Mode: in shadow mode the controller decides and records, and changes
+    # nothing; the report lists what enforce mode would have done.
+    mode: Literal["enforce", "shadow"] = "enforce"
 
     @model_validator(mode="after")
     def _jobs_fit_their_pools(self) -> "Scenario":
@@ -154,6 +173,8 @@ class Scenario(BaseModel):
             pool = pools.get(job.pool)
             if pool is None:
                 raise ValueError(f"job {job.name!r} names unknown pool {job.pool!r}")
+            if job.launched_by == "team" and pool.service != "sagemaker":
+                raise ValueError(f"job {job.name!r}: only SageMaker jobs are launched by a team in a scenario")
             if pool.service == "sagemaker" and job.instances is None:
                 raise ValueError(f"job {job.name!r} runs on SageMaker pool {pool.name!r}: give 'instances'")
             if pool.service == "batch" and job.gpus is None:
@@ -275,4 +296,24 @@ def submission_event(job: ScenarioJob, pool: PoolConfig, bucket: str, at: float,
             **size,
             "request": request,
         },
+    }
+
+
+def team_launch_request(job: ScenarioJob, pool: PoolConfig, bucket: str) -> dict:
+    """The CreateTrainingJob call a team makes itself, outside the controller: its run is
+    tagged so that the controller adopts it (team, priority, pool, and preemptor:managed,
+    which lets the controller stop it), with its checkpoints under the team's prefix."""
+    request = submission_event(job, pool, bucket, 0.0, "us-east-1")["detail"]["request"]
+    return {
+        **request,
+        "TrainingJobName": job.name,
+        "RoleArn": ROLE_ARN,
+        "OutputDataConfig": {"S3OutputPath": f"s3://{bucket}/_output/{job.team}/"},
+        "CheckpointConfig": {**request["CheckpointConfig"], "S3Uri": f"s3://{bucket}/{job.team}/{job.name}"},
+        "Tags": [
+            {"Key": "preemptor:team", "Value": job.team},
+            {"Key": "preemptor:priority", "Value": str(job.priority)},
+            {"Key": "preemptor:pool", "Value": job.pool},
+            {"Key": "preemptor:managed", "Value": "true"},
+        ],
     }

@@ -112,9 +112,13 @@ class EmulatedStack:
         region: str = "us-east-1",
         template_path: Path = TEMPLATE,
         hostile: HostileWorld | None = None,
+        metrics: list[dict] | None = None,
     ):
         self.clock = clock
         self.hostile = hostile
+        # When given, the functions' metrics are on and every EMF document they print is
+        # appended here instead (tests/unit/test_dashboard.py reads what was emitted).
+        self.metrics = metrics
         self.dead_letters: list[tuple[dict, str]] = []  # events a function failed on, after retries
         self.stack_name = stack_name
         self.region = region
@@ -151,12 +155,14 @@ class EmulatedStack:
                 "AWS_DEFAULT_REGION": self.region,
                 "AWS_REGION": self.region,
                 "POWERTOOLS_TRACE_DISABLED": "true",
-                "POWERTOOLS_METRICS_DISABLED": "true",
+                "POWERTOOLS_METRICS_DISABLED": "false" if self.metrics is not None else "true",
                 "POWERTOOLS_LOG_LEVEL": "ERROR",
                 "POWERTOOLS_DEV": "false",
             }
         )
         self._mock.start()
+        if self.metrics is not None:
+            _capture_emf(self.metrics)
         # Functions that emitted no metric in an invocation say so; locally that is noise.
         warnings.filterwarnings("ignore", message="No application metrics to publish")
         clock_module.use_clock(self.clock)
@@ -170,6 +176,7 @@ class EmulatedStack:
         self._deploy(load_template(self.template_path))
         wiring.reset()
         self._quiet_function_logs()
+        self._configure_function_metrics()
 
     def _quiet_function_logs(self) -> None:
         """Function logs go to stderr at the stack's LogLevel (ERROR unless overridden), so
@@ -181,8 +188,19 @@ class EmulatedStack:
             if isinstance(handler, logging.StreamHandler):
                 handler.setStream(_CurrentStderr())
 
+    def _configure_function_metrics(self) -> None:
+        """On Lambda the functions' module-level Metrics read their namespace and service from
+        the environment at import; here the package may have been imported before the stack
+        set that environment (another test, the CLI), so they are set now."""
+        from preemptor.handlers.observability import metrics
+
+        metrics.namespace = os.environ.get("POWERTOOLS_METRICS_NAMESPACE")
+        metrics.service = os.environ.get("POWERTOOLS_SERVICE_NAME")
+
     def stop(self) -> None:
         try:
+            if self.metrics is not None:
+                _capture_emf(None)
             self.calls.uninstall()
             if self.hostile is not None:
                 self.hostile.uninstall()
@@ -232,6 +250,10 @@ class EmulatedStack:
                 self._create_topic(logical)
             elif kind == "AWS::SQS::Queue":
                 self.client("sqs").create_queue(QueueName=f"{self.stack_name}-{logical}")
+            elif kind == "AWS::Events::EventBus":
+                # Only so that PutEvents on it is accepted (the local stack's HTTP endpoint):
+                # routing to the functions is `put_event`'s, by the functions' rules.
+                self.client("events").create_event_bus(Name=self.resources[logical])
         self.client("s3").create_bucket(Bucket=self.parameters["CheckpointBucketName"])
 
         role = self.client("iam").create_role(
@@ -329,6 +351,12 @@ class EmulatedStack:
             return self._sub(arg)
         if fn == "Fn::If":
             return self.resolve(arg[1])  # conditions only toggle optional extras locally
+        if fn == "Fn::Join":
+            delimiter, items = arg
+            items = self.resolve(items)
+            if isinstance(items, str):  # a CommaDelimitedList parameter (kept as its text here)
+                items = [i.strip() for i in items.split(",")]
+            return delimiter.join(str(i) for i in items)
         return value
 
     def _ref(self, name: str) -> str:
@@ -551,6 +579,20 @@ def _rate_seconds(expression: str) -> float | None:
         return None
     unit = {"minute": 60, "hour": 3600, "day": 86400}[match.group(2).rstrip("s")]
     return int(match.group(1)) * unit
+
+
+def _capture_emf(sink: list[dict] | None) -> None:
+    """Powertools prints each EMF document (`print(json.dumps(...))` in its CloudWatch EMF
+    provider and in `single_metric`): with a sink, those prints append the document to it;
+    with None, printing is theirs again."""
+    from aws_lambda_powertools.metrics import base
+    from aws_lambda_powertools.metrics.provider.cloudwatch_emf import cloudwatch
+
+    for module in (base, cloudwatch):
+        if sink is None:
+            module.__dict__.pop("print", None)
+        else:
+            module.print = lambda text, *_a, **_k: sink.append(json.loads(text)) if text and text != "null" else None
 
 
 class _CurrentStderr:

@@ -1,0 +1,55 @@
+"""Alarms that act: the wait alarm's state change escalates the jobs it is about.
+
+When the wait alarm (template.yaml `WaitAlarm`: the oldest pending job of a watched tier has
+waited longer than its threshold) goes to ALARM, EventBridge delivers the state change to
+the intake, and each pending job of a watched tier that has waited longer than the
+threshold is escalated: marked on its record (`escalated_at`), logged, its team notified
+(`waiting-too-long`), and its pool planned again at once. The planner then lifts the soft
+protections (minimum runtime, spare-on-timeout, preemption delay) of the victims it
+chooses for that job (docs/policy.md). Quotas, priorities and non-preemptible jobs are not
+soft: escalation never lets a job take what the policy forbids.
+"""
+
+from __future__ import annotations
+
+from ..adapters.alerts import Alerts
+from ..adapters.store import JobsStore
+from ..adapters.workflows import WorkflowStarter, execution_name
+from ..config import Settings
+
+
+def escalate(
+    *, store: JobsStore, settings: Settings, workflows: WorkflowStarter, alerts: Alerts | None, alarm: str, now: float
+) -> dict:
+    """Escalate every pending job of a watched tier waiting past the alarm's threshold;
+    returns {"escalated": [job...], "pools": [pool...]}. Idempotent: a job is escalated once
+    per wait, so a repeated alarm event changes nothing."""
+    threshold_s = settings.wait_alarm_minutes * 60
+    watched = set(settings.wait_alarm_tiers)
+    escalated: list[str] = []
+    pools: list[str] = []
+    for pool in settings.pools:
+        mine = []
+        for record in store.pending(pool.name, settings.pending_window):
+            waited = now - record.submitted_at
+            if settings.policy.tier_of(record.priority) not in watched or waited <= threshold_s:
+                continue
+            if not store.escalate(record.name, now):
+                continue  # escalated already, or no longer pending
+            mine.append(record.name)
+            store.log(
+                record.name, now, "escalated", "wait-alarm",
+                f"{alarm}: waited {waited / 60:.0f} min (over {settings.wait_alarm_minutes:g}); "
+                "the soft protections of its victims are lifted",
+            )
+            if alerts is not None:
+                alerts.notify(
+                    "waiting-too-long", job=record.name, team=record.team,
+                    subject=f"Preemptor: job {record.name} has waited {waited / 60:.0f} min",
+                    message={"pool": pool.name, "waited_s": round(waited), "alarm": alarm, "action": "escalated"},
+                )
+        if mine:
+            escalated += mine
+            pools.append(pool.name)
+            workflows.start("schedule", execution_name("escalation", pool.name, f"{int(now)}"), {"pool": pool.name})
+    return {"escalated": escalated, "pools": pools}

@@ -1,0 +1,99 @@
+"""Alarms that act: the wait alarm's state change escalates the jobs it is about (executed
+on moto, fed with the real CloudWatch alarm state change sample)."""
+
+from __future__ import annotations
+
+import json
+
+from emulation import emulation
+from eventfiles import load_raw
+
+from preemptor.core.model import JobState
+
+ALARM_SAMPLE = "other/amazon-cloudwatch-user-guide__cloudwatch-alarm-state-change__06df3b84.json"
+
+
+def _alarm_event(env, state: str = "ALARM", name: str | None = None) -> dict:
+    """The real sample, as the stack's wait alarm would send it now."""
+    event = json.loads(load_raw(ALARM_SAMPLE))
+    alarm = name or env.stack.parameters.get("WaitAlarmName") or f"{env.stack.stack_name}-job-waiting-too-long"
+    event["id"] = f"alarm-{state}-{int(env.clock.now())}"
+    event["time"] = env.clock.iso_now() if hasattr(env.clock, "iso_now") else event["time"]
+    event["resources"] = [f"arn:aws:cloudwatch:{env.stack.region}:123456789012:alarm:{alarm}"]
+    event["detail"]["alarmName"] = alarm
+    event["detail"]["state"]["value"] = state
+    return event
+
+
+def _notices(env) -> list[dict]:
+    return [json.loads(a) for a in env.stack.alerts()]
+
+
+def test_the_wait_alarm_lifts_the_soft_protections_for_the_job_waiting_too_long():
+    # Given a pool whose running jobs are protected for an hour (min_runtime_s), held by a
+    # research sweep, and a critical production job that the protection keeps waiting
+    policy = {"min_runtime_s": 3600}
+    with emulation(policy=policy) as env:
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
+        env.advance(300)
+        env.submit(name="incident", team="production", priority="critical", pool="p5", instances=8, duration=1200)
+        env.advance(660)
+        assert env.job("incident").status is JobState.PENDING and env.job("sweep").status is JobState.RUNNING
+        env.stack.alerts()  # what came before the alarm
+        # When the wait alarm (over 10 minutes) goes to ALARM and EventBridge delivers it
+        routed = env.put(_alarm_event(env))
+        env.stack.drain()
+        # Then the intake escalated the critical job, recorded why and told its team
+        assert routed.results[0]["outcome"] == "accepted" and routed.results[0]["reason"].startswith("escalated: 1 job")
+        incident = env.job("incident")
+        assert incident.escalated_at is not None
+        [escalated] = [e for e in env.store.history("incident") if e["kind"] == "escalated"]
+        assert escalated["reason"] == "wait-alarm"
+        # And the next cycle chose the protected sweep as its victim, stopped it, and the
+        # critical job runs
+        env.advance(300)
+        assert env.job("sweep").preemptions == 1
+        assert env.job("incident").status is JobState.RUNNING
+        started = [e for e in env.store.history("sweep") if e["kind"] == "preemption-started"]
+        assert started and "incident" in started[0]["detail"]
+        # And the teams were told: production that its job waited too long, research that
+        # its sweep would be preempted
+        notices = _notices(env)
+        kinds = [(n["kind"], n["team"], n["job"]) for n in notices]
+        assert ("waiting-too-long", "production", "incident") in kinds
+        assert ("preemption-planned", "research", "sweep") in kinds
+
+
+def test_an_alarm_that_is_not_ours_or_not_in_alarm_escalates_nothing():
+    with emulation(policy={"min_runtime_s": 3600}) as env:
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200)
+        env.advance(300)
+        env.submit(name="incident", team="production", priority="critical", pool="p5", instances=8, duration=1200)
+        env.advance(660)
+        # When another alarm fires, and ours goes back to OK (delivered to the intake directly:
+        # the rule would not even route them)
+        intake = env.stack.resources["IntakeFunction"]
+        other = env.stack.invoke_lambda(intake, _alarm_event(env, name="ServerCpuTooHigh"))
+        ok = env.stack.invoke_lambda(intake, _alarm_event(env, state="OK"))
+        # Then both are ignored with the reason, and nobody is escalated
+        assert other["outcome"] == "ignored" and "not the controller's wait alarm" in other["reason"]
+        assert ok["outcome"] == "ignored" and ok["reason"].endswith("is OK")
+        assert env.job("incident").escalated_at is None
+
+
+def test_a_job_that_has_not_waited_past_the_threshold_is_not_escalated_and_an_alarm_twice_escalates_once():
+    with emulation(policy={"min_runtime_s": 3600}) as env:
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200)
+        env.advance(300)
+        env.submit(name="incident", team="production", priority="critical", pool="p5", instances=4, duration=1200)
+        env.advance(660)
+        env.submit(name="fresh", team="production", priority="critical", pool="p5", instances=4, duration=1200)
+        # When the alarm fires twice (two state changes, two event ids)
+        first = env.put(_alarm_event(env)).results[0]
+        env.clock.advance(1)
+        second = env.put(_alarm_event(env)).results[0]
+        # Then only the job past the threshold was escalated, once
+        assert first["reason"].startswith("escalated: 1 job") and "incident" in first["reason"]
+        assert second["reason"].startswith("escalated: 0 job")
+        assert env.job("fresh").escalated_at is None
+        assert [e["kind"] for e in env.store.history("incident")].count("escalated") == 1

@@ -1,0 +1,61 @@
+"""Notices to the teams that own jobs: one SNS topic, message attributes `team`, `job` and
+`kind`, and subscriptions that filter on them (executed on moto, whose SNS applies filter
+policies as SNS does)."""
+
+from __future__ import annotations
+
+import json
+
+from emulation import emulation
+
+from preemptor.adapters.alerts import NOTICE_KINDS
+
+
+def _subscribe(env, name: str, filter_policy: dict | None) -> str:
+    """An SQS queue subscribed to the alerts topic (with `filter_policy`); its URL."""
+    sqs, sns = env.stack.client("sqs"), env.stack.client("sns")
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    attributes = {"FilterPolicy": json.dumps(filter_policy)} if filter_policy else {}
+    sns.subscribe(TopicArn=env.stack.resources["AlertsTopic"], Protocol="sqs", Endpoint=arn, Attributes=attributes)
+    return url
+
+
+def _received(env, url: str) -> list[dict]:
+    """(attributes, message) of every notice the queue got, as SNS delivers them."""
+    sqs = env.stack.client("sqs")
+    out = []
+    while messages := sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", []):
+        for m in messages:
+            envelope = json.loads(m["Body"])
+            attributes = {k: v["Value"] for k, v in (envelope.get("MessageAttributes") or {}).items()}
+            out.append({"attributes": attributes, "message": json.loads(envelope["Message"])})
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+    return out
+
+
+def test_each_team_gets_the_notices_of_its_own_jobs_before_and_after_a_preemption():
+    with emulation() as env:
+        # Given the research team subscribed to its own notices, and the operators to all
+        research = _subscribe(env, "research-notices", {"team": ["research"]})
+        production = _subscribe(env, "production-notices", {"team": ["production"]})
+        everything = _subscribe(env, "operators", None)
+        # When research's sweep holds the pool and production's critical job preempts it,
+        # and the sweep is relaunched once production is done
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
+        env.advance(600)
+        env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1200)
+        env.advance(1800)
+        # Then research was told, in order: the preemption was planned (before the stop),
+        # the sweep was preempted (with the work lost), and relaunched from its checkpoint
+        notices = _received(env, research)
+        assert [n["attributes"]["kind"] for n in notices] == ["preemption-planned", "preempted", "relaunched"]
+        assert all(n["attributes"] == {"team": "research", "job": "sweep", "kind": n["attributes"]["kind"]} for n in notices)
+        planned, preempted, relaunched = (n["message"] for n in notices)
+        assert (planned["job"], planned["preemptor"], planned["team"], planned["gpus"]) == ("sweep", "prod", "research", 64)
+        assert preempted["by"] == "prod" and preempted["lost_gpu_seconds"] >= 0 and preempted["resumes_as"] == "sweep-r2"
+        assert relaunched["run"] == "sweep-r2" and relaunched["resumes_from"].endswith("/research/sweep")
+        # And production, whose job was never touched, got nothing; the operators got all
+        assert _received(env, production) == []
+        assert {n["attributes"]["kind"] for n in _received(env, everything)} == {"preemption-planned", "preempted", "relaunched"}
+        assert set(NOTICE_KINDS) >= {"preemption-planned", "preempted", "relaunched"}
