@@ -114,7 +114,9 @@ def stop(*, store: JobsStore, runners: dict[str, Runner], job: str, incarnation:
         store.log(job, now, "stop-refused", "access-denied", str(e))
         raise
     detail = why + ("" if fresh else "; WITHOUT a fresh checkpoint: work since the last one is lost")
-    store.log(job, now, "stop-requested", "fresh-checkpoint" if fresh else "checkpoint-timeout", detail)
+    # Why it goes now: its checkpoint is fresh; the plan said not to wait (issue 10); or the wait ran out.
+    reason = "fresh-checkpoint" if fresh else "stop-at-once" if record.stop_at_once else "checkpoint-timeout"
+    store.log(job, now, "stop-requested", reason, detail)
     learning.stop_sent(store, record, fresh, now)  # issue 10
     return {"stopping": True}
 
