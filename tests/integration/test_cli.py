@@ -50,8 +50,16 @@ def test_plan_prints_the_decision_for_a_snapshot(tmp_path, capsys):
 
 
 def test_demo_writes_the_report(tmp_path, capsys):
+    # (a short story: the default one is replayed by tests/workflows/test_scenarios.py)
+    scenario = tmp_path / "short.yaml"
+    scenario.write_text(
+        "pools: [{name: p5, service: sagemaker, instance_type: ml.p5.48xlarge, instances: 2, gpus_per_instance: 8}]\n"
+        "jobs:\n"
+        "  - {name: experiment, team: research, priority: low, pool: p5, instances: 2, submit_at: 0, duration: 900, checkpoint_every: 300}\n"
+        "  - {name: production-finetune, team: production, priority: critical, pool: p5, instances: 2, submit_at: 600, duration: 600}\n"
+    )
     report = tmp_path / "out" / "report.json"
-    assert main(["demo", "--quiet", "--report", str(report)]) == 0
+    assert main(["demo", "--quiet", "--scenario", str(scenario), "--report", str(report)]) == 0
     data = json.loads(report.read_text())
     assert {j["name"]: j["state"] for j in data["jobs"]} == {"experiment": "Completed", "production-finetune": "Completed"}
     assert set(data) >= {"jobs", "preemptions", "relaunches", "lost_gpu_seconds", "stops_without_fresh_checkpoint"}

@@ -122,6 +122,9 @@ def run(
         try:
             create_batch_queues(stack, scenario)
             _replay(stack, fleet, clock, scenario, tick_s, result)
+            # No workflow outlives the story (a backoff or wake-up still in its Wait would
+            # go on running, and calling AWS, after the stack is gone).
+            stack.drain()
         finally:
             fleet.close()
         result.timeline += [
