@@ -199,6 +199,7 @@ class EmulatedStack:
 
     def stop(self) -> None:
         try:
+            self._end_executions()
             if self.metrics is not None:
                 _capture_emf(None)
             self.calls.uninstall()
@@ -523,6 +524,22 @@ class EmulatedStack:
             if on_event:
                 on_event(routed)
         return handled
+
+    def _end_executions(self, timeout_s: float = 30.0) -> None:
+        """No workflow outlives the stack: let the running ones finish, and stop those that
+        do not (their threads would go on calling a torn-down moto, and be recorded by the
+        next stack as calls of an unknown principal)."""
+        if not self.state_machines:
+            return
+        try:
+            self.drain(timeout_s)
+        except Exception:  # noqa: BLE001 - still running past the bound: stopped below
+            pass
+        sfn = self.client("stepfunctions")
+        with self.calls.unattributed():
+            for arn in self.state_machines.values():
+                for e in sfn.list_executions(stateMachineArn=arn, statusFilter="RUNNING")["executions"]:
+                    sfn.stop_execution(executionArn=e["executionArn"], error="StackStopped", cause="the emulated stack stopped")
 
     def drain(self, timeout_s: float = 120.0) -> None:
         """Wait until no workflow execution is running (executions run in moto's threads)."""
