@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+from aws_faults import aws_says_no, error_response
 from emulation import emulation
 from eventfiles import load_raw
 
+from preemptor.core.errors import Throttled
 from preemptor.core.model import JobState
 
 ALARM_SAMPLE = "other/amazon-cloudwatch-user-guide__cloudwatch-alarm-state-change__06df3b84.json"
@@ -18,7 +21,6 @@ def _alarm_event(env, state: str = "ALARM", name: str | None = None) -> dict:
     event = json.loads(load_raw(ALARM_SAMPLE))
     alarm = name or env.stack.parameters.get("WaitAlarmName") or f"{env.stack.stack_name}-job-waiting-too-long"
     event["id"] = f"alarm-{state}-{int(env.clock.now())}"
-    event["time"] = env.clock.iso_now() if hasattr(env.clock, "iso_now") else event["time"]
     event["resources"] = [f"arn:aws:cloudwatch:{env.stack.region}:123456789012:alarm:{alarm}"]
     event["detail"]["alarmName"] = alarm
     event["detail"]["state"]["value"] = state
@@ -97,3 +99,27 @@ def test_a_job_that_has_not_waited_past_the_threshold_is_not_escalated_and_an_al
         assert second["reason"].startswith("escalated: 0 job")
         assert env.job("fresh").escalated_at is None
         assert [e["kind"] for e in env.store.history("incident")].count("escalated") == 1
+
+
+def test_an_escalation_whose_schedule_start_is_throttled_plans_the_pool_when_the_event_is_retried():
+    with emulation(policy={"min_runtime_s": 3600}) as env:
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
+        env.advance(300)
+        env.submit(name="incident", team="production", priority="critical", pool="p5", instances=8, duration=1200)
+        env.advance(660)
+        # Given Step Functions throttles the schedule start of the first delivery: the intake
+        # raises (after the job was escalated), so the event is delivered again
+        event = _alarm_event(env)
+        throttled = error_response("ThrottlingException", "Rate exceeded", 400)
+        with aws_says_no(env.stack.deps().workflows.client, "StartExecution", throttled, times=1) as refused:
+            with pytest.raises(Throttled):
+                env.put(event)
+        assert refused and env.job("incident").escalated_at is not None
+        retried = env.put(event).results[0]
+        env.stack.drain()
+        # Then the retry, which finds the job escalated already, still planned the pool:
+        # the sweep was preempted for it
+        assert retried["outcome"] == "accepted"
+        env.advance(300)
+        assert [e["kind"] for e in env.store.history("incident")].count("escalated") == 1
+        assert env.job("sweep").preemptions == 1 and env.job("incident").status is JobState.RUNNING

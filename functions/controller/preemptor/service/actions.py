@@ -434,14 +434,15 @@ def _wait_for_capacity(
     return {"released": True, "pool": record.pool, "reason": "no-capacity", "not_before": now + wait, "wait_s": math.ceil(wait)}
 
 
-def no_capacity_in_queue(*, store: JobsStore, runners: dict[str, Runner], record: JobRecord, reason: str, now: float, alerts: Alerts | None = None) -> dict:
+def no_capacity_in_queue(*, store: JobsStore, runners: dict[str, Runner], record: JobRecord, reason: str, now: float) -> dict:
     """A Batch run that never found instances (RUNNABLE past the pool's limit) is terminated
     and its job waits for capacity like a SageMaker launch that met none."""
     try:
         runners[record.service].stop(record.run_id, f"preemptor: no capacity ({reason})"[:255])
     except ServiceJobNotFound:
         pass  # it ended meanwhile: the capacity wait below still holds
-    return _wait_for_capacity(store, alerts, record, f"no capacity: {reason}", now, run_created=True)
+    # Reconcile has no alerts topic: the 24th wait fails the job with its reason, unannounced.
+    return _wait_for_capacity(store, None, record, f"no capacity: {reason}", now, run_created=True)
 
 
 def _launch_refused(

@@ -29,13 +29,16 @@ def escalate(
     escalated: list[str] = []
     pools: list[str] = []
     for pool in settings.pools:
-        mine = []
+        mine, replan = [], False
         for record in store.pending(pool.name, settings.pending_window):
             waited = now - record.submitted_at
             if settings.policy.tier_of(record.priority) not in watched or waited <= threshold_s:
                 continue
             if not store.escalate(record.name, now):
-                continue  # escalated already, or no longer pending
+                # Escalated in this wait already (else no longer pending): an earlier delivery
+                # whose schedule start failed is retried by EventBridge, so plan the pool again.
+                replan = replan or (record.escalated_at is not None and record.escalated_at >= (record.pending_since or record.submitted_at))
+                continue
             mine.append(record.name)
             store.log(
                 record.name, now, "escalated", "wait-alarm",
@@ -48,8 +51,8 @@ def escalate(
                     subject=f"Preemptor: job {record.name} has waited {waited / 60:.0f} min",
                     message={"pool": pool.name, "waited_s": round(waited), "alarm": alarm, "action": "escalated"},
                 )
-        if mine:
-            escalated += mine
+        escalated += mine
+        if mine or replan:
             pools.append(pool.name)
             workflows.start("schedule", execution_name("escalation", pool.name, f"{int(now)}"), {"pool": pool.name})
     return {"escalated": escalated, "pools": pools}

@@ -499,14 +499,7 @@ class SimulatedFleet:
         if kind == "stopped":
             return self._end(job, t, completed=False)
         if kind == "spot_wait_exceeded":
-            job.final_progress = 0.0
-            job.phase = "ended"
-            self._occupy(job, -1)
-            moto_patches.set_training_job_status(job.name, "Failed", "MaxWaitTimeExceeded", SPOT_WAIT_EXCEEDED)
-            job.status = "Failed/MaxWaitTimeExceeded"
-            self._record(t, job, f"Failed: {SPOT_WAIT_EXCEEDED}")
-            self._emit(self._sagemaker_event(job))
-            return True
+            return self._never_provisioned(job, t, "MaxWaitTimeExceeded", SPOT_WAIT_EXCEEDED)
         if kind == "instance_terminated":
             job.stop_reason = f"Host EC2 (instance {transition.payload}) terminated."
             return self._end(job, t, completed=False)
@@ -563,14 +556,7 @@ class SimulatedFleet:
             self._schedule(max(t, deadline), job, "spot_wait_exceeded")
             return False
         if outage_end is not None:
-            job.final_progress = 0.0
-            job.phase = "ended"
-            self._occupy(job, -1)
-            moto_patches.set_training_job_status(job.name, "Failed", "Failed", CAPACITY_ERROR)
-            job.status = "Failed/Failed"
-            self._record(t, job, f"Failed: {CAPACITY_ERROR}")
-            self._emit(self._sagemaker_event(job))
-            return True
+            return self._never_provisioned(job, t, "Failed", CAPACITY_ERROR)
         progress, checkpoint_at = self._newest_checkpoint(job)
         job.phase = "running"
         job.work_started_at = t
@@ -592,6 +578,17 @@ class SimulatedFleet:
                 self._emit(self._batch_event(job))
             self._record(t, job, f"started: RUNNING{resumed}")
         self._schedule_work(job)
+        return True
+
+    def _never_provisioned(self, job: _Job, t: float, secondary: str, reason: str) -> bool:
+        """A SageMaker job that never got its instances ends Failed, holding no GPU."""
+        job.final_progress = 0.0
+        job.phase = "ended"
+        self._occupy(job, -1)
+        moto_patches.set_training_job_status(job.name, "Failed", secondary, reason)
+        job.status = f"Failed/{secondary}"
+        self._record(t, job, f"Failed: {reason}")
+        self._emit(self._sagemaker_event(job))
         return True
 
     def _end(self, job: _Job, t: float, completed: bool) -> bool:
