@@ -59,7 +59,7 @@ class WaitAlarm:
         policy = self.stack.deps().settings.policy
         waits = [
             at - job.submitted_at
-            for job in self.stack.deps().store.all_jobs()
+            for job in self.stack.jobs()
             if job.status is JobState.PENDING and policy.tier_of(job.priority) in self.tiers
         ]
         return max(waits, default=0.0)

@@ -223,7 +223,7 @@ def _replay(
             stack.pump(on_event)
             changed = True
         # Job states change only through events, so the table needs a look only after some.
-        if changed and not submissions and _all_done(store, names):
+        if changed and not submissions and _all_done(stack, names):
             return
         if elapsed >= horizon:
             return
@@ -283,8 +283,8 @@ def pool_classifier(scenario: Scenario):
     return classify
 
 
-def _all_done(store, names: set[str]) -> bool:
-    jobs = {j.name: j for j in store.all_jobs()}
+def _all_done(stack: EmulatedStack, names: set[str]) -> bool:
+    jobs = {j.name: j for j in stack.jobs()}
     return all(n in jobs and jobs[n].status.is_terminal for n in names)
 
 

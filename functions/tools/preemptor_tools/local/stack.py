@@ -11,6 +11,8 @@ cannot invoke Lambda targets). Nothing here is used on AWS.
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib
 import io
 import json
@@ -29,18 +31,23 @@ from typing import Any, Callable
 
 import boto3
 from moto import mock_aws
+from moto.dynamodb.models import dynamodb_backends
 from moto.events.models import EventPattern
+from moto.stepfunctions.responses import get_backend as stepfunctions_backend
 
 from preemptor import clock as clock_module
+from preemptor.adapters.store import item_to_record
+from preemptor.core.jobs import JobRecord
 from preemptor.handlers import wiring
 from . import aws_calls, moto_patches
 from .clock import SimClock
-from .executions import wait_for_execution
+from .executions import ExecutionStillRunning
 from .hostile import HostileWorld
 
 from ..paths import REPO_ROOT as ROOT
 TEMPLATE = ROOT / "template.yaml"
 ACCOUNT = "123456789012"
+_DRAIN_POLL_S = 0.002
 
 # Quiet moto and the AWS SDK: they log whole requests and objects.
 for _noisy in ("moto", "botocore", "boto3", "urllib3", "aws_xray_sdk"):
@@ -48,10 +55,17 @@ for _noisy in ("moto", "botocore", "boto3", "urllib3", "aws_xray_sdk"):
 
 
 def load_template(path: Path = TEMPLATE) -> dict:
-    """Parse a CloudFormation/SAM template, short-form intrinsics (!Ref, !Sub...) included."""
+    """Parse a CloudFormation/SAM template, short-form intrinsics (!Ref, !Sub...) included.
+    Each caller gets its own copy; the parse (~0.3 s) is done once per file version."""
+    stat = Path(path).stat()
+    return copy.deepcopy(_parsed_template(str(path), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed_template(path: str, _mtime_ns: int, _size: int) -> dict:
     from cfnlint.decode.cfn_yaml import load
 
-    return load(str(path))
+    return load(path)
 
 
 @dataclass
@@ -173,6 +187,8 @@ class EmulatedStack:
             self.hostile.install(stop_execution=self._abort_execution)
         wiring.reset()
         self.session = boto3.session.Session(region_name=self.region)
+        self._clients: dict[str, Any] = {}
+        self._clients_lock = threading.Lock()
         self._deploy(load_template(self.template_path))
         wiring.reset()
         self._quiet_function_logs()
@@ -222,7 +238,13 @@ class EmulatedStack:
             os.environ[key] = value
 
     def client(self, service: str) -> Any:
-        return self.session.client(service)
+        """One client per service for the stack's life (botocore clients are thread-safe,
+        and each costs ~10 ms to build); made after the recorder's and the hostile world's
+        hooks are installed, so every one carries them."""
+        with self._clients_lock:
+            if service not in self._clients:
+                self._clients[service] = self.session.client(service)
+            return self._clients[service]
 
     # -- deployment -----------------------------------------------------------------------
     def _deploy(self, template: dict) -> None:
@@ -543,18 +565,24 @@ class EmulatedStack:
 
     def drain(self, timeout_s: float = 120.0) -> None:
         """Wait until no workflow execution is running (executions run in moto's threads)."""
-        sfn = self.client("stepfunctions")
         deadline = time.monotonic() + timeout_s
-        while True:
-            running = [
-                e["executionArn"]
-                for arn in self.state_machines.values()
-                for e in sfn.list_executions(stateMachineArn=arn, statusFilter="RUNNING")["executions"]
-            ]
-            if not running:
-                return
-            for arn in running:
-                wait_for_execution(sfn, arn, timeout_s=max(1.0, deadline - time.monotonic()))
+        while running := self._running_executions():
+            if time.monotonic() >= deadline:
+                raise ExecutionStillRunning(f"{running[0]} still RUNNING after {timeout_s:g} real seconds")
+            # Read from moto's backend, not through the API: a poll through boto3 every few
+            # milliseconds took the interpreter from the execution threads it waits for.
+            time.sleep(_DRAIN_POLL_S)
+
+    def _running_executions(self) -> list[str]:
+        ours = set(self.state_machines.values())
+        backend = stepfunctions_backend(ACCOUNT, self.region)  # the executing backend, as moto picks it
+        return [
+            e.execution_arn
+            for machine in list(backend.state_machines)
+            if machine.arn in ours
+            for e in list(machine.executions)
+            if e.exec_status is None or e.exec_status.value == "RUNNING"  # None: created, not yet started
+        ]
 
     def executions(self, logical: str) -> list[dict]:
         sfn = self.client("stepfunctions")
@@ -577,6 +605,15 @@ class EmulatedStack:
     def deps(self) -> wiring.Deps:
         """The same settings and adapters the functions use."""
         return wiring.deps()
+
+    def jobs(self) -> list[JobRecord]:
+        """Every job record, read from the emulated table itself: for the emulator's own
+        observers (the demo loop, the wait alarm), which look after every event. A scan
+        through boto3 and moto's wire format costs ~20 ms a look; this costs none, and no
+        fault the hostile world injects into the controller's calls reaches it."""
+        table = dynamodb_backends[ACCOUNT][self.region].get_table(self.resources["JobsTable"])
+        items = [item for by_sort in list(table.items.values()) for item in list(by_sort.values())]  # unsorted
+        return [item_to_record(i.to_json()["Attributes"]) for i in items if i.range_key.value == "JOB"]
 
 
 @dataclass

@@ -10,6 +10,11 @@ Gaps filled, each by patching the hook moto itself provides:
   `stateMachineArn` and fails. They are filled in with moto's own `_to_boto_request` /
   `_from_boto_response` over botocore's shapes of the operation, as AWS maps them
   (`sns:publish` needs nothing: its API is PascalCase already).
+- `AmazonStateLanguageParser.parse` lexes and parses the definition with ANTLR on every
+  CreateStateMachine and in every execution's thread (50-110 ms for ours, more than the rest
+  of a short execution). The syntax tree of a definition that parsed is kept; each call
+  still builds its own evaluation components from it, so no execution shares state with
+  another, and a broken definition fails every time as before.
 - `StateTaskLambda._eval_execution` is wrapped only to tell listeners (the hostile emulator)
   that a Lambda step returned, with its execution, so they can make that execution die there.
 """
@@ -31,6 +36,8 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state
 )
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.state_task_lambda import StateTaskLambda
 from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_function import WaitFunction
+from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
+from moto.stepfunctions.parser.asl.parse.preprocessor import Preprocessor
 
 from ._core import _STATE, notify, replace, subscribe
 
@@ -44,6 +51,7 @@ def patch() -> None:
     replace(StateTaskService, "_normalise_parameters", _normalise_parameters)
     replace(StateTaskService, "_normalise_response", _normalise_response)
     replace(StateTaskLambda, "_eval_execution", _lambda_eval_execution)
+    replace(AmazonStateLanguageParser, "parse", staticmethod(_parse))
 
 
 def on_lambda_task_returned(callback: LambdaTaskReturned) -> Callable[[], None]:
@@ -68,6 +76,23 @@ class _SimTime:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(_real_time, name)
+
+
+# --------------------------------------------------------------------------- definitions
+
+_ORIGINAL_PARSE = AmazonStateLanguageParser.parse
+_TREES: dict[str, Any] = {}  # definition -> its ANTLR syntax tree (read-only once built)
+_TREES_LOCK = threading.Lock()
+
+
+def _parse(definition: str) -> tuple[Any, Any]:
+    tree = _TREES.get(definition)
+    if tree is not None:
+        return Preprocessor().visit(tree), tree
+    program, tree = _ORIGINAL_PARSE(definition)  # raises ASLParserException, as moto does
+    with _TREES_LOCK:
+        _TREES[definition] = tree
+    return program, tree
 
 
 # --------------------------------------------------------------------------- Lambda tasks
