@@ -32,6 +32,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from preemptor.config import JobDefinition, PoolConfig
+from preemptor.core.jobs import SAVES_ON_STOP_LABEL
 
 ACCOUNT = "123456789012"
 ROLE_ARN = f"arn:aws:iam::{ACCOUNT}:role/preemptor-training"
@@ -54,6 +55,10 @@ class ScenarioJob(BaseModel):
     # priority and pool (and preemptor:managed=true: it may be preempted); the controller
     # only learns of it from its events and adopts it. "controller": submitted to the bus.
     launched_by: Literal["controller", "team"] = "controller"
+    # The job runs the training helper (preemptor_training.Checkpointer): the simulated job
+    # saves on SIGTERM, and a submitted one declares it (label preemptor/saves-on-stop; an
+    # adopted run declares nothing, so the controller never trusts it to).
+    runs_training_helper: bool = False
 
 
 class SpotInterruption(BaseModel):
@@ -223,13 +228,16 @@ DEFAULT_SCENARIO = Scenario(
         PoolConfig(name="p5", service="sagemaker", instance_type="ml.p5.48xlarge", instances=64, gpus_per_instance=8)
     ],
     jobs=[
+        # A research run on the whole pool that runs the training helper and checkpoints every
+        # two hours; a critical fine-tune needs the pool 100 minutes in, with 100 minutes of
+        # the experiment's work (512 GPUs) not yet in a checkpoint.
         ScenarioJob(
             name="experiment", team="research", priority=50, pool="p5", instances=64,
-            submit_at=0, duration=6 * 3600, checkpoint_every=300,
+            submit_at=0, duration=6 * 3600, checkpoint_every=2 * 3600, runs_training_helper=True,
         ),
         ScenarioJob(
             name="production-finetune", team="production", priority=1000, pool="p5", instances=64,
-            submit_at=120, duration=4 * 3600, checkpoint_every=600,
+            submit_at=6000, duration=4 * 3600, checkpoint_every=600,
         ),
     ],
 )
@@ -255,6 +263,8 @@ def submission_event(job: ScenarioJob, pool: PoolConfig, bucket: str, at: float,
     env = {"PREEMPTOR_SIM_DURATION_S": str(int(job.duration))}
     if job.checkpoint_every:
         env["PREEMPTOR_SIM_CHECKPOINT_EVERY_S"] = str(int(job.checkpoint_every))
+    if job.runs_training_helper:
+        env["PREEMPTOR_SIM_CHECKPOINT_ON_STOP"] = "true"
     if pool.service == "sagemaker":
         request = {
             "AlgorithmSpecification": {"TrainingImage": IMAGE, "TrainingInputMode": "File"},
@@ -295,6 +305,7 @@ def submission_event(job: ScenarioJob, pool: PoolConfig, bucket: str, at: float,
             "service": pool.service,
             **size,
             "request": request,
+            **({"labels": {SAVES_ON_STOP_LABEL: "true"}} if job.runs_training_helper else {}),
         },
     }
 
