@@ -616,8 +616,36 @@ def test_bench_goals_say_what_is_met_and_why_not():
     assert out["plan() p99 <= 50 ms at 10 pending / 2 running over 1 pools"]["met"]
     assert out["replay time"]["ratio"] == 1.0
 
+    # And when the same run replayed the top-tiers-only variant (270 lost, 180 to restarts,
+    # over 1,600 preemptions), the reason names that floor against the goal's 0.25 x 20 = 5
+    top_tiers = {
+        "lost_gpu_hours": 270.0,
+        "lost_gpu_hours_breakdown": {"work_since_checkpoint": 50.0, "stop_grace": 40.0, "restart_overhead": 180.0},
+        "preemptions": 1600,
+        "by_priority": {"500": {"wait_p95_s": 120.0}},
+        "overall": {"wait_mean_s": 4400.0},
+    }
+    out = {g["goal"].split(":")[0]: g for g in bench.goals(models, {"preemptor-top-tiers": top_tiers}, None)}
+    why = out["lost GPU-hours"]["why"]
+    assert "1,600 preemptions remain and ours loses 270 GPU-h, 180 of them to restarts alone, against the goal's 5" in why
+    assert "the high p95 wait rises to 120 s and the mean wait to 4,400 s" in why
 
-def test_ours_asks_a_likely_victim_for_a_checkpoint_ahead_of_a_delayed_preemption(tmp_path):
+
+def test_in_the_top_tiers_variant_only_critical_and_high_jobs_preempt(tmp_path):
+    # Given a pool of 8 GPUs full of a low job, then a medium job, then a high job, each of 8
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "job_id,submit_s,duration_s,gpus,team,priority\nlow,0,10000,8,r,50\nmedium,100,1000,8,m,200\nhigh,200,1000,8,h,500\n"
+    )
+    # When the preemptor-top-tiers variant replays it
+    result = simulate(load_trace(trace), policy_by_name("preemptor-top-tiers"), SimConfig(gpus=8))
+    jobs = {j.name: j for j in result.jobs}
+    # Then the medium job never preempts (it waits for the high job to end), the high job
+    # preempts the low one at once, and the low job is stopped once
+    assert jobs["low"].preemptions == 1
+    assert jobs["high"].wait_s < 300
+    assert jobs["medium"].wait_s >= jobs["high"].wait_s + 1000 - 300
+
     # Given a cooperative experiment checkpointing every hour (first at 3600), a 30 s grace
     # (no save on SIGTERM), and a medium job arriving at 2500 under a 600 s medium delay
     trace = tmp_path / "t.csv"
