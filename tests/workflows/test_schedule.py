@@ -3,7 +3,7 @@ victim (statemachines/preempt.asl.json) executed on moto."""
 
 from __future__ import annotations
 
-from emulation import emulation
+from emulation import START, emulation
 
 from preemptor.core.model import JobState
 from preemptor_tools.local.scenario import ScenarioJob, submission_event
@@ -135,3 +135,30 @@ def test_two_concurrent_cycles_never_oversubscribe_the_pool():
         assert sum(j.gpus for j in running) <= 64
         assert len(running) == 2
         assert env.store.pool("p5")["used_gpus"] == sum(j.gpus for j in running)
+
+
+def test_a_save_on_sigterm_whose_s3_event_never_arrives_is_still_learned_at_the_requeue():
+    # Given a low job that runs the training helper (it declares that it saves on SIGTERM,
+    # and does), 40 minutes in with no checkpoint, and S3 events that never reach the
+    # controller (EventBridge delivers them late or, past its retries, never)
+    with emulation() as env:
+        emit = env.stack.emit
+        env.fleet._emit = lambda event: None if event.get("source") == "aws.s3" else emit(event)
+        env.submit(
+            name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200,
+            runs_training_helper=True,
+        )
+        env.advance(2400)
+        # When a critical job preempts it
+        env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1800)
+        run = _preemption_of(env, "sweep")
+        states = env.states_visited(run["executionArn"])
+        # Then, the stop over, the newest checkpoint is read from S3 itself before the requeue
+        assert states.index("Has it stopped?") < states.index("Note the newest checkpoint") < states.index("Requeue the job")
+        sweep = env.job("sweep")
+        # And the checkpoint the sweep wrote on SIGTERM counts: it is trusted to save on its
+        # next stop, and what the stop lost counts from that checkpoint, not from its start
+        assert sweep.status is JobState.PENDING and sweep.incarnation == 2
+        assert sweep.saved_on_stop and sweep.declares_save_on_stop
+        assert sweep.last_checkpoint_at is not None and sweep.last_checkpoint_at > START + 2400
+        assert sweep.lost_gpu_seconds <= 120 * 64

@@ -6,7 +6,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from .. import clock
 from ..service import actions
 from .observability import logger, metrics, tracer
-from .steps import CheckCheckpoint, CheckpointStep, RequestCheckpoint, step_input
+from .steps import CheckCheckpoint, CheckpointStep, NoteCheckpoint, RequestCheckpoint, step_input
 from .wiring import deps
 
 
@@ -14,14 +14,17 @@ from .wiring import deps
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 @step_input(CheckpointStep)
-def handler(step: CheckCheckpoint | RequestCheckpoint, context: LambdaContext) -> dict:
-    """Input {"action": "check", "job", "newer_than"?} or {"action": "request", "job", "reason"?}."""
+def handler(step: CheckCheckpoint | RequestCheckpoint | NoteCheckpoint, context: LambdaContext) -> dict:
+    """Input {"action": "check", "job", "newer_than"?}, {"action": "request", "job", "reason"?}
+    or {"action": "note", "job"}."""
     d = deps()
     now = clock.CLOCK.now()
     if isinstance(step, CheckCheckpoint):
         result = actions.check_checkpoint(
             store=d.store, checkpoints=d.checkpoints, policy=d.settings.policy, job=step.job, now=now, newer_than=step.newer_than
         )
+    elif isinstance(step, NoteCheckpoint):
+        result = actions.note_newest_checkpoint(store=d.store, checkpoints=d.checkpoints, job=step.job, now=now)
     else:
         result = actions.request_checkpoint(store=d.store, checkpoints=d.checkpoints, job=step.job, reason=step.reason, now=now)
     if result.get("error"):

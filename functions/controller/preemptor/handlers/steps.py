@@ -86,7 +86,17 @@ class RequestCheckpoint(_Step):
     reason: Reason = "preemption"
 
 
-CheckpointStep = TypeAdapter(Annotated[Union[CheckCheckpoint, RequestCheckpoint], Field(discriminator="action")])
+class NoteCheckpoint(_Step):
+    """After a stop, before the requeue: note the newest checkpoint S3 holds (one written
+    during the grace may not have reached the table through its S3 event yet)."""
+
+    action: Literal["note"]
+    job: Name
+
+
+CheckpointStep = TypeAdapter(
+    Annotated[Union[CheckCheckpoint, RequestCheckpoint, NoteCheckpoint], Field(discriminator="action")]
+)
 
 
 # -- scheduling ----------------------------------------------------------------------------

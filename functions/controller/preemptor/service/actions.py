@@ -46,6 +46,23 @@ def _current(store: JobsStore, name: str, incarnation: int | None) -> JobRecord 
     return record
 
 
+def note_newest_checkpoint(*, store: JobsStore, checkpoints: CheckpointStore, job: str, now: float) -> dict:
+    """Note the newest checkpoint S3 holds for `job`, read from S3 itself: after a stop, the
+    requeue judges from the table whether the job saved during the grace (and what the stop
+    lost), and the S3 event of a checkpoint written late in the grace may not be there yet.
+    A location that cannot be read changes nothing: the requeue goes on with the table."""
+    record = store.require(job)
+    try:
+        newest = checkpoints.newest(record.checkpoint_s3_uri)
+    except CheckpointLocationUnavailable as e:
+        store.log(job, now, "checkpoint-unavailable", e.code or "checkpoint-location", str(e))
+        return {"last_checkpoint_at": record.last_checkpoint_at, "error": e.code}
+    if newest is not None and newest > (record.last_checkpoint_at or 0.0):
+        store.note_checkpoint(job, newest)
+        learning.checkpoint_seen(store, record, newest)
+    return {"last_checkpoint_at": max(newest or 0.0, record.last_checkpoint_at or 0.0) or None}
+
+
 def check_checkpoint(
     *, store: JobsStore, checkpoints: CheckpointStore, policy: Policy, job: str, now: float, newer_than: float | None = None
 ) -> dict:

@@ -6,8 +6,10 @@ request (`RunningJob.ignored_checkpoint_request`). Those inputs are facts the co
 saw, recorded on the job record (`core.jobs.JobRecord`):
 
 - `saved_on_stop`: after the job's last stop, a checkpoint appeared during the grace
-  (newer than the stop signal). It is trusted only for a job that declares it saves on
-  SIGTERM (`SAVES_ON_STOP_LABEL`); a stop without one revokes it.
+  (newer than the stop signal; the workflows read S3 itself before the requeue,
+  `actions.note_newest_checkpoint`, so a late S3 event does not hide it). It is trusted
+  only for a job that declares it saves on SIGTERM (`SAVES_ON_STOP_LABEL`); a stop without
+  one revokes it.
 - `ignored_checkpoint_request`: a checkpoint was requested and the wait ran out without
   one (the workflow stopped it without a fresh checkpoint); cleared when a checkpoint
   newer than a request is seen.
