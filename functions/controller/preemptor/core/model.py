@@ -135,11 +135,14 @@ class PreemptionRule(StrEnum):
     @property
     def victim_reason(self) -> Reason:
         """The reason a victim chosen under this rule is given in the decision."""
-        return {
-            PreemptionRule.RECLAIM_BORROWED: Reason.BORROWED_CAPACITY_RECLAIMED,
-            PreemptionRule.LOWER_PRIORITY: Reason.LOWER_PRIORITY_VICTIM,
-            PreemptionRule.NEWER_EQUAL_PRIORITY: Reason.NEWER_EQUAL_PRIORITY_VICTIM,
-        }[self]
+        return _VICTIM_REASONS[self]
+
+
+_VICTIM_REASONS = {
+    PreemptionRule.RECLAIM_BORROWED: Reason.BORROWED_CAPACITY_RECLAIMED,
+    PreemptionRule.LOWER_PRIORITY: Reason.LOWER_PRIORITY_VICTIM,
+    PreemptionRule.NEWER_EQUAL_PRIORITY: Reason.NEWER_EQUAL_PRIORITY_VICTIM,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,20 +243,23 @@ class RunningJob:
             return 0.0
         return _progress.work_at_risk_s(self.last_checkpoint_at, self.started_at, now)
 
-    def lost_gpu_seconds(self, now: float) -> float:
-        """GPU-seconds of work a stop at `now` throws away."""
-        return self.gpus * self.work_at_risk_s(now)
+    def lost_gpu_seconds(self, now: float, at_risk_s: float | None = None) -> float:
+        """GPU-seconds of work a stop at `now` throws away (`at_risk_s`: as in `stop_cost_gpu_seconds`)."""
+        return self.gpus * (self.work_at_risk_s(now) if at_risk_s is None else at_risk_s)
 
-    def stop_cost_gpu_seconds(self, now: float) -> float:
+    def stop_cost_gpu_seconds(self, now: float, at_risk_s: float | None = None) -> float:
         """What a stop costs, in GPU-seconds: the work lost, the restart overhead, and a
         penalty for every earlier preemption of the job (`REPREEMPTION_PENALTY_S` each).
+        `at_risk_s`: its `work_at_risk_s(now)`, when the caller has it already.
 
         Without the penalty a job that was just relaunched, having lost nothing yet, is
         always the cheapest victim, and the same job is preempted again and again (the
         simulator showed one low job restarted 160 times in a week): the penalty spreads the
         burden, as a job's owner would expect."""
         penalty = self.preemptions * REPREEMPTION_PENALTY_S
-        return self.gpus * (self.work_at_risk_s(now) + self.restart_overhead_s + penalty)
+        if at_risk_s is None:
+            at_risk_s = self.work_at_risk_s(now)
+        return self.gpus * (at_risk_s + self.restart_overhead_s + penalty)
 
     def checkpoint_age_s(self, now: float) -> float | None:
         """Seconds since the last checkpoint, or None when there is none yet."""

@@ -26,16 +26,20 @@ every scheduler the simulator compares: a `Discipline` gives the ranking, the vi
 and whether to fill back; the `Policy` gives who may preempt whom and the protections.
 Ours is `OURS`.
 
-Cost: sorting (P + R) log(P + R) per pool; a Fenwick tree over priorities bounds the
-GPUs a job could free, so a job that cannot fit is dismissed in O(log 1000) without
-scanning the running jobs; victim scans stop at the first priority a job may not preempt.
+Cost: sorting (P + R) log(P + R) per pool; sums of candidate GPUs by priority bound the
+GPUs a job could free, so a job that cannot fit is dismissed without scanning the running
+jobs; victim lists are sorted on their first walk, and scans stop at the first priority a
+job may not preempt. A job alike one that could not fit, in the same pool state, is given
+its outcome again (`PoolPlanner._no_fit`); docs/policy.md, "Speed", has the figures.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from functools import cached_property, partial
+from operator import attrgetter
+from typing import Callable, Iterable, Sequence
 
 from . import progress
 from .model import (
@@ -55,8 +59,8 @@ from .model import (
     TeamUsage,
     Verdict,
 )
-from .policy import MaxPreemptionsAction, Policy, PoolPolicy
-from .quotas import Bucket, Quotas
+from .policy import MaxPreemptionsAction, Policy, PoolPolicy, PreemptionMode
+from .quotas import Bucket, Freed, Quotas
 from .ranking import ClaimRules, RankedJob, Ranker, rank_key, rank_pool, team_usage
 from .victims import (
     Candidates,
@@ -69,6 +73,13 @@ from .victims import (
     victim_key,
     walk,
 )
+
+NOTHING_FREED: Freed = {}  # no victims chosen yet (never written to)
+
+# Members used on every pending job and victim, bound once: on Python 3.11 each lookup of an
+# enum class attribute goes through `EnumType.__getattr__`, the cost of a function call.
+_WAIT, _PREEMPT, _SPARE = Verdict.WAIT, Verdict.PREEMPT, Verdict.SPARE
+_RECLAIM = PreemptionRule.RECLAIM_BORROWED
 
 # Candidates a preemptor skipped are listed in the decision up to this many per preemptor;
 # `explain` lists them all.
@@ -118,13 +129,24 @@ class PoolPlanner:
         self.lines: list[Explanation] = []
         self.running = running
         rules = self.rules = ClaimRules.of(knobs, policy)
+        self.claimed = {v.name: v.priority for v in running}
         if rules.caps:
-            gated, claim = bool(rules.gated), rules.claim
-            self.claimed = {v.name: claim(v.priority, v.sla_s, v.spot)[0] if (gated or v.spot) else v.priority for v in running}
-        else:
-            self.claimed = {v.name: v.priority for v in running}
+            gated, claims = bool(rules.gated), {}
+            for v in running:
+                if gated or v.spot:  # otherwise no cost rule applies (`ClaimRules.claim`)
+                    key = (v.priority, v.sla_s, v.spot)
+                    claimed = claims.get(key)
+                    if claimed is None:
+                        claimed = claims[key] = rules.claim(v.priority, v.sla_s, v.spot)[0]
+                    self.claimed[v.name] = claimed
         self._delays: dict[int, float] = {}
         self._timed = bool(knobs.preemption_delay_s or knobs.tier_preemption_delay_s)  # delays apply
+        self._rate_limited = self._timed or knobs.budget is not None  # whether a job has waited its delay matters
+        self._pool_delay = None if knobs.tier_preemption_delay_s else knobs.preemption_delay_s  # None: by tier
+        # A job preempted this often is failed at its turn (on_max_preemptions: fail); None: never.
+        fails = knobs.max_preemptions is not None and knobs.on_max_preemptions is MaxPreemptionsAction.FAIL
+        self._fail_at = knobs.max_preemptions if fails else None
+        self._starving_after = knobs.aging.starving_after_s
         self.free = max(0, pool.gpus - sum(v.gpus for v in running))
         self.releasing = sum(v.gpus for v in running if v.stopping)
         self.initial_free = self.free
@@ -141,6 +163,9 @@ class PoolPlanner:
         # capacity, quotas or candidates change (`_changed`). Most of a long queue waits
         # for the same reason as the job before it.
         self._no_fit: dict[tuple, tuple[Reason, str]] = {}
+        # Under LowerOrNewerEqualPriority a job may preempt equal priority work started after
+        # its own submission, so its submission time decides its outcome too.
+        self._by_submission = PreemptionMode.LOWER_OR_NEWER_EQUAL_PRIORITY in (knobs.within_team, knobs.across_teams)
 
     # -- setup ----------------------------------------------------------------------------
     def _setup_candidates(self) -> None:
@@ -148,7 +173,6 @@ class PoolPlanner:
         victim order, GPUs by priority) on first use, as most jobs never look for victims."""
         self.protected: dict[str, Eligibility] = {}
         self._candidates: list[RunningJob] = []
-        self._cands: Candidates | None = None
         self._bounds: dict[tuple[str, int, bool], int] = {}
         # Protected only by min_runtime_s, while an escalated job waits: candidates for it alone.
         self._soft: dict[str, Eligibility] = {}
@@ -170,26 +194,15 @@ class PoolPlanner:
             if bucket is not None:
                 bucket.candidate_gpus += v.gpus
 
-    @property
+    @cached_property
     def cands(self) -> Candidates:
-        if self._cands is None:
-            cands = self._cands = Candidates(per_team_own=self.quotas.on)
-            borrowed_set, claimed = self.quotas.borrowed, self.claimed
-            lists, list_key = cands.lists, cands.list_key
-            by_priority, totals = cands.by_priority, cands.totals
-            for v in self._candidates:
-                borrowed = v.name in borrowed_set
-                lists[list_key(borrowed, v.team)].append(v)
-                priority, gpus = claimed[v.name], v.gpus
-                for key in ((borrowed, v.team), (borrowed, None)):  # no tree is built yet: plain sums
-                    by_priority[key][priority] += gpus
-                    totals[key] += gpus
-            key_of, now = self.discipline.victim_key, self.now
-            for jobs in lists.values():
-                decorated = [(key_of(v, now, v.name in borrowed_set, claimed[v.name]), i) for i, v in enumerate(jobs)]
-                decorated.sort()
-                jobs[:] = [jobs[i] for _, i in decorated]
-        return self._cands
+        """The candidate index, made on first use."""
+        borrowed, claimed, key_of, now = self.quotas.borrowed, self.claimed, self.discipline.victim_key, self.now
+
+        def order(v: RunningJob) -> tuple:
+            return key_of(v, now, v.name in borrowed, claimed[v.name])
+
+        return Candidates(self.quotas.on, order, self._candidates, borrowed, claimed)
 
     def _setup_budget(self, history: Iterable[PastPreemption]) -> None:
         budget = self.knobs.budget
@@ -209,10 +222,23 @@ class PoolPlanner:
         return self.quotas.may_reclaim(bucket, gpus, self.knobs.reclaim_within_pool)
 
     def eligibility(self, r: RankedJob, v: RunningJob, reclaim: bool) -> Eligibility:
-        soft = self._soft.get(v.name) if self._soft else None
-        if soft is not None and not r.job.escalated:
-            return soft
-        return eligibility(r, v, self.claimed[v.name], self.knobs, self.quotas.on, v.name in self.quotas.borrowed, reclaim)
+        return self.judge(r, reclaim)(v)
+
+    def judge(self, r: RankedJob, reclaim: bool) -> Callable[[RunningJob], Eligibility]:
+        """`victims.eligibility` of a candidate for `r`; a candidate protected by the minimum
+        runtime (kept apart while an escalated job waits) is one for an escalated job only."""
+        claimed, borrowed, knobs, on = self.claimed, self.quotas.borrowed, self.knobs, self.quotas.on
+        soft = None if r.job.escalated else self._soft
+        if not soft:
+            return lambda v: eligibility(r, v, claimed[v.name], knobs, on, v.name in borrowed, reclaim)
+
+        def judge(v: RunningJob) -> Eligibility:
+            verdict = soft.get(v.name)
+            if verdict is not None:
+                return verdict
+            return eligibility(r, v, claimed[v.name], knobs, on, v.name in borrowed, reclaim)
+
+        return judge
 
     def candidate_verdict(self, r: RankedJob, v: RunningJob) -> Eligibility:
         """`eligibility` with the protections and earlier choices in this cycle, for `explain`."""
@@ -225,14 +251,16 @@ class PoolPlanner:
 
     def victim_bound(self, r: RankedJob, reclaim: bool) -> int:
         """An upper bound of the GPUs `r` could free by preemption (`Candidates.bound`)."""
-        top_within = top_priority(self.knobs.within_team, r.claimed)
-        top_across = top_priority(self.knobs.across_teams, r.claimed)
-        if top_within < 0 and top_across < 0 and not reclaim:
-            return 0  # it may preempt no one
         key = (r.job.team, r.claimed, reclaim)
         bound = self._bounds.get(key)
         if bound is None:  # the same until victims are chosen (`_commit` forgets them)
-            bound = self._bounds[key] = self.cands.bound(r.job.team, top_within, top_across, self.quotas.on, reclaim)
+            top_within = top_priority(self.knobs.within_team, r.claimed)
+            top_across = top_priority(self.knobs.across_teams, r.claimed)
+            if top_within < 0 and top_across < 0 and not reclaim:
+                bound = 0  # it may preempt no one
+            else:
+                bound = self.cands.bound(r.job.team, top_within, top_across, self.quotas.on, reclaim)
+            self._bounds[key] = bound
         return bound
 
     def choose(self, r: RankedJob, bucket: Bucket | None, available: int, reclaim: bool) -> Choice:
@@ -240,16 +268,17 @@ class PoolPlanner:
         top_within = top_priority(self.knobs.within_team, r.claimed)
         top = max(top_within, top_priority(self.knobs.across_teams, r.claimed))
         # With quotas, only the job's own team's work that is not borrowed may be preempted.
+        cands = self.cands
         scans = (
             ((True, None), float("inf") if reclaim else top),
-            (self.cands.list_key(False, r.job.team), top_within if self.quotas.on else top),
+            (cands.list_key(False, r.job.team), top_within if self.quotas.on else top),
         )
         return walk(
             scans,
-            self.cands,
+            cands,
             self.claimed,
-            lambda v: self.eligibility(r, v, reclaim),
-            lambda physical, freed: self.quotas.fits(bucket, r.job.gpus, physical, freed),
+            self.judge(r, reclaim),
+            partial(self.quotas.fits, bucket, r.job.gpus),
             self.quotas.bucket_of,
             available,
             by_priority=self.discipline.victims_by_priority,
@@ -258,28 +287,30 @@ class PoolPlanner:
 
     # -- one pending job --------------------------------------------------------------------
     def place(self, r: RankedJob) -> None:
-        job, k = r.job, self.knobs
+        job = r.job
         # Caps change what a job may preempt, so they get a line of their own; aging only
         # reorders the queue and is told in `explain` and the rank trace.
-        if r.adjustments:
-            for reason, detail in r.adjustments:
-                if reason is not Reason.AGED:
-                    self.lines.append(Explanation(job.name, Verdict.RANK, reason, detail))
+        if r.notes:
+            for reason, detail in r.notes:
+                self.lines.append(Explanation(job.name, Verdict.RANK, reason, detail))
         bucket = self.quotas.bucket_for(job.team, r.claimed) if self.quotas.on else None
         # What decides the outcome of a job that does not fit, besides the pool's state.
-        waited = self.waited_enough(r) if (k.budget is not None or self._timed) else True
+        waited = self.waited_enough(r) if self._rate_limited else True
         key = (id(bucket), r.claimed, job.team, job.gpus, job.escalated, waited)
-        if self._no_fit and (k.max_preemptions is None or k.on_max_preemptions is not MaxPreemptionsAction.FAIL):
+        if self._by_submission:
+            key += (job.submitted_at,)
+        if self._no_fit and self._fail_at is None:
             # A job alike one that could not fit, since nothing changed: the same outcome
             # (it does not fit the free GPUs either, so it is not admitted).
             cached = self._no_fit.get(key)
             if cached is not None and job.gpus <= self.pool.gpus:
-                if k.aging.starving_after_s is not None and self.starving(job):
+                if self._starving_after is not None and self.starving(job):
                     self._reserve(r, bucket)  # it cannot fit either: it reserves what is left
                 else:
-                    self.lines.append(Explanation(job.name, Verdict.WAIT, cached[0], cached[1]))
+                    self.lines.append(Explanation(job.name, _WAIT, cached[0], cached[1]))
                 return
-        if k.max_preemptions is not None and k.on_max_preemptions is MaxPreemptionsAction.FAIL and job.preemptions >= k.max_preemptions:
+        if self._fail_at is not None and job.preemptions >= self._fail_at:
+            k = self.knobs
             detail = f"preempted {job.preemptions} times; max_preemptions is {k.max_preemptions} (on_max_preemptions: fail)"
             self.failures.append(Failure(job.name, job.pool, Reason.MAX_PREEMPTIONS_EXCEEDED, detail))
             self.lines.append(Explanation(job.name, Verdict.FAIL, Reason.MAX_PREEMPTIONS_EXCEEDED, detail))
@@ -288,7 +319,7 @@ class PoolPlanner:
             detail = f"needs {job.gpus} GPUs, pool {self.pool.name} has {self.pool.gpus}"
             self.lines.append(Explanation(job.name, Verdict.SKIP, Reason.LARGER_THAN_POOL, detail))
             return
-        if self.quotas.fits(bucket, job.gpus, self.free, {})[0]:
+        if self.quotas.fits(bucket, job.gpus, self.free, NOTHING_FREED)[0]:
             self._admit(r, bucket)
         else:
             self._nominate(r, bucket, key)
@@ -310,7 +341,11 @@ class PoolPlanner:
 
     def waited_enough(self, r: RankedJob) -> bool:
         """Whether `r` has served its preemption delay (an escalated job has none)."""
-        return r.job.escalated or self.now - r.job.waiting_since() >= self.delay_for(r.claimed)
+        job = r.job
+        if job.escalated:
+            return True
+        delay = self._pool_delay if self._pool_delay is not None else self.delay_for(r.claimed)
+        return self.now - job.waiting_since() >= delay
 
     def _admit(self, r: RankedJob, bucket: Bucket | None) -> None:
         job = r.job
@@ -346,7 +381,7 @@ class PoolPlanner:
         return from_free + from_releasing
 
     def _wait(self, job: PendingJob, reason: Reason, detail: str) -> None:
-        self.lines.append(Explanation(job.name, Verdict.WAIT, reason, detail))
+        self.lines.append(Explanation(job.name, _WAIT, reason, detail))
 
     def _report_protections(self) -> None:
         if self._protections_reported:
@@ -361,20 +396,21 @@ class PoolPlanner:
         """Claim capacity for a job that does not fit now, preempting victims if needed."""
         job, k, now = r.job, self.knobs, self.now
         available = self.free + self.releasing
-        ok, short_of = self.quotas.fits(bucket, job.gpus, available, {})
+        ok, short_of = self.quotas.fits(bucket, job.gpus, available, NOTHING_FREED)
         if ok:
             from_releasing = max(0, job.gpus - self.free)
             self._hold(r, bucket)
             self._wait(job, Reason.WAITING_FOR_PREEMPTED_CAPACITY, f"{from_releasing} of its {job.gpus} GPUs are held by jobs being stopped")
             return
 
-        self._report_protections()
-        reclaim = self.may_reclaim(bucket, job.gpus)
-        choice = Choice(short_of=short_of)
+        if not self._protections_reported:
+            self._report_protections()
+        reclaim = self.quotas.may_reclaim(bucket, job.gpus, k.reclaim_within_pool)
+        choice = None  # no victims looked for
         if bucket is not None and bucket.used - bucket.candidate_gpus + job.gpus > bucket.ceiling:
-            choice.short_of = "quota"  # even stopping all its own quota's work would not make room
+            short_of = "quota"  # even stopping all its own quota's work would not make room
         elif available + self.victim_bound(r, reclaim) >= job.gpus:
-            spent = self._over_budget([])
+            spent = self._over_budget(()) if k.budget is not None else ""
             if spent and self.waited_enough(r):
                 # Any victim would exceed a budget already spent: no need to look for them.
                 held = self._hold(r, bucket)
@@ -384,21 +420,21 @@ class PoolPlanner:
                     self._no_fit[key] = (Reason.BUDGET_EXHAUSTED, detail)  # nothing was left to hold
                 return
             choice = self.choose(r, bucket, available, reclaim)
-        if not choice.fits:
-            outcome = self._cannot_fit(r, bucket, choice, reclaim)
+            short_of = choice.short_of
+        if choice is None or not choice.fits:
+            outcome = self._cannot_fit(r, bucket, choice, short_of, reclaim)
             if outcome is not None:
                 self._no_fit[key] = outcome
             return
 
         victims = [v for v, _ in choice.victims]
-        names = ", ".join(f"{v.name} ({v.gpus} GPUs)" for v in victims)
         if not self.waited_enough(r):
             self._hold(r, bucket)
             delay = self.delay_for(r.claimed)
             knob = "tier_preemption_delay_s" if delay != k.preemption_delay_s or k.tier_preemption_delay_s.get(self.policy.tier_of(r.claimed)) is not None else "preemption_delay_s"
             detail = (
                 f"needs {job.gpus} GPUs; waits {delay - (now - job.waiting_since()):.0f} s more for capacity to free "
-                f"by itself before preempting {names} ({knob} {delay:g})"
+                f"by itself before preempting {_names(victims)} ({knob} {delay:g})"
             )
             self._wait(job, Reason.PREEMPTION_DELAYED, detail)
             for v in victims:
@@ -407,7 +443,7 @@ class PoolPlanner:
         over = self._over_budget(victims)
         if over:
             self._hold(r, bucket)
-            self._wait(job, Reason.BUDGET_EXHAUSTED, f"needs {job.gpus} GPUs; preempting {names} would exceed the budget: {over}")
+            self._wait(job, Reason.BUDGET_EXHAUSTED, f"needs {job.gpus} GPUs; preempting {_names(victims)} would exceed the budget: {over}")
             return
         self._commit(r, bucket, choice)
 
@@ -421,21 +457,22 @@ class PoolPlanner:
 
     def starving(self, job: PendingJob) -> bool:
         """Whether `job` has waited `aging.starving_after_s` (it then reserves capacity)."""
-        after = self.knobs.aging.starving_after_s
+        after = self._starving_after
         return after is not None and self.now - job.submitted_at >= after
 
-    def _cannot_fit(self, r: RankedJob, bucket: Bucket | None, choice: Choice, reclaim: bool) -> tuple[Reason, str] | None:
+    def _cannot_fit(self, r: RankedJob, bucket: Bucket | None, choice: Choice | None, short_of: str, reclaim: bool) -> tuple[Reason, str] | None:
         """A job that cannot fit even with every eligible victim waits; returns the
-        (reason, detail) it was given, or None when it reserved capacity (starving)."""
+        (reason, detail) it was given, or None when it reserved capacity (starving).
+        `choice` is the walk, None when no victims were looked for; `short_of` what is missing."""
         job = r.job
         if self.starving(job):
             self._reserve(r, bucket)
             return None
-        if choice.scanned:
+        if choice is not None and choice.scanned:
             eligible = f"{sum(v.gpus for v, _ in choice.victims)} held by {len(choice.victims)} job(s) it may preempt"
         else:
             eligible = f"at most {self.victim_bound(r, reclaim)} held by jobs it may preempt"
-        if choice.short_of == "quota" and bucket is not None:
+        if short_of == "quota" and bucket is not None:
             detail = (
                 f"needs {job.gpus} GPUs; quota {bucket.label()} uses {bucket.used} of nominal {bucket.nominal}"
                 f" (ceiling {bucket.ceiling_label()}); other quotas keep {self.quotas.kept_by_others(bucket)} GPUs unlent; {eligible}"
@@ -449,7 +486,7 @@ class PoolPlanner:
         self._wait(job, reason, detail)
         return reason, detail
 
-    def _over_budget(self, victims: list[RunningJob]) -> str:
+    def _over_budget(self, victims: Sequence[RunningJob]) -> str:
         """Why stopping `victims` would exceed the pool's budget ('' when it would not).
 
         With no victims: whether the budget is already spent, so that any preemption would
@@ -459,7 +496,8 @@ class PoolPlanner:
         if budget is None:
             return ""
         count = self.budget_count + len(victims)
-        lost_h = (self.budget_lost + sum(v.lost_gpu_seconds(self.now) for v in victims)) / 3600.0
+        lost = self.budget_lost + sum(v.lost_gpu_seconds(self.now) for v in victims) if victims else self.budget_lost
+        lost_h = lost / 3600.0
         if budget.max_preemptions is not None and (count > budget.max_preemptions or (not victims and count >= budget.max_preemptions)):
             return f"{count} preemptions {'>' if victims else 'of'} {budget.max_preemptions} per {budget.window_s:g} s"
         if budget.max_gpu_hours is not None and lost_h > budget.max_gpu_hours:
@@ -469,49 +507,53 @@ class PoolPlanner:
     def _commit(self, r: RankedJob, bucket: Bucket | None, choice: Choice) -> None:
         """Stop the chosen victims for `r`: it holds the capacity they free; any surplus
         becomes capacity being freed that the next jobs can claim."""
-        job, now = r.job, self.now
+        job = r.job
         self._changed()
-        victims = [v for v, _ in choice.victims]
-        victim_gpus = sum(v.gpus for v in victims)
+        victim_gpus = sum(v.gpus for v, _ in choice.victims)
         still_needed = max(0, job.gpus - victim_gpus)  # taken from free, then from releasing
         from_free = min(self.free, still_needed)
         self.free -= from_free
         self.releasing -= still_needed - from_free
         self.releasing += max(0, victim_gpus - job.gpus)
         self.held_gpus += job.gpus
-        chosen = {v.name for v in victims}
-        for v in victims:
-            b = self.quotas.bucket_of[v.name]
+        quotas, cands, claimed = self.quotas, self.cands, self.claimed
+        chosen: set[str] = set()
+        for v, _ in choice.victims:
+            chosen.add(v.name)
+            b = quotas.bucket_of[v.name]
             if b is not None:
-                self.quotas.set_used(b, b.used - v.gpus)
+                quotas.set_used(b, b.used - v.gpus)
                 b.candidate_gpus -= v.gpus
-            self.cands.add(v, v.name in self.quotas.borrowed, self.claimed[v.name], sign=-1)
+            cands.add(v, v.name in quotas.borrowed, claimed[v.name], sign=-1)
             self.chosen_by[v.name] = job.name
-            self.budget_count += 1
-            self.budget_lost += v.lost_gpu_seconds(now)
         for key, scanned in choice.scanned.items():
             if scanned:
-                self.cands.remove(key, chosen, scanned)
+                cands.remove(key, chosen, scanned)
         self._bounds.clear()
         if bucket is not None:
-            self.quotas.set_used(bucket, bucket.used + job.gpus)
+            quotas.set_used(bucket, bucket.used + job.gpus)
+        lines, reclaims = self.lines, False
         for v, verdict in choice.victims:
             self._preempt(r, v, verdict.rule, verdict.detail)
-        for v in choice.dropped:
-            self.lines.append(Explanation(v.name, Verdict.SPARE, Reason.NOT_NEEDED, f"fill-back: {job.name} fits without it", for_job=job.name))
+            reclaims = reclaims or verdict.rule is _RECLAIM
+        if choice.dropped:
+            dropped = f"fill-back: {job.name} fits without it"
+            for v in choice.dropped:
+                lines.append(Explanation(v.name, _SPARE, Reason.NOT_NEEDED, dropped, job.name))
         for v, verdict in choice.skipped[:MAX_SKIPPED_LINES]:
-            self.lines.append(Explanation(v.name, Verdict.SPARE, verdict.reason, verdict.detail, for_job=job.name))
+            lines.append(Explanation(v.name, _SPARE, verdict.reason, verdict.detail, job.name))
         more = len(choice.skipped) - MAX_SKIPPED_LINES
-        reclaims = any(verdict.rule is PreemptionRule.RECLAIM_BORROWED for _, verdict in choice.victims)
-        detail = f"needs {job.gpus} GPUs; preempting {', '.join(v.name for v in victims) or 'nothing new'}"
+        detail = f"needs {job.gpus} GPUs; preempting {', '.join([v.name for v, _ in choice.victims]) or 'nothing new'}"
         if job.escalated:
             detail += "; escalated: minimum runtime, checkpoint wait and preemption delay lifted"
         if more > 0:
             detail += f" ({more} more candidates skipped)"
         self._wait(job, Reason.RECLAIMS_BORROWED if reclaims else Reason.PREEMPTS_LOWER_PRIORITY, detail)
 
-    def stop_mode(self, r: RankedJob, v: RunningJob) -> tuple[bool, Reason, str]:
+    def stop_mode(self, r: RankedJob, v: RunningJob, at_risk: float, fresh: bool) -> tuple[bool, Reason, str]:
         """How victim `v` is stopped for `r`: (wait for a requested checkpoint?, why, detail).
+        `at_risk`: its `work_at_risk_s` now; `fresh`: its checkpoint is within
+        `checkpoint_max_age_s` (`progress.is_fresh`).
 
         At once when nothing is at risk or waiting does not pay: the preemptor is
         escalated; the victim has been seen to save on SIGTERM within the grace; its
@@ -522,13 +564,12 @@ class PoolPlanner:
         for a job that runs the training helper (`declares_save_on_stop`), else
         `checkpoint_wait_max_s`. Otherwise the workflow asks and waits.
         """
-        now, k = self.now, self.knobs
+        k = self.knobs
         if r.job.escalated:
             return False, Reason.ESCALATED_STOP, f"stopped at once: {r.job.name} is escalated"
         if v.saves_on_stop:
             return False, Reason.SAVES_ON_STOP, "stopped at once: it was seen to save on SIGTERM within the grace"
-        at_risk = v.work_at_risk_s(now)
-        if progress.is_fresh(v.last_checkpoint_at, v.started_at, now, k.checkpoint_max_age_s):
+        if fresh:
             return False, Reason.CHECKPOINT_FRESH, f"stopped at once: {at_risk:.0f} s at risk <= checkpoint_max_age_s {k.checkpoint_max_age_s:g}"
         if v.ignored_checkpoint_request:
             return False, Reason.IGNORED_LAST_REQUEST, "stopped at once: it did not honour its last checkpoint request"
@@ -572,35 +613,37 @@ class PoolPlanner:
         return out
 
     def _preempt(self, r: RankedJob, v: RunningJob, rule: PreemptionRule, why: str) -> None:
+        """Record the stop of victim `v` for `r`, and count it against the pool's budget."""
         now, job = self.now, r.job
         age = v.checkpoint_age_s(now)
         borrowed = v.name in self.quotas.borrowed
-        lost = v.lost_gpu_seconds(now)
-        wait, stop, how = self.stop_mode(r, v)
+        at_risk = v.work_at_risk_s(now)
+        lost = v.lost_gpu_seconds(now, at_risk)
+        if self.knobs.budget is not None:
+            self.budget_count += 1
+            self.budget_lost += lost
+        fresh = progress.is_fresh(v.last_checkpoint_at, v.started_at, now, self.knobs.checkpoint_max_age_s)
+        wait, stop, how = self.stop_mode(r, v, at_risk, fresh)
+        reason = rule.victim_reason
+        cost = v.stop_cost_gpu_seconds(now, at_risk)
+        # Positional, in `Preemption`'s field order: victim, preemptor, pool, gpus, reason,
+        # lost, checkpoint age, rule, cost, fresh, borrowed, wait for checkpoint, stop, escalated.
         self.preemptions.append(
-            Preemption(
-                victim=v.name,
-                preemptor=job.name,
-                pool=job.pool,
-                gpus=v.gpus,
-                reason=rule.victim_reason,
-                lost_gpu_seconds=lost,
-                checkpoint_age_s=age,
-                rule=rule,
-                cost_gpu_seconds=v.stop_cost_gpu_seconds(now),
-                checkpoint_fresh=progress.is_fresh(v.last_checkpoint_at, v.started_at, now, self.knobs.checkpoint_max_age_s),
-                borrowed=borrowed,
-                wait_for_checkpoint=wait,
-                stop=stop,
-                escalated=job.escalated,
-            )
+            Preemption(v.name, job.name, job.pool, v.gpus, reason, lost, age, rule, cost, fresh, borrowed, wait, stop, job.escalated)
         )
         checkpoint = "no checkpoint yet" if age is None else f"checkpoint {age:.0f} s old"
-        on_borrowed = "; on borrowed quota" if borrowed and rule is not PreemptionRule.RECLAIM_BORROWED else ""
+        on_borrowed = "; on borrowed quota" if borrowed and rule is not _RECLAIM else ""
         soft = self._soft.get(v.name) if job.escalated else None
         lifted = f"; escalated: {soft.detail} lifted" if soft is not None else ""
         detail = f"{why}{on_borrowed}{lifted}; stopping it loses {lost:.0f} GPU-seconds ({checkpoint}); {how}"
-        self.lines.append(Explanation(v.name, Verdict.PREEMPT, rule.victim_reason, detail, for_job=job.name))
+        self.lines.append(Explanation(v.name, _PREEMPT, reason, detail, job.name))
+
+
+_escalated = attrgetter("escalated")
+
+
+def _names(victims: list[RunningJob]) -> str:
+    return ", ".join(f"{v.name} ({v.gpus} GPUs)" for v in victims)
 
 
 def waited_enough(job: PendingJob, knobs: PoolPolicy, now: float) -> bool:
@@ -649,14 +692,18 @@ def run(snapshot: Snapshot, policy: Policy, now: float, discipline: Discipline =
             usage_cache[fair] = team_usage(snapshot, now, fair[1]) if fair[0] else {}
         waiting = pending_by_pool.get(pool.name, ())
         ranked = discipline.rank(waiting, knobs, policy, now, usage_cache[fair])
-        escalated = any(job.escalated for job in waiting)
+        escalated = any(map(_escalated, waiting))
         planner = PoolPlanner(
             pool, knobs, policy, now, running_by_pool.get(pool.name, []), snapshot.preemption_history, discipline, escalated
         )
-        for position, r in enumerate(ranked, start=1):
-            if observe is not None:
+        if observe is None:
+            place = planner.place
+            for r in ranked:
+                place(r)
+        else:
+            for position, r in enumerate(ranked, start=1):
                 observe(planner, ranked, position, r)
-            planner.place(r)
+                planner.place(r)
         admits += planner.admits
         preemptions += planner.preemptions
         failures += planner.failures

@@ -29,7 +29,8 @@ class Bucket:
     candidate_gpus: int = 0  # GPUs of its running jobs that may still be chosen as victims
 
     def unused_kept(self, used: int | None = None) -> int:
-        return max(0, self.kept - (self.used if used is None else used))
+        unused = self.kept - (self.used if used is None else used)
+        return unused if unused > 0 else 0  # max(0, unused): the fit test's inner loop
 
     def label(self) -> str:
         team, tier = self.key

@@ -12,31 +12,65 @@ import math
 from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Callable, Iterable
 
 from .model import PendingJob, Reason, Snapshot, run_usage
 from .policy import MAX_PRIORITY, AgingCap, Policy, PoolPolicy
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class RankedJob:
     """A pending job with the priorities the planner derived for it.
 
     Not frozen, but never changed once built: one is built for every pending job on every
     plan, and a frozen dataclass costs five times as much to build. Treat it as immutable.
+    `notes` are the adjustments told on the job's rank lines (the caps, the handover);
+    `adjustments` adds how aging raised it, written only when asked for (`explain`), as
+    the planner never prints it and nearly every job of a long queue is aged.
     """
 
     job: PendingJob
     claimed: int  # its priority after the SLA and spot caps: what it may preempt with
     effective: int  # claimed plus aging: what orders the queue
     team_usage: float  # decayed GPU-seconds of its team (0 when fair share is off)
-    adjustments: tuple[tuple[Reason, str], ...] = ()
-    handover: bool = False  # victims were stopped for it: it is placed first in its tier
-    rank_priority: int | None = None  # what orders it (`rank_key`); None: `effective`
+    notes: tuple[tuple[Reason, str], ...]  # the caps, then the handover
+    handover: bool  # victims were stopped for it: it is placed first in its tier
+    rank_priority: int  # what orders it (`rank_key`)
+    aged_by: "ClaimRules | None"  # the rules that aged it (None: not aged)
+    waited_s: float  # how long it had waited when it was aged
 
-    def __post_init__(self) -> None:
-        if self.rank_priority is None:
-            self.rank_priority = self.effective
+    def __init__(
+        self,
+        job: PendingJob,
+        claimed: int,
+        effective: int,
+        team_usage: float,
+        notes: tuple[tuple[Reason, str], ...] = (),
+        handover: bool = False,
+        rank_priority: int | None = None,
+        aged_by: "ClaimRules | None" = None,
+        waited_s: float = 0.0,
+    ) -> None:
+        self.job = job
+        self.claimed = claimed
+        self.effective = effective
+        self.team_usage = team_usage
+        self.notes = notes
+        self.handover = handover
+        self.rank_priority = effective if rank_priority is None else rank_priority
+        self.aged_by = aged_by
+        self.waited_s = waited_s
+
+    @property
+    def adjustments(self) -> tuple[tuple[Reason, str], ...]:
+        """How its priority was derived, in order: the caps, aging, the handover."""
+        if self.aged_by is None:
+            return self.notes
+        aged = (Reason.AGED, self.aged_by.aging_note(self.claimed, self.effective, self.waited_s))
+        if self.handover:  # the handover note is the last one
+            return (*self.notes[:-1], aged, self.notes[-1])
+        return (*self.notes, aged)
 
 
 # (pending jobs of a pool, its knobs, the policy, now, decayed usage per team) -> ranked jobs
@@ -96,6 +130,8 @@ class ClaimRules:
         self.capped = knobs.aging.cap is AgingCap.BELOW_NEXT_TIER
         self.caps = bool(self.gated) or self.spot_cap is not None  # some job may claim less than it asks
         self.ages = knobs.aging.rate_per_hour > 0
+        self.starving_after = knobs.aging.starving_after_s
+        self._caps: dict[int, int] = {}  # aging's cap by claimed priority (`cap_for`)
 
     def tier_ceiling(self, claimed: int) -> int:
         """One below the next tier above `claimed` (the maximum priority in the top tier)."""
@@ -134,19 +170,32 @@ class ClaimRules:
             claimed = self.spot_cap
         return claimed, notes
 
-    def effective(self, claimed: int, waited_s: float) -> tuple[int, str | None]:
-        """Claimed priority plus aging: `rate_per_hour` whole points per hour waited, capped."""
+    def aged(self, claimed: int, waited_s: float) -> int:
+        """Claimed priority plus aging: `rate_per_hour` whole points per hour waited, capped
+        at `cap_for` (cached: this runs for every job of the queue), uncapped once starving."""
         rate = self.aging.rate_per_hour
         if rate <= 0 or waited_s <= 0:
-            return claimed, None
-        starving = self.aging.starving_after_s is not None and waited_s >= self.aging.starving_after_s
-        cap = MAX_PRIORITY if starving else self.cap_for(max(0, min(MAX_PRIORITY, claimed)))
-        boost = math.floor(rate * waited_s / 3600.0 + 1e-9)
-        effective = max(claimed, min(cap, claimed + boost))
-        if effective == claimed:
-            return claimed, None
-        why = "starving: uncapped" if starving else f"capped at {cap}"
-        return effective, f"waited {waited_s:.0f} s at {rate:g}/h: {claimed} -> {effective} ({why})"
+            return claimed
+        after = self.starving_after
+        if after is not None and waited_s >= after:  # `starving`, inline: this runs for every job
+            cap = MAX_PRIORITY
+        else:
+            cap = self._caps.get(claimed)
+            if cap is None:
+                cap = self._caps[claimed] = self.cap_for(max(0, min(MAX_PRIORITY, claimed)))
+        aged = claimed + math.floor(rate * waited_s / 3600.0 + 1e-9)
+        # max(claimed, min(cap, aged)), without the builtins' cost on every job of the queue
+        aged = aged if aged < cap else cap
+        return aged if aged > claimed else claimed
+
+    def starving(self, waited_s: float) -> bool:
+        """Whether a job that waited `waited_s` is starving (`aging.starving_after_s`)."""
+        return self.starving_after is not None and waited_s >= self.starving_after
+
+    def aging_note(self, claimed: int, effective: int, waited_s: float) -> str:
+        """How aging raised a job from `claimed` to `effective` (`aged`), for `explain`."""
+        why = "starving: uncapped" if self.starving(waited_s) else f"capped at {self.cap_for(max(0, min(MAX_PRIORITY, claimed)))}"
+        return f"waited {waited_s:.0f} s at {self.aging.rate_per_hour:g}/h: {claimed} -> {effective} ({why})"
 
 
 def team_usage(snapshot: Snapshot, now: float, half_life_s: float) -> dict[str, float]:
@@ -173,42 +222,57 @@ def rank_pool(pending: Iterable[PendingJob], knobs: PoolPolicy, policy: Policy, 
     """Ours: the pending jobs of one pool, ranked by `rank_key`.
 
     The caps are computed once per distinct (priority, SLA, spot) and aging only when it
-    is on: a long queue of alike jobs costs one tuple and one object per job.
+    is on: a long queue of alike jobs costs one object per job. The sort is `rank_key`'s
+    without a key tuple per job: the jobs are grouped by its first three keys (without
+    aging, a handful of priorities times teams), and each group, in queue order, is sorted
+    by name then, stably, by submission.
     """
     rules = ClaimRules.of(knobs, policy)
-    fair = knobs.fair_share.enabled
+    fair, caps, ages = knobs.fair_share.enabled, rules.caps, rules.ages
     window = handover_window_s(knobs)
-    claims: dict[tuple, tuple[int, list[tuple[Reason, str]]]] = {}
-    decorated = []
+    gated = bool(rules.gated)
+    claims: dict[tuple, tuple[int, tuple[tuple[Reason, str], ...]]] = {}
+    groups: dict[tuple[int, bool, float], list[RankedJob]] = {}
     for job in pending:
-        if rules.caps:
-            ck = (job.priority, job.sla_s, job.spot)
+        claimed, notes = job.priority, ()
+        if caps and (gated or job.spot):  # otherwise no cost rule applies (`ClaimRules.claim`)
+            ck = (claimed, job.sla_s, job.spot)
             hit = claims.get(ck)
             if hit is None:
-                hit = claims[ck] = rules.claim(job.priority, job.sla_s, job.spot)
-            claimed, notes = hit[0], list(hit[1])
-        else:
-            claimed, notes = job.priority, []
-        effective = claimed
-        if rules.ages:
-            effective, aged = rules.effective(claimed, now - job.submitted_at)
-            if aged:
-                notes.append((Reason.AGED, aged))
+                capped, why = rules.claim(claimed, job.sla_s, job.spot)
+                hit = claims[ck] = (capped, tuple(why))
+            claimed, notes = hit
+        effective, aged_by, waited = claimed, None, 0.0
+        if ages:
+            waited = now - job.submitted_at
+            effective = rules.aged(claimed, waited)
+            if effective != claimed:
+                aged_by = rules
         handover = job.nominated_at is not None and 0 <= now - job.nominated_at <= window
+        order = effective
         if handover:
-            notes.append(
-                (Reason.CAPACITY_FREED_FOR_IT, f"victims were stopped for it {now - job.nominated_at:.0f} s ago: placed first")
-            )
+            notes = (*notes, (Reason.CAPACITY_FREED_FOR_IT, f"victims were stopped for it {now - job.nominated_at:.0f} s ago: placed first"))
+            order = max(effective, rules.tier_ceiling(claimed))
         team_use = usage.get(job.team, 0.0) if fair else 0.0
-        order = max(effective, rules.tier_ceiling(claimed)) if handover else effective
-        ranked = RankedJob(job, claimed, effective, team_use, tuple(notes) if notes else (), handover, order)
-        decorated.append(((-order, not handover, team_use, job.submitted_at, job.name), ranked))
-    decorated.sort(key=_first)
-    return [r for _, r in decorated]
+        ranked = RankedJob(job, claimed, effective, team_use, notes, handover, order, aged_by, waited)
+        key = (-order, not handover, team_use)
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [ranked]
+        else:
+            group.append(ranked)
+    queue: list[RankedJob] = []
+    for key in sorted(groups):
+        group = groups[key]
+        if len(group) > 1:
+            group.sort(key=_by_name)
+            group.sort(key=_by_submission)
+        queue += group
+    return queue
 
 
-def _first(pair: tuple) -> tuple:
-    return pair[0]
+_by_name = attrgetter("job.name")
+_by_submission = attrgetter("job.submitted_at")
 
 
 def ranked_by(key: Callable[[PendingJob], tuple]) -> Ranker:

@@ -5,7 +5,7 @@
 - `eligibility`: whether one preemptor may stop one running job (quota guarantees,
   reclaiming borrowed capacity, the `within_team` / `across_teams` modes);
 - `victim_key`: ours' order of the candidates (others pass their own to the planner);
-- `Candidates`: the candidates indexed for bounds (Fenwick trees by priority) and scans;
+- `Candidates`: the candidates indexed for bounds (GPUs by priority) and scans;
 - `walk`: take eligible candidates in order until the preemptor fits, then fill back.
 """
 
@@ -19,6 +19,16 @@ from .model import PreemptionRule, Reason, RunningJob
 from .policy import MAX_PRIORITY, MaxPreemptionsAction, PoolPolicy, PreemptionMode, ReclaimMode
 from .quotas import Bucket, Freed
 from .ranking import RankedJob
+
+# Members looked up for every candidate judged, bound once: on Python 3.11 each lookup of an
+# enum class attribute goes through `EnumType.__getattr__`, the cost of a function call.
+_NEVER = PreemptionMode.NEVER
+_OR_NEWER_EQUAL = PreemptionMode.LOWER_OR_NEWER_EQUAL_PRIORITY
+_LOWER = PreemptionRule.LOWER_PRIORITY
+_NEWER_EQUAL = PreemptionRule.NEWER_EQUAL_PRIORITY
+_LOWER_VICTIM = Reason.LOWER_PRIORITY_VICTIM
+_NOT_LOWER = Reason.NOT_LOWER_PRIORITY
+_GUARANTEED = Reason.WITHIN_GUARANTEED_QUOTA
 
 # (victim, now, runs on borrowed quota, its claimed priority) -> sort key, smallest first
 VictimKey = Callable[[RunningJob, float, bool, int], tuple]
@@ -42,7 +52,7 @@ def victim_key(victim: RunningJob, now: float, borrowed: bool = False, priority:
     )
 
 
-@dataclass
+@dataclass(slots=True)
 class Eligibility:
     """Whether a running job may be stopped for a given preemptor, and by which rule
     (`rule` None: it may not; `reason` and `detail` say why)."""
@@ -86,20 +96,20 @@ def protection(v: RunningJob, knobs: PoolPolicy, now: float) -> Eligibility | No
 
 def mode_rule(mode: PreemptionMode, pj: int, submitted_at: float, pv: int, started_at: float) -> PreemptionRule | None:
     """The rule under which a preemptor claiming `pj` may stop a victim at `pv` (None: it may not)."""
-    if mode is PreemptionMode.NEVER:
+    if mode is _NEVER:
         return None
     if pv < pj:
-        return PreemptionRule.LOWER_PRIORITY
-    if mode is PreemptionMode.LOWER_OR_NEWER_EQUAL_PRIORITY and pv == pj and started_at > submitted_at:
-        return PreemptionRule.NEWER_EQUAL_PRIORITY
+        return _LOWER
+    if mode is _OR_NEWER_EQUAL and pv == pj and started_at > submitted_at:
+        return _NEWER_EQUAL
     return None
 
 
 def top_priority(mode: PreemptionMode, claimed: int) -> int:
     """The highest victim priority a job claiming `claimed` may preempt under `mode`."""
-    if mode is PreemptionMode.NEVER:
+    if mode is _NEVER:
         return -1
-    return claimed if mode is PreemptionMode.LOWER_OR_NEWER_EQUAL_PRIORITY else claimed - 1
+    return claimed if mode is _OR_NEWER_EQUAL else claimed - 1
 
 
 def eligibility(r: RankedJob, v: RunningJob, pv: int, knobs: PoolPolicy, quotas_on: bool, borrowed: bool, reclaim: bool) -> Eligibility:
@@ -113,42 +123,20 @@ def eligibility(r: RankedJob, v: RunningJob, pv: int, knobs: PoolPolicy, quotas_
     same_team = r.job.team == v.team
     if quotas_on and not same_team:
         if not borrowed:
-            return Eligibility(None, Reason.WITHIN_GUARANTEED_QUOTA, f"runs within {v.team}'s nominal quota")
+            return Eligibility(None, _GUARANTEED, f"runs within {v.team}'s nominal quota")
         if reclaim and (knobs.reclaim_within_pool is ReclaimMode.ANY or pv < pj):
             return Eligibility(
                 PreemptionRule.RECLAIM_BORROWED, Reason.BORROWED_CAPACITY_RECLAIMED, f"runs on quota {v.team} borrowed; {r.job.team} needs it back"
             )
-    mode = knobs.within_team if same_team else knobs.across_teams
-    scope = "within_team" if same_team else "across_teams"
-    if mode is PreemptionMode.NEVER:
+    mode, scope = (knobs.within_team, "within_team") if same_team else (knobs.across_teams, "across_teams")
+    if mode is _NEVER:
         return Eligibility(None, Reason.PREEMPTION_NOT_ALLOWED, f"{scope} is Never")
     rule = mode_rule(mode, pj, r.job.submitted_at, pv, v.started_at)
-    if rule is PreemptionRule.LOWER_PRIORITY:
-        return Eligibility(rule, Reason.LOWER_PRIORITY_VICTIM, f"priority {pv} < {pj} of {r.job.name}")
-    if rule is PreemptionRule.NEWER_EQUAL_PRIORITY:
+    if rule is _LOWER:
+        return Eligibility(rule, _LOWER_VICTIM, f"priority {pv} < {pj} of {r.job.name}")
+    if rule is _NEWER_EQUAL:
         return Eligibility(rule, Reason.NEWER_EQUAL_PRIORITY_VICTIM, f"priority {pv} = {pj} of {r.job.name}, started after it was submitted")
-    return Eligibility(None, Reason.NOT_LOWER_PRIORITY, f"priority {pv} is not below {pj} ({scope} {mode.value})")
-
-
-class _Fenwick:
-    """Sums of GPUs per priority 0..1000, with prefix sums in O(log n)."""
-
-    def __init__(self) -> None:
-        self.tree = [0] * (MAX_PRIORITY + 2)
-
-    def add(self, priority: int, gpus: int) -> None:
-        i = priority + 1
-        while i < len(self.tree):
-            self.tree[i] += gpus
-            i += i & -i
-
-    def prefix(self, priority: int) -> int:
-        """GPUs at priorities 0..priority."""
-        i, total = min(priority, MAX_PRIORITY) + 1, 0
-        while i > 0:
-            total += self.tree[i]
-            i -= i & -i
-        return total
+    return Eligibility(None, _NOT_LOWER, f"priority {pv} is not below {pj} ({scope} {mode.value})")
 
 
 ListKey = tuple[bool, "str | None"]
@@ -157,29 +145,64 @@ ListKey = tuple[bool, "str | None"]
 class Candidates:
     """Running jobs that may still be chosen as victims, indexed for bounds and scans.
 
-    Two kinds: work on borrowed quota and the rest ("own"). Each kind has a list in victim
-    order (per team for "own" work when quotas are on, since only a job's own team may
-    preempt it then) and GPUs by priority, per team and overall, summed by a Fenwick tree
-    built on the first bound asked of it (most plans never ask for most of them).
+    Two kinds: work on borrowed quota (`borrowed`) and the rest ("own"). Each kind has a
+    list in victim `order` (per team for "own" work when quotas are on, since only a job's
+    own team may preempt it then), and GPUs by priority (each job's `claimed`), per team and
+    overall. The lists are made on the first walk and each sorted on its own first walk
+    (`ordered`): most plans never walk most lists. The GPUs at or below a priority are a sum
+    over the kind's distinct priorities (a pool has a few: its tiers), remembered until a
+    victim of that kind is chosen.
     """
 
-    def __init__(self, per_team_own: bool):
+    def __init__(
+        self,
+        per_team_own: bool,
+        order: Callable[[RunningJob], tuple],
+        jobs: list[RunningJob],
+        borrowed: set[str],
+        claimed: dict[str, int],
+    ):
         self.per_team_own = per_team_own
         self.lists: dict[ListKey, list[RunningJob]] = defaultdict(list)
+        self._order = order
+        self._jobs, self._borrowed = jobs, borrowed
+        self._unsorted: set[ListKey] | None = None  # None: the lists are not made yet
         self.by_priority: dict[ListKey, dict[int, int]] = defaultdict(lambda: defaultdict(int))
-        self.trees: dict[ListKey, _Fenwick] = {}
         self.totals: dict[ListKey, int] = defaultdict(int)
+        # `gpus` answers by kind and top priority, forgotten for a kind when it changes: after
+        # each preemption the planner asks the same few again, for every team.
+        self._answers: dict[ListKey, dict[int, int]] = {}
+        sums: dict[tuple[bool, str, int], int] = defaultdict(int)  # GPUs by kind, team and priority
+        for v in jobs:
+            sums[(v.name in borrowed, v.team, claimed[v.name])] += v.gpus
+        for (on_borrowed, team, priority), gpus in sums.items():
+            for key in ((on_borrowed, team), (on_borrowed, None)):
+                self.by_priority[key][priority] += gpus
+                self.totals[key] += gpus
 
     def list_key(self, borrowed: bool, team: str) -> ListKey:
         return (borrowed, team if (self.per_team_own and not borrowed) else None)
 
+    def ordered(self, key: ListKey) -> list[RunningJob]:
+        """The candidates of list `key`, in victim order."""
+        if self._unsorted is None:
+            for v in self._jobs:
+                self.lists[self.list_key(v.name in self._borrowed, v.team)].append(v)
+            self._unsorted = set(self.lists)
+        jobs = self.lists.get(key)
+        if jobs is None:
+            return []
+        if key in self._unsorted:
+            self._unsorted.discard(key)
+            jobs.sort(key=self._order)
+        return jobs
+
     def add(self, v: RunningJob, borrowed: bool, priority: int, sign: int = 1) -> None:
+        gpus = sign * v.gpus
         for key in ((borrowed, v.team), (borrowed, None)):
-            self.by_priority[key][priority] += sign * v.gpus
-            self.totals[key] += sign * v.gpus
-            tree = self.trees.get(key)
-            if tree is not None:
-                tree.add(priority, sign * v.gpus)
+            self._answers.pop(key, None)
+            self.by_priority[key][priority] += gpus
+            self.totals[key] += gpus
 
     def gpus(self, borrowed: bool, team: str | None, top: int) -> int:
         """GPUs of candidates of this kind (of `team`, or all when None) at priority <= top."""
@@ -188,15 +211,17 @@ class Candidates:
         key = (borrowed, team)
         if top >= MAX_PRIORITY:
             return self.totals[key]
-        tree = self.trees.get(key)
-        if tree is None:
-            tree = self.trees[key] = _Fenwick()
-            for priority, gpus in self.by_priority[key].items():
-                tree.add(priority, gpus)
-        return tree.prefix(top)
+        answers = self._answers.get(key)
+        if answers is None:
+            answers = self._answers[key] = {}
+        gpus = answers.get(top)
+        if gpus is None:
+            gpus = answers[top] = sum(g for priority, g in self.by_priority[key].items() if priority <= top)
+        return gpus
 
     def bound(self, team: str, top_within: int, top_across: int, quotas_on: bool, reclaim: bool) -> int:
-        """An upper bound of the GPUs a job of `team` could free by preemption, in O(log 1000).
+        """An upper bound of the GPUs a job of `team` could free by preemption, from the sums
+        by priority (no scan of the candidates).
 
         Own team: up to the `within_team` top priority. Other teams: borrowed work all of
         it when reclaiming, else up to the `across_teams` top; their other work only without
@@ -253,50 +278,57 @@ def walk(
     scanned to its end, ineligible jobs skipped.
     """
     choice = Choice()
+    victims, skipped = choice.victims, choice.skipped
     freed: Freed = {}
     physical = available
-
-    def give(v: RunningJob, sign: int) -> None:
-        b = bucket_of[v.name]
-        if b is not None:
-            prior = freed.get(id(b), (b, 0))[1]
-            freed[id(b)] = (b, prior + sign * v.gpus)
-
+    ok = False
     for key, limit in scans:
-        choice.scanned[key] = 0
-        for v in cands.lists.get(key, ()):
+        scanned = 0
+        for v in cands.ordered(key):
             if by_priority and claimed[v.name] > limit:
                 break  # sorted by priority: nothing further may be preempted
-            choice.scanned[key] += 1
+            scanned += 1
             verdict = judge(v)
             if verdict.rule is None:
-                choice.skipped.append((v, verdict))
+                skipped.append((v, verdict))
                 continue
-            choice.victims.append((v, verdict))
+            victims.append((v, verdict))
             physical += v.gpus
-            give(v, +1)
-            choice.fits, choice.short_of = fits(physical, freed)
-            if choice.fits:
+            bucket = bucket_of[v.name]
+            if bucket is not None:
+                _give(freed, bucket, v.gpus)
+            ok, choice.short_of = fits(physical, freed)
+            if ok:
                 break
-        if choice.fits:
+        choice.scanned[key] = scanned
+        if ok:
             break
-    if not choice.fits:
-        if not choice.victims:
+    choice.fits = ok
+    if not ok:
+        if not victims:
             choice.short_of = fits(physical, freed)[1]
         return choice
     if not fill_back:
         return choice
     # Fill back: the last chosen are the most expensive to stop, so try dropping them first.
-    for item in reversed(list(choice.victims)):
-        v = item[0]
-        give(v, -1)
+    for i in range(len(victims) - 1, -1, -1):
+        v = victims[i][0]
+        bucket = bucket_of[v.name]
+        if bucket is not None:
+            _give(freed, bucket, -v.gpus)
         if fits(physical - v.gpus, freed)[0]:
             physical -= v.gpus
-            choice.victims.remove(item)
+            del victims[i]
             choice.dropped.append(v)
-        else:
-            give(v, +1)
+        elif bucket is not None:
+            _give(freed, bucket, v.gpus)
     return choice
+
+
+def _give(freed: Freed, bucket: Bucket, gpus: int) -> None:
+    """Count `gpus` more given back to `bucket`'s quota (fewer when negative)."""
+    prior = freed.get(id(bucket), (bucket, 0))[1]
+    freed[id(bucket)] = (bucket, prior + gpus)
 
 
 __all__ = [
