@@ -14,7 +14,9 @@ Gaps filled, each by patching the hook moto itself provides:
   CreateStateMachine and in every execution's thread (50-110 ms for ours, more than the rest
   of a short execution). The syntax tree of a definition that parsed is kept; each call
   still builds its own evaluation components from it, so no execution shares state with
-  another, and a broken definition fails every time as before.
+  another, and a broken definition fails every time as before. CreateStateMachine's
+  validation (`StepFunctionsParserBackend._validate_definition`) of a definition that
+  parsed before builds no components at all.
 - `StateTaskLambda._eval_execution` is wrapped only to tell listeners (the hostile emulator)
   that a Lambda step returned, with its execution, so they can make that execution die there.
 """
@@ -38,6 +40,7 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.state_task_la
 from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_function import WaitFunction
 from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
 from moto.stepfunctions.parser.asl.parse.preprocessor import Preprocessor
+from moto.stepfunctions.parser.models import StepFunctionsParserBackend
 
 from ._core import _STATE, notify, replace, subscribe
 
@@ -52,6 +55,7 @@ def patch() -> None:
     replace(StateTaskService, "_normalise_response", _normalise_response)
     replace(StateTaskLambda, "_eval_execution", _lambda_eval_execution)
     replace(AmazonStateLanguageParser, "parse", staticmethod(_parse))
+    replace(StepFunctionsParserBackend, "_validate_definition", staticmethod(_validate_definition))
 
 
 def on_lambda_task_returned(callback: LambdaTaskReturned) -> Callable[[], None]:
@@ -93,6 +97,14 @@ def _parse(definition: str) -> tuple[Any, Any]:
     with _TREES_LOCK:
         _TREES[definition] = tree
     return program, tree
+
+
+_ORIGINAL_VALIDATE = StepFunctionsParserBackend._validate_definition
+
+
+def _validate_definition(definition: str) -> None:
+    if definition not in _TREES:
+        _ORIGINAL_VALIDATE(definition)  # raises InvalidDefinition, as moto does
 
 
 # --------------------------------------------------------------------------- Lambda tasks
