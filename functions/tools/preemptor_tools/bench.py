@@ -426,9 +426,11 @@ def goals(models: dict, headline: dict[str, dict], speed: dict | None) -> list[d
                 "why": ""
                 if p99 <= PLAN_P99_GOAL_S
                 else (
-                    f"median {speed['median_s'] * 1000:.0f} ms: every pending job of the 10k still costs a Python object and an"
-                    " explanation line, and about 800-1,600 of them preempt (a victim walk each) in this worst-case snapshot;"
-                    " timed on a shared 2-CPU machine while other work ran"
+                    f"median {speed['median_s'] * 1000:.0f} ms: no one hot spot is left (docs/policy.md, \"Planner cost\"):"
+                    " every pending job of the 10k still costs a Python object and an explanation line, and 800-1,600 of"
+                    " them preempt in this worst-case snapshot, each with a victim walk, a commit and a preemption record"
+                    " with its text (about 60% of the time), the ranking about a fifth, young-generation garbage"
+                    " collection about a tenth"
                 ),
             }
         )
