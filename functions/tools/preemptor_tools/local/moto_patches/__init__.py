@@ -16,6 +16,7 @@ and each patch says which gap it fills:
   and runs each Step Functions execution in its own thread: concurrent cycles lost updates).
 - `events`: every event PutEvents accepted handed to listeners (the local stack routes what
   arrives over HTTP to the intake; moto cannot invoke Lambda targets).
+- `sdk` (botocore, not moto): the sessions share one loader of the service models.
 
 Features no state machine of the product uses (`.sync` polling, task tokens, task timeouts,
 Timestamp waits, `aws-sdk:*` error names) are not patched: on the emulated stack they behave
@@ -48,7 +49,7 @@ if moto.__version__ != PINNED_MOTO_VERSION:
 
 from preemptor_tools.local.clock import SimClock  # noqa: E402
 
-from . import batch, dynamodb, events, lambda_, s3, sagemaker, stepfunctions  # noqa: E402
+from . import batch, dynamodb, events, lambda_, s3, sagemaker, sdk, stepfunctions  # noqa: E402
 from ._core import _STATE, LambdaInvoker, quiet_moto_logging, restore_all  # noqa: E402
 from .batch import get_batch_job, on_batch_job_submitted, on_batch_job_terminate_requested, set_batch_job_status  # noqa: E402
 from .events import on_events_put  # noqa: E402
@@ -102,6 +103,7 @@ def install(clock: SimClock, lambda_invoker: LambdaInvoker) -> None:
         s3.patch()
         dynamodb.patch()
         events.patch()
+        sdk.patch()
         quiet_moto_logging()
 
 
