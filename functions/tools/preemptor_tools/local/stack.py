@@ -609,7 +609,7 @@ class EmulatedStack:
     def jobs(self) -> list[JobRecord]:
         """Every job record, read from the emulated table itself: for the emulator's own
         observers (the demo loop, the wait alarm), which look after every event. A scan
-        through boto3 and moto's wire format costs ~20 ms a look; this costs none, and no
+        through boto3 and moto's wire format costs ~20 ms a look, this a fraction of it; and no
         fault the hostile world injects into the controller's calls reaches it."""
         table = dynamodb_backends[ACCOUNT][self.region].get_table(self.resources["JobsTable"])
         items = [item for by_sort in list(table.items.values()) for item in list(by_sort.values())]  # unsorted
