@@ -31,15 +31,23 @@ def _notices(env) -> list[dict]:
     return [json.loads(a) for a in env.stack.alerts()]
 
 
+def _incident_held_back(env, incident_instances: int = 8, checkpoint_every: int | None = 300) -> None:
+    """A research sweep on the whole pool, then a critical incident job that its minimum
+    runtime (the tests' policy) keeps waiting for 11 minutes."""
+    env.submit(
+        name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=checkpoint_every
+    )
+    env.advance(300)
+    env.submit(name="incident", team="production", priority="critical", pool="p5", instances=incident_instances, duration=1200)
+    env.advance(660)
+
+
 def test_the_wait_alarm_lifts_the_soft_protections_for_the_job_waiting_too_long():
     # Given a pool whose running jobs are protected for an hour (min_runtime_s), held by a
     # research sweep, and a critical production job that the protection keeps waiting
     policy = {"min_runtime_s": 3600}
     with emulation(policy=policy) as env:
-        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
-        env.advance(300)
-        env.submit(name="incident", team="production", priority="critical", pool="p5", instances=8, duration=1200)
-        env.advance(660)
+        _incident_held_back(env)
         assert env.job("incident").status is JobState.PENDING and env.job("sweep").status is JobState.RUNNING
         env.stack.alerts()  # what came before the alarm
         # When the wait alarm (over 10 minutes) goes to ALARM and EventBridge delivers it
@@ -68,10 +76,7 @@ def test_the_wait_alarm_lifts_the_soft_protections_for_the_job_waiting_too_long(
 
 def test_an_alarm_that_is_not_ours_or_not_in_alarm_escalates_nothing():
     with emulation(policy={"min_runtime_s": 3600}) as env:
-        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200)
-        env.advance(300)
-        env.submit(name="incident", team="production", priority="critical", pool="p5", instances=8, duration=1200)
-        env.advance(660)
+        _incident_held_back(env, checkpoint_every=None)
         # When another alarm fires, and ours goes back to OK (delivered to the intake directly:
         # the rule would not even route them)
         intake = env.stack.resources["IntakeFunction"]
@@ -85,10 +90,7 @@ def test_an_alarm_that_is_not_ours_or_not_in_alarm_escalates_nothing():
 
 def test_a_job_that_has_not_waited_past_the_threshold_is_not_escalated_and_an_alarm_twice_escalates_once():
     with emulation(policy={"min_runtime_s": 3600}) as env:
-        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200)
-        env.advance(300)
-        env.submit(name="incident", team="production", priority="critical", pool="p5", instances=4, duration=1200)
-        env.advance(660)
+        _incident_held_back(env, incident_instances=4, checkpoint_every=None)
         env.submit(name="fresh", team="production", priority="critical", pool="p5", instances=4, duration=1200)
         # When the alarm fires twice (two state changes, two event ids)
         first = env.put(_alarm_event(env)).results[0]
@@ -103,10 +105,7 @@ def test_a_job_that_has_not_waited_past_the_threshold_is_not_escalated_and_an_al
 
 def test_an_escalation_whose_schedule_start_is_throttled_plans_the_pool_when_the_event_is_retried():
     with emulation(policy={"min_runtime_s": 3600}) as env:
-        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
-        env.advance(300)
-        env.submit(name="incident", team="production", priority="critical", pool="p5", instances=8, duration=1200)
-        env.advance(660)
+        _incident_held_back(env)
         # Given Step Functions throttles the schedule start of the first delivery: the intake
         # raises (after the job was escalated), so the event is delivered again
         event = _alarm_event(env)

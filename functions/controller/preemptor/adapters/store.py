@@ -638,20 +638,29 @@ class JobsStore:
         except ConflictError:
             return False
 
-    def nominate(self, name: str, at: float) -> None:
-        """Mark a pending job as the one its victims' GPUs are handed to."""
+    def _set_fields(self, name: str, update: str, condition: str, values: dict, names: dict | None = None) -> bool:
+        """A conditional SET on a job's item, no status transition: True if it was written,
+        False if the condition did not hold (the job moved or is gone meanwhile)."""
+        kwargs = {"ExpressionAttributeNames": names} if names else {}
         try:
             self._call(
                 "update_item",
                 TableName=self.table,
                 Key=job_key(name),
-                UpdateExpression="SET nominated_at = :t",
-                ConditionExpression="#st = :pending",
-                ExpressionAttributeNames={"#st": "status"},
-                ExpressionAttributeValues={":t": _to_attr(at), ":pending": {"S": JobState.PENDING.value}},
+                UpdateExpression=update,
+                ConditionExpression=condition,
+                ExpressionAttributeValues=values,
+                **kwargs,
             )
         except ConflictError:
-            pass  # admitted or cancelled meanwhile: nothing to hand over
+            return False
+        return True
+
+    def nominate(self, name: str, at: float) -> None:
+        """Mark a pending job as the one its victims' GPUs are handed to (admitted or
+        cancelled meanwhile: nothing to hand over)."""
+        pending = {":t": _to_attr(at), ":pending": {"S": JobState.PENDING.value}}
+        self._set_fields(name, "SET nominated_at = :t", "#st = :pending", pending, {"#st": "status"})
 
     def note_learning(self, name: str, **fields: Any) -> None:
         """Set what the controller learned of a job (`service.learning`): plain fields of its
@@ -660,48 +669,19 @@ class JobsStore:
             return
         names = {f"#f{i}": key for i, key in enumerate(fields)}
         values = {f":v{i}": _to_attr(value) for i, value in enumerate(fields.values())}
-        try:
-            self._call(
-                "update_item",
-                TableName=self.table,
-                Key=job_key(name),
-                UpdateExpression="SET " + ", ".join(f"#f{i} = :v{i}" for i in range(len(fields))),
-                ConditionExpression="attribute_exists(pk)",
-                ExpressionAttributeNames=names,
-                ExpressionAttributeValues=values,
-            )
-        except ConflictError:
-            pass
+        update = "SET " + ", ".join(f"#f{i} = :v{i}" for i in range(len(fields)))
+        self._set_fields(name, update, "attribute_exists(pk)", values, names)
 
     def escalate(self, name: str, at: float) -> bool:
         """Mark a pending job escalated (once: True only for the write that did it)."""
-        try:
-            self._call(
-                "update_item",
-                TableName=self.table,
-                Key=job_key(name),
-                UpdateExpression="SET escalated_at = :t",
-                ConditionExpression="attribute_exists(pk) AND #s = :pending AND attribute_not_exists(escalated_at)",
-                ExpressionAttributeNames={"#s": "status"},
-                ExpressionAttributeValues={":t": _to_attr(at), ":pending": {"S": JobState.PENDING.value}},
-            )
-        except ConflictError:
-            return False
-        return True
+        pending = {":t": _to_attr(at), ":pending": {"S": JobState.PENDING.value}}
+        condition = "attribute_exists(pk) AND #s = :pending AND attribute_not_exists(escalated_at)"
+        return self._set_fields(name, "SET escalated_at = :t", condition, pending, {"#s": "status"})
 
     def note_checkpoint(self, name: str, at: float) -> None:
         """Remember the newest checkpoint time seen (never moves backwards)."""
-        try:
-            self._call(
-                "update_item",
-                TableName=self.table,
-                Key=job_key(name),
-                UpdateExpression="SET last_checkpoint_at = :t",
-                ConditionExpression="attribute_exists(pk) AND (attribute_not_exists(last_checkpoint_at) OR last_checkpoint_at < :t)",
-                ExpressionAttributeValues={":t": _to_attr(at)},
-            )
-        except ConflictError:
-            pass
+        condition = "attribute_exists(pk) AND (attribute_not_exists(last_checkpoint_at) OR last_checkpoint_at < :t)"
+        self._set_fields(name, "SET last_checkpoint_at = :t", condition, {":t": _to_attr(at)})
 
     # -- fair share and the preemption budget (per pool, bounded reads) -------------------
     def team_usage(self, pool: str) -> list[TeamUsage]:

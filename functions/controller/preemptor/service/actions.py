@@ -46,6 +46,21 @@ def _current(store: JobsStore, name: str, incarnation: int | None) -> JobRecord 
     return record
 
 
+def _newest_in_s3(store: JobsStore, checkpoints: CheckpointStore, record: JobRecord, now: float) -> float | None:
+    """The newest checkpoint S3 holds for the job, noted on its record when the table had
+    not seen it, and as honouring a request made before it. A location that cannot be read is logged, so
+    `explain` shows why, and `CheckpointLocationUnavailable` raised."""
+    try:
+        newest = checkpoints.newest(record.checkpoint_s3_uri)
+    except CheckpointLocationUnavailable as e:
+        store.log(record.name, now, "checkpoint-unavailable", e.code or "checkpoint-location", str(e))
+        raise
+    if newest is not None and newest > (record.last_checkpoint_at or 0.0):
+        store.note_checkpoint(record.name, newest)
+    learning.checkpoint_seen(store, record, newest)  # issue 10: whichever told the table first
+    return newest
+
+
 def note_newest_checkpoint(*, store: JobsStore, checkpoints: CheckpointStore, job: str, now: float) -> dict:
     """Note the newest checkpoint S3 holds for `job`, read from S3 itself: after a stop, the
     requeue judges from the table whether the job saved during the grace (and what the stop
@@ -53,13 +68,9 @@ def note_newest_checkpoint(*, store: JobsStore, checkpoints: CheckpointStore, jo
     A location that cannot be read changes nothing: the requeue goes on with the table."""
     record = store.require(job)
     try:
-        newest = checkpoints.newest(record.checkpoint_s3_uri)
+        newest = _newest_in_s3(store, checkpoints, record, now)
     except CheckpointLocationUnavailable as e:
-        store.log(job, now, "checkpoint-unavailable", e.code or "checkpoint-location", str(e))
         return {"last_checkpoint_at": record.last_checkpoint_at, "error": e.code}
-    if newest is not None and newest > (record.last_checkpoint_at or 0.0):
-        store.note_checkpoint(job, newest)
-        learning.checkpoint_seen(store, record, newest)
     return {"last_checkpoint_at": max(newest or 0.0, record.last_checkpoint_at or 0.0) or None}
 
 
@@ -73,17 +84,13 @@ def check_checkpoint(
     max_age_s = policy.for_pool(record.pool).checkpoint_max_age_s
     at_once = newer_than is None and record.stop_at_once  # the plan said not to wait (issue 10)
     try:
-        newest = checkpoints.newest(record.checkpoint_s3_uri)
+        newest = _newest_in_s3(store, checkpoints, record, now)
     except CheckpointLocationUnavailable as e:
         # No checkpoint can be confirmed: the policy's timeout decides, as for a job that
-        # never checkpoints. Logged so `explain` shows why.
-        store.log(job, now, "checkpoint-unavailable", e.code or "checkpoint-location", str(e))
+        # never checkpoints.
         if at_once:
             return learning.at_once_check(store, record, now, max_age_s)
         return {"fresh": False, "age_s": None, "last_checkpoint_at": None, "error": e.code}
-    if newest is not None:
-        store.note_checkpoint(job, newest)
-        learning.checkpoint_seen(store, record, newest)  # issue 10
     if at_once:
         # Stopped without a wait; its freshness, for the accounting, is what S3 holds now
         # (an S3 event may not have told the table yet).
