@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from builders import pending, policy as make_policy, quota, running, snapshot
 from preemptor.core.jobs import JobRecord
-from preemptor.core.model import JobState, PreemptionRule, Reason, Snapshot, TeamUsage, Verdict, run_usage
+from preemptor.core.model import JobState, PastPreemption, PreemptionRule, Reason, Snapshot, TeamUsage, Verdict, run_usage
 from preemptor.core.planner import plan
 from preemptor.core.policy import MaxPreemptionsAction, Policy, PreemptionMode, ReclaimMode
 from preemptor.core.requests import JobRequest
@@ -835,6 +835,118 @@ def test_delayed_preemption_asks_its_likely_victims_for_a_checkpoint_ahead():
     # and a job asked within the checkpoint wait (600 s) is not asked again
     asked = replace(snap, running=tuple(replace(v, checkpoint_requested_at=NOW - 60) for v in snap.running))
     assert plan(asked, knobs, NOW).checkpoint_requests == ()
+
+
+def test_a_preemption_held_by_the_budget_asks_its_likely_victims_ahead():
+    # Given a pool whose budget allows one lost GPU-hour per hour, a low job of 8 GPUs with
+    # 7200 s at risk filling it, and a medium job that would have to stop it
+    knobs = Policy(budget={"window_s": 3600, "max_gpu_hours": 1})
+    snap = snapshot(8).running(running("at-risk", 50, 8, started_at=NOW - 7200)).pending(pending("med", 200, 8, submitted_at=NOW - 100)).build()
+    # When planning
+    decision = plan(snap, knobs, NOW)
+    # Then nothing is stopped, and the victim the budget holds back is asked now
+    assert victims(decision) == []
+    [c] = decision.checkpoint_requests
+    assert (c.job, c.for_job, c.reason) == ("at-risk", "med", Reason.AHEAD_OF_PREEMPTION)
+    assert "waits for the preemption budget" in c.detail
+
+
+def test_queue_pressure_asks_the_victims_a_waiting_job_will_take_once_capacity_frees():
+    # Given a pool of 24 GPUs: a high job of 16 GPUs (not preemptible by medium work) and
+    # a low job of 8 GPUs with 3600 s at risk; a medium job of 16 GPUs cannot fit even by
+    # stopping the low job
+    snap = snapshot(24).running(running("high", 500, 16), running("low", 50, 8, started_at=NOW - 3600)).pending(
+        pending("med", 200, 16, submitted_at=NOW - 100)
+    ).build()
+    # When planning
+    decision = plan(snap, DEFAULT, NOW)
+    # Then the medium job waits, and the low job it will stop once 8 more GPUs free is asked now
+    assert victims(decision) == []
+    [c] = decision.checkpoint_requests
+    assert (c.job, c.for_job) == ("low", "med")
+    assert "once 8 more GPUs free" in c.detail and "3600 s of work at risk" in c.detail
+    # and not with queue pressure turned off
+    assert plan(snap, Policy(checkpoint_ahead={"on_queue_pressure": False}), NOW).checkpoint_requests == ()
+
+
+@pytest.mark.parametrize(
+    "victim_kw, asked",
+    [
+        (dict(started_at=NOW - 200), False),  # 200 s at risk <= min_at_risk_s 300
+        (dict(saves_on_stop=True), False),  # nothing at risk on a stop
+        (dict(ignored_checkpoint_request=True), False),  # would not answer
+        (dict(checkpoint_requested_at=NOW - 1200), False),  # asked 20 min ago < min_interval_s 1800
+        (dict(checkpoint_requested_at=NOW - 2000), True),  # asked 33 min ago
+        (dict(), True),
+    ],
+    ids=["little-at-risk", "saves-on-stop", "ignored-last", "asked-recently", "asked-long-ago", "at-risk"],
+)
+def test_which_likely_victims_are_asked_ahead(victim_kw, asked):
+    # Given queue pressure on a low job started 3600 s ago unless given
+    kw = {"started_at": NOW - 3600, **victim_kw}
+    snap = snapshot(24).running(running("high", 500, 16), running("low", 50, 8, **kw)).pending(
+        pending("med", 200, 16, submitted_at=NOW - 100)
+    ).build()
+    # When planning, then it is asked or not as the budget and what was learned say
+    assert [c.job for c in plan(snap, DEFAULT, NOW).checkpoint_requests] == (["low"] if asked else [])
+
+
+def test_ahead_requests_stay_within_max_jobs_and_skip_what_is_stopped_now():
+    # Given 12 low jobs of 1 GPU with work at risk under queue pressure (a medium job of
+    # 16 GPUs cannot fit beside a high job of 8), then a critical job of 1 GPU that stops one
+    lows = [running(f"low-{i:02d}", 50, 1, started_at=NOW - 3600 - i) for i in range(12)]
+    snap = snapshot(20).running(running("high", 500, 8), *lows).pending(
+        pending("crit", 1000, 1, submitted_at=NOW - 10), pending("med", 200, 16, submitted_at=NOW - 100)
+    ).build()
+    # When planning
+    decision = plan(snap, DEFAULT, NOW)
+    # Then one low job is stopped for the critical one, and 8 others (the default max_jobs)
+    # are asked ahead, not the one being stopped
+    [stopped] = victims(decision)
+    asked = [c.job for c in decision.checkpoint_requests]
+    assert len(asked) == 8 and stopped not in asked
+    assert len(plan(snap, Policy(checkpoint_ahead={"max_jobs": 3}), NOW).checkpoint_requests) == 3
+    assert plan(snap, Policy(checkpoint_ahead={"max_jobs": 0}), NOW).checkpoint_requests == ()
+
+
+def test_a_job_short_of_quota_puts_no_pressure_on_other_teams():
+    # Given a pool with research's quota at its ceiling and research's medium job waiting
+    # beside a low job of another team with work at risk
+    knobs = make_policy(quotas=[quota("research", 8, borrowing=0), quota("prod", 16)])
+    snap = snapshot(24).running(
+        running("r-high", 500, 8, team="research"), running("p-low", 50, 8, team="prod", started_at=NOW - 3600), running("p-high", 500, 8, team="prod")
+    ).pending(pending("r-med", 200, 8, team="research", submitted_at=NOW - 100)).build()
+    # When planning, then nothing is asked: the quota, not capacity, keeps it waiting
+    decision = plan(snap, knobs, NOW)
+    assert victims(decision) == [] and decision.checkpoint_requests == ()
+
+
+def test_the_forecast_asks_the_first_victims_in_order_for_the_gpus_recent_preemptions_predict():
+    # Given a full pool of 16 GPUs: four low jobs of 4 GPUs with work at risk (the newest
+    # checkpoint first in victim order) and a critical job; 32 GPUs preempted in the last
+    # hour, so the next 900 s are expected to need 8
+    lows = [running(f"low-{i}", 50, 4, started_at=NOW - 3600, last_checkpoint_at=NOW - 3000 + 500 * i) for i in range(3)]
+    history = [PastPreemption("p5", NOW - 600, 32)]
+    snap = snapshot(16).running(*lows, running("crit", 1000, 4)).build()
+    snap = replace(snap, preemption_history=tuple(history))
+    # When planning with nothing pending
+    decision = plan(snap, DEFAULT, NOW)
+    # Then the two jobs first in victim order (least at risk) are asked, for no job in particular
+    assert [(c.job, c.for_job) for c in decision.checkpoint_requests] == [("low-2", None), ("low-1", None)]
+    assert "expected to need 8.0 GPUs by preemption" in decision.checkpoint_requests[0].detail
+    # and none when the history is older than the window, or the forecast is off
+    assert plan(replace(snap, preemption_history=(PastPreemption("p5", NOW - 4000, 32),)), DEFAULT, NOW).checkpoint_requests == ()
+    assert plan(snap, Policy(checkpoint_ahead={"forecast_window_s": None}), NOW).checkpoint_requests == ()
+
+
+def test_free_gpus_serve_the_forecast_first():
+    # Given 8 free GPUs of 16 and a forecast of 8 GPUs: nothing needs a victim
+    snap = snapshot(16).running(running("low", 50, 8, started_at=NOW - 3600)).build()
+    snap = replace(snap, preemption_history=(PastPreemption("p5", NOW - 600, 32),))
+    assert plan(snap, DEFAULT, NOW).checkpoint_requests == ()
+    # and with 4 free, 4 more are needed: the low job is asked
+    snap = replace(snap, running=snap.running + (running("high", 500, 4),))
+    assert [c.job for c in plan(snap, DEFAULT, NOW).checkpoint_requests] == ["low"]
 
 
 def test_aging_is_off_by_default():

@@ -648,9 +648,10 @@ def test_in_the_top_tiers_variant_only_critical_and_high_jobs_preempt(tmp_path):
 
     # Given a cooperative experiment checkpointing every hour (first at 3600), a 30 s grace
     # (no save on SIGTERM), and a medium job arriving at 2500 under a 600 s medium delay
+    # (no forecast: only the delayed preemption asks ahead)
     trace = tmp_path / "t.csv"
     trace.write_text("job_id,submit_s,duration_s,gpus,team,priority\nexperiment,0,10000,8,r,50\nmedium,2500,1000,8,m,200\n")
-    policy = preemptor_policy(Policy(tier_preemption_delay_s={"medium": 600}))
+    policy = preemptor_policy(Policy(tier_preemption_delay_s={"medium": 600}, checkpoint_ahead={"forecast_window_s": None}))
     config = SimConfig(gpus=8, checkpoint_interval_s=(3600.0, 3600.0), cooperative_fraction=1.0, stop_grace_s=30.0)
     # When ours replays it (it plans on events and every 300 s: 2500, 2700, 3000, 3300, ...)
     result = simulate(load_trace(trace), policy, config)
@@ -662,3 +663,27 @@ def test_in_the_top_tiers_variant_only_critical_and_high_jobs_preempt(tmp_path):
     assert result.counters["checkpoint_requests"] == 0
     assert job(result, "experiment").lost_progress_gpu_s == pytest.approx(740 * 8)
     assert job(result, "medium").wait_s == pytest.approx(830.0)
+
+
+def test_the_forecast_asks_the_next_victim_ahead_so_an_unannounced_preemption_need_not_wait(tmp_path):
+    # Given a pool of 8 GPUs full of two low jobs of 4 GPUs checkpointing every 2 h, that
+    # cannot save on SIGTERM (30 s grace); medium jobs of 4 GPUs arrive unannounced at
+    # 1000 and 5000
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "job_id,submit_s,duration_s,gpus,team,priority\n"
+        "other,0,20000,4,r,50\nexperiment,10,20000,4,r,50\nmedium,1000,30000,4,m,200\nmedium-2,5000,1000,4,m,200\n"
+    )
+    config = SimConfig(gpus=8, checkpoint_interval_s=(7200.0, 7200.0), cooperative_fraction=1.0, stop_grace_s=30.0)
+    forecast = simulate(load_trace(trace), preemptor_policy(Policy(checkpoint_ahead={"forecast_window_s": 7200})), config)
+    blind = simulate(load_trace(trace), preemptor_policy(Policy(checkpoint_ahead={"forecast_window_s": None})), config)
+    # Then the first medium job stops the experiment after a requested checkpoint, in both.
+    # With the forecast (one preemption of 4 GPUs in the window: 0.5 GPU expected in 900 s,
+    # none free) the other low job, next in victim order, is asked ahead at 1090, 3000 and
+    # 4800 (once per min_interval_s 1800); at 5000 its checkpoint is 140 s old, fresh, and
+    # it is stopped at once: the second medium job waits 30 s (the grace), not 90 s for a
+    # requested checkpoint, and the stop loses the 140 s x 4 GPUs since the checkpoint
+    assert forecast.counters["checkpoint_requests_ahead"] >= 3 and blind.counters["checkpoint_requests_ahead"] == 0
+    assert forecast.counters["checkpoint_requests"] == 1 and blind.counters["checkpoint_requests"] == 2
+    assert (job(forecast, "medium-2").wait_s, job(blind, "medium-2").wait_s) == (30.0, 90.0)
+    assert (job(forecast, "other").lost_progress_gpu_s, job(blind, "other").lost_progress_gpu_s) == (140 * 4, 0.0)

@@ -387,11 +387,12 @@ _fast_init(Preemption)
 class CheckpointRequest:
     """A checkpoint asked of a running job before any preemption needs it, so that when one
     does its checkpoint is fresh and it can be stopped at once (`reason` AHEAD_OF_PREEMPTION).
-    `for_job` is the pending job whose pressure made it a likely victim."""
+    `for_job` is the pending job whose pressure made it a likely victim (None: the forecast
+    of the pool's next preemptions did)."""
 
     job: str
     pool: str
-    for_job: str
+    for_job: str | None
     reason: Reason
     detail: str
 

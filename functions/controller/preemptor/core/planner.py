@@ -157,8 +157,15 @@ class PoolPlanner:
         self._setup_candidates()
         self._setup_budget(history)
         self._protections_reported = False
-        # Victims a delayed preemption will want (ahead-of-time checkpoints), in order.
-        self._likely_victims: dict[str, tuple[RunningJob, str]] = {}
+        # Victims the next preemptions will likely take, in rank order of the jobs that will
+        # want them (ahead-of-time checkpoints): (victim, that job, why it waits).
+        self._likely_victims: dict[str, tuple[RunningJob, str | None, str]] = {}
+        ahead = knobs.checkpoint_ahead
+        # Enough to fill `max_jobs` requests though some are chosen as victims later in
+        # the plan, never the whole pool.
+        self._likely_cap = 2 * ahead.max_jobs
+        # Jobs under queue pressure whose victims are still looked for in this plan.
+        self._pressure_walks = ahead.max_jobs if ahead.on_queue_pressure else 0
         # Outcomes of jobs that could not fit, by what decides them; forgotten whenever
         # capacity, quotas or candidates change (`_changed`). Most of a long queue waits
         # for the same reason as the job before it.
@@ -205,14 +212,25 @@ class PoolPlanner:
         return Candidates(self.quotas.on, order, self._candidates, borrowed, claimed)
 
     def _setup_budget(self, history: Iterable[PastPreemption]) -> None:
-        budget = self.knobs.budget
+        """The budget spent in its window, and the GPUs the checkpoint forecast expects the
+        next preemptions to take (`CheckpointAhead.forecast_window_s`)."""
+        budget, ahead, now, pool = self.knobs.budget, self.knobs.checkpoint_ahead, self.now, self.pool.name
         self.budget_count, self.budget_lost = 0, 0.0
-        if budget is None:
+        self.forecast_gpus = 0.0
+        forecast = ahead.forecast_window_s if ahead.max_jobs else None
+        if budget is None and forecast is None:
             return
+        recent = 0
         for h in history:
-            if h.pool == self.pool.name and self.now - budget.window_s < h.at <= self.now:
+            if h.pool != pool or h.at > now:
+                continue
+            if budget is not None and now - budget.window_s < h.at:
                 self.budget_count += 1
                 self.budget_lost += h.lost_gpu_seconds
+            if forecast is not None and now - forecast < h.at:
+                recent += h.gpus
+        if forecast is not None:
+            self.forecast_gpus = recent * ahead.forecast_horizon_s / forecast
 
     def victim_order(self, v: RunningJob) -> tuple:
         return self.discipline.victim_key(v, self.now, v.name in self.quotas.borrowed, self.claimed[v.name])
@@ -412,7 +430,12 @@ class PoolPlanner:
         elif available + self.victim_bound(r, reclaim) >= job.gpus:
             spent = self._over_budget(()) if k.budget is not None else ""
             if spent and self.waited_enough(r):
-                # Any victim would exceed a budget already spent: no need to look for them.
+                # Any victim would exceed a budget already spent: they are looked for only
+                # to be asked for a checkpoint before the budget allows their stop.
+                if len(self._likely_victims) < self._likely_cap:
+                    choice = self.choose(r, bucket, available, reclaim)
+                    if choice.fits:
+                        self._note_likely(choice.victims, job.name, "whose preemption waits for the preemption budget")
                 held = self._hold(r, bucket)
                 detail = f"needs {job.gpus} GPUs; the pool's preemption budget is spent: {spent}"
                 self._wait(job, Reason.BUDGET_EXHAUSTED, detail)
@@ -422,6 +445,8 @@ class PoolPlanner:
             choice = self.choose(r, bucket, available, reclaim)
             short_of = choice.short_of
         if choice is None or not choice.fits:
+            if self._pressure_walks and short_of != "quota":
+                self._note_pressure(r, bucket, available, reclaim, choice)
             outcome = self._cannot_fit(r, bucket, choice, short_of, reclaim)
             if outcome is not None:
                 self._no_fit[key] = outcome
@@ -437,13 +462,13 @@ class PoolPlanner:
                 f"by itself before preempting {_names(victims)} ({knob} {delay:g})"
             )
             self._wait(job, Reason.PREEMPTION_DELAYED, detail)
-            for v in victims:
-                self._likely_victims.setdefault(v.name, (v, job.name))
+            self._note_likely(choice.victims, job.name, "whose preemption is delayed")
             return
         over = self._over_budget(victims)
         if over:
             self._hold(r, bucket)
             self._wait(job, Reason.BUDGET_EXHAUSTED, f"needs {job.gpus} GPUs; preempting {_names(victims)} would exceed the budget: {over}")
+            self._note_likely(choice.victims, job.name, "whose preemption waits for the preemption budget")
             return
         self._commit(r, bucket, choice)
 
@@ -585,31 +610,73 @@ class PoolPlanner:
             return True, Reason.WAIT_FOR_CHECKPOINT, f"asks for a checkpoint and waits: {figures}"
         return False, Reason.WAIT_DOES_NOT_PAY, f"stopped at once: {figures}"
 
-    def ahead_requests(self) -> list[CheckpointRequest]:
-        """Checkpoints to ask now of the victims delayed preemptions will take (`CheckpointAhead`).
+    def _note_pressure(self, r: RankedJob, bucket: Bucket | None, available: int, reclaim: bool, choice: Choice | None) -> None:
+        """Queue pressure: `r` cannot fit even with every victim it may take, but once a
+        little more capacity frees it takes them; they are likely victims. The victims are
+        looked for (when the bound spared the walk) for at most `max_jobs` jobs per plan."""
+        if choice is None:
+            if not self.victim_bound(r, reclaim):
+                return
+            choice = self.choose(r, bucket, available, reclaim)
+        self._pressure_walks -= 1
+        if choice.victims:
+            short = r.job.gpus - available - sum(v.gpus for v, _ in choice.victims)
+            self._note_likely(choice.victims, r.job.name, f"which may preempt it once {short} more GPUs free")
 
-        In the order the delayed jobs chose them, at most `max_jobs`: only victims not
-        already stopping or chosen, not known to save on SIGTERM, that honoured their last
-        request, with more than `min_at_risk_s` at risk, and not asked within the
-        checkpoint wait (a request still being answered).
-        """
-        ahead, now = self.knobs.checkpoint_ahead, self.now
-        out: list[CheckpointRequest] = []
-        if ahead.max_jobs <= 0:
-            return out
-        for v, for_job in self._likely_victims.values():
-            if len(out) >= ahead.max_jobs:
-                break
-            if v.name in self.chosen_by or v.saves_on_stop or v.ignored_checkpoint_request:
+    def _note_likely(self, choice: Iterable[tuple[RunningJob, object]], for_job: str | None, why: str) -> None:
+        """Remember the victims of `choice` worth asking for a checkpoint ahead, as likely
+        ones of `for_job` (the first, highest-ranked claim wins): not known to save on
+        SIGTERM, that honoured their last request, with more than `min_at_risk_s` at risk,
+        and not asked within `min_interval_s` (nor `checkpoint_wait_max_s`: a request still
+        being answered)."""
+        likely, ahead, now = self._likely_victims, self.knobs.checkpoint_ahead, self.now
+        again = max(ahead.min_interval_s, self.knobs.checkpoint_wait_max_s)
+        for v, _ in choice:
+            if len(likely) >= self._likely_cap:
+                return
+            if v.name in likely or v.saves_on_stop or v.ignored_checkpoint_request:
                 continue
             at_risk = v.work_at_risk_s(now)
             if at_risk <= ahead.min_at_risk_s:
                 continue
             asked = v.checkpoint_requested_at
-            if asked is not None and now - asked < self.knobs.checkpoint_wait_max_s:
+            if asked is not None and now - asked < again:
                 continue
-            detail = f"likely victim of {for_job}, whose preemption is delayed; {at_risk:.0f} s of work at risk"
-            out.append(CheckpointRequest(v.name, self.pool.name, for_job, Reason.AHEAD_OF_PREEMPTION, detail))
+            who = "of the next preemptions:" if for_job is None else f"of {for_job},"
+            likely[v.name] = (v, for_job, f"likely victim {who} {why}; {at_risk:.0f} s of work at risk")
+
+    def _note_forecast(self) -> None:
+        """The running jobs first in victim order, up to the GPUs the forecast expects the
+        next preemptions to take beyond the free ones, are likely victims (none of the top
+        tier: nothing could preempt them)."""
+        chosen, claimed, ahead = self.chosen_by, self.claimed, self.knobs.checkpoint_ahead
+        left = self.forecast_gpus - self.free  # what the free GPUs cannot serve
+        why = (
+            f"the next {ahead.forecast_horizon_s:g} s are expected to need {self.forecast_gpus:.1f} GPUs "
+            f"by preemption (forecast_window_s {ahead.forecast_window_s:g} of {self.pool.name}), {self.free} are free"
+        )
+        top = max(self.policy.tiers.values())
+        for v in self.cands.in_order():
+            if left <= 0:
+                return
+            if v.name in chosen or claimed[v.name] >= top:
+                continue
+            left -= v.gpus
+            self._note_likely(((v, None),), None, why)
+
+    def ahead_requests(self) -> list[CheckpointRequest]:
+        """Checkpoints to ask now of the likely victims (`CheckpointAhead`): in the rank
+        order of the jobs that will want them, then the forecast's, at most `max_jobs`,
+        none already chosen as a victim in this plan (it is stopped now, or its stop waits
+        for its checkpoint)."""
+        if self.forecast_gpus > self.free and len(self._likely_victims) < self._likely_cap:
+            self._note_forecast()
+        out: list[CheckpointRequest] = []
+        for v, for_job, detail in self._likely_victims.values():
+            if len(out) >= self.knobs.checkpoint_ahead.max_jobs:
+                break
+            if v.name not in self.chosen_by:
+                out.append(CheckpointRequest(v.name, self.pool.name, for_job, Reason.AHEAD_OF_PREEMPTION, detail))
         return out
 
     def _preempt(self, r: RankedJob, v: RunningJob, rule: PreemptionRule, why: str) -> None:
@@ -708,7 +775,7 @@ def run(snapshot: Snapshot, policy: Policy, now: float, discipline: Discipline =
         preemptions += planner.preemptions
         failures += planner.failures
         lines += planner.lines
-        if planner._likely_victims:
+        if planner._likely_victims or planner.forecast_gpus > planner.free:
             for c in planner.ahead_requests():
                 requests.append(c)
                 lines.append(Explanation(c.job, Verdict.SPARE, c.reason, c.detail, for_job=c.for_job))

@@ -142,15 +142,28 @@ class CheckpointWait(_Knob):
 class CheckpointAhead(_Knob):
     """Checkpoints asked of likely victims before a preemption needs them.
 
-    When a pending job of higher priority holds capacity without preempting yet (its
-    preemption delay, the budget) the victims its next preemption would take are asked
-    for a checkpoint now, at most `max_jobs` per pool and plan, only those with more than
-    `min_at_risk_s` of work at risk; so that when the preemption comes, their checkpoint
-    is fresh and they are stopped at once.
+    A pending job of higher priority that will soon stop running jobs names its likely
+    victims: one that holds capacity without preempting yet (its preemption delay, the
+    preemption budget), and, with `on_queue_pressure`, one that cannot fit even with every
+    victim it may take until a little more capacity frees (queue pressure; a starving job
+    that reserves capacity too). They are asked for a checkpoint now, so that when the
+    preemption comes their checkpoint is fresh and they are stopped at once.
+
+    Preemptions also come unannounced (a job submitted that stops others at once). With
+    `forecast_window_s`, the pool's preemptions of that window forecast the GPUs the next
+    `forecast_horizon_s` will take: the running jobs first in victim order, up to that
+    many GPUs, are likely victims too.
+
+    The budget: at most `max_jobs` per pool and plan; only victims with more than
+    `min_at_risk_s` of work at risk; a job is asked ahead at most once per `min_interval_s`.
     """
 
     max_jobs: int = Field(default=8, ge=0)  # 0 turns it off
     min_at_risk_s: float = Field(default=300.0, ge=0)
+    min_interval_s: float = Field(default=1800.0, ge=0)
+    on_queue_pressure: bool = True
+    forecast_window_s: float | None = Field(default=3600.0, gt=0)  # None: no forecast
+    forecast_horizon_s: float = Field(default=900.0, gt=0)
 
 
 class TeamPolicy(_Knob):
@@ -279,6 +292,16 @@ class PoolPolicy(BaseModel):
 
 
 _POOL_KNOBS = tuple(PoolPolicy.model_fields)
+
+
+def history_window_s(knobs: PoolPolicy) -> float | None:
+    """How far back the planner reads a pool's past preemptions (`Snapshot.preemption_history`):
+    the budget's window and the checkpoint forecast's, the longer; None when it reads none."""
+    ahead = knobs.checkpoint_ahead
+    windows = [knobs.budget.window_s] if knobs.budget is not None else []
+    if ahead.max_jobs and ahead.forecast_window_s is not None:
+        windows.append(ahead.forecast_window_s)
+    return max(windows, default=None)
 
 
 class Policy(PoolPolicy):

@@ -94,7 +94,8 @@ def request_ahead(store: JobsStore, checkpoints: CheckpointStore, decision: Deci
             store.log(c.job, now, "checkpoint-unavailable", e.code or "checkpoint-location", f"cannot ask for a checkpoint: {e}")
             continue
         checkpoint_requested(store, c.job, now)
-        store.log(c.job, now, "checkpoint-requested", c.reason.value, f"{c.detail}; marker written at {marker}", preemptor=c.for_job)
+        by = {} if c.for_job is None else {"preemptor": c.for_job}  # None: asked on the pool's forecast
+        store.log(c.job, now, "checkpoint-requested", c.reason.value, f"{c.detail}; marker written at {marker}", **by)
         asked.append(c.job)
     return asked
 

@@ -27,7 +27,7 @@ from ..config import Mode, Settings
 from ..core.errors import ConflictError
 from ..core.jobs import JobRecord
 from ..core.model import Decision, JobState, PastPreemption, Pool, Reason, Snapshot, TeamUsage
-from ..core.policy import Policy
+from ..core.policy import Policy, history_window_s
 from ..core.explain import explain_job
 from ..core.planner import plan
 from . import learning
@@ -280,7 +280,8 @@ def read_snapshot(
     # Checkpoint times come from the table (kept current by S3 events and the checkpoint
     # steps; reconcile refreshes them from S3), not from listing S3 on every decision.
     active = store.active(pool_name)
-    history = store.preemptions_since(pool_name, now - knobs.budget.window_s) if knobs.budget else []
+    window = history_window_s(knobs)  # the budget's, the checkpoint forecast's
+    history = store.preemptions_since(pool_name, now - window) if window is not None else []
     snapshot = build_snapshot(Pool(pool_name, pool_cfg.capacity_gpus), pending, active, store.team_usage(pool_name), history)
     return pending, active, snapshot
 

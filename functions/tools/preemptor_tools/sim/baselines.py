@@ -25,7 +25,7 @@ from typing import Callable
 from preemptor.core.model import Decision, PendingJob, RunningJob, Snapshot
 from preemptor.core.planner import Discipline
 from preemptor.core.planner import plan as core_plan
-from preemptor.core.policy import CheckpointTimeoutAction, Policy, PreemptionMode
+from preemptor.core.policy import CheckpointTimeoutAction, Policy, PreemptionMode, history_window_s
 from preemptor.core.ranking import ranked_by
 
 Planner = Callable[[Snapshot, float], Decision]
@@ -87,7 +87,6 @@ def preemptor_policy(policy: Policy | None = None, name: str = "preemptor", pool
     # The knobs of the simulated pool: its overrides under `pools`, else the defaults.
     knobs = policy.for_pool(pool) if hasattr(policy, "for_pool") else policy
     fair_share = getattr(knobs, "fair_share", None)
-    budget = getattr(knobs, "budget", None)
     return SimPolicy(
         name=name,
         plan=lambda snapshot, now: core_plan(snapshot, policy, now),
@@ -99,7 +98,7 @@ def preemptor_policy(policy: Policy | None = None, name: str = "preemptor", pool
         spare_on_timeout=knobs.on_checkpoint_timeout is CheckpointTimeoutAction.SPARE,
         replan_every_s=RECONCILE_EVERY_S,
         usage_half_life_s=fair_share.half_life_s if fair_share is not None and fair_share.enabled else None,
-        history_window_s=budget.window_s if budget is not None else None,
+        history_window_s=history_window_s(knobs),
         declares_overhead=True,
         source="preemptor.core.planner.plan with preemptor.core.policy.Policy",
         knobs=policy.model_dump(mode="json"),

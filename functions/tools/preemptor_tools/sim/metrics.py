@@ -184,6 +184,7 @@ def summarize(result: SimResult) -> dict:
             "preemptions_decided": int(counters.get("preemptions_decided", 0)),
             "preemptions_moot": int(counters.get("preemptions_moot", 0)),
             "checkpoint_requests": int(counters.get("checkpoint_requests", 0)),
+            "checkpoint_requests_ahead": int(counters.get("checkpoint_requests_ahead", 0)),
             "checkpoint_timeouts": int(counters.get("checkpoint_timeouts", 0)),
             "victims_spared": int(counters.get("victims_spared", 0)),
             "failed_by_policy": int(counters.get("failed_by_policy", 0)),
