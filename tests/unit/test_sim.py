@@ -687,3 +687,16 @@ def test_the_forecast_asks_the_next_victim_ahead_so_an_unannounced_preemption_ne
     assert forecast.counters["checkpoint_requests"] == 1 and blind.counters["checkpoint_requests"] == 2
     assert (job(forecast, "medium-2").wait_s, job(blind, "medium-2").wait_s) == (30.0, 90.0)
     assert (job(forecast, "other").lost_progress_gpu_s, job(blind, "other").lost_progress_gpu_s) == (140 * 4, 0.0)
+
+
+@pytest.mark.parametrize("name", ["fifo", "priority", "blunt", "kueue", "slurm", "oracle"])
+def test_no_baseline_asks_for_checkpoints_ahead(tmp_path, name):
+    # Given queue pressure: a medium job of 8 GPUs that fits only once a high job of 4 ends,
+    # beside a low job of 4 GPUs with work at risk
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,submit_s,duration_s,gpus,team,priority\nhigh,0,5000,4,h,500\nlow,0,20000,4,r,50\nmedium,1000,1000,8,m,200\n")
+    # When a baseline replays it, then it asks nothing ahead (the systems they stand for do not)
+    result = simulate(load_trace(trace), policy_by_name(name), SimConfig(gpus=8))
+    assert result.counters["checkpoint_requests_ahead"] == 0
+    # while ours asks the low job, the medium job's likely victim
+    assert simulate(load_trace(trace), policy_by_name("preemptor"), SimConfig(gpus=8)).counters["checkpoint_requests_ahead"] >= 1

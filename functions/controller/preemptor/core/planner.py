@@ -35,6 +35,8 @@ its outcome again (`PoolPlanner._no_fit`); docs/policy.md, "Speed", has the figu
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import cached_property, partial
@@ -629,21 +631,25 @@ class PoolPlanner:
         SIGTERM, that honoured their last request, with more than `min_at_risk_s` at risk,
         and not asked within `min_interval_s` (nor `checkpoint_wait_max_s`: a request still
         being answered)."""
-        likely, ahead, now = self._likely_victims, self.knobs.checkpoint_ahead, self.now
-        again = max(ahead.min_interval_s, self.knobs.checkpoint_wait_max_s)
+        likely, now = self._likely_victims, self.now
         for v, _ in choice:
             if len(likely) >= self._likely_cap:
                 return
-            if v.name in likely or v.saves_on_stop or v.ignored_checkpoint_request:
+            if v.name in likely or not self._askable(v):
                 continue
             at_risk = v.work_at_risk_s(now)
-            if at_risk <= ahead.min_at_risk_s:
-                continue
-            asked = v.checkpoint_requested_at
-            if asked is not None and now - asked < again:
-                continue
             who = "of the next preemptions:" if for_job is None else f"of {for_job},"
             likely[v.name] = (v, for_job, f"likely victim {who} {why}; {at_risk:.0f} s of work at risk")
+
+    def _askable(self, v: RunningJob) -> bool:
+        """Whether a likely victim is worth asking ahead (`_note_likely`)."""
+        if v.saves_on_stop or v.ignored_checkpoint_request:
+            return False
+        ahead, now = self.knobs.checkpoint_ahead, self.now
+        asked = v.checkpoint_requested_at
+        if asked is not None and now - asked < max(ahead.min_interval_s, self.knobs.checkpoint_wait_max_s):
+            return False
+        return v.work_at_risk_s(now) > ahead.min_at_risk_s
 
     def _note_forecast(self) -> None:
         """The running jobs first in victim order, up to the GPUs the forecast expects the
@@ -656,11 +662,13 @@ class PoolPlanner:
             f"by preemption (forecast_window_s {ahead.forecast_window_s:g} of {self.pool.name}), {self.free} are free"
         )
         top = max(self.policy.tiers.values())
-        for v in self.cands.in_order():
+        offered = [v for v in self._candidates if v.name not in chosen and claimed[v.name] < top]
+        if not any(map(self._askable, offered)):
+            return  # none would be asked, whatever the order
+        # Each victim brings at least one GPU: the first ceil(left) in victim order suffice.
+        for v in heapq.nsmallest(math.ceil(left), offered, key=self.victim_order):
             if left <= 0:
                 return
-            if v.name in chosen or claimed[v.name] >= top:
-                continue
             left -= v.gpus
             self._note_likely(((v, None),), None, why)
 

@@ -11,10 +11,9 @@
 
 from __future__ import annotations
 
-import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 from .model import PreemptionRule, Reason, RunningJob
 from .policy import MAX_PRIORITY, MaxPreemptionsAction, PoolPolicy, PreemptionMode, ReclaimMode
@@ -197,12 +196,6 @@ class Candidates:
             self._unsorted.discard(key)
             jobs.sort(key=self._order)
         return jobs
-
-    def in_order(self) -> Iterator[RunningJob]:
-        """Every candidate, all lists merged in victim order (each list sorted once)."""
-        if self._unsorted is None:
-            self.ordered((False, None))  # makes the lists
-        return heapq.merge(*(self.ordered(key) for key in list(self.lists)), key=self._order)
 
     def add(self, v: RunningJob, borrowed: bool, priority: int, sign: int = 1) -> None:
         gpus = sign * v.gpus

@@ -112,7 +112,8 @@ def preemptor_policy(policy: Policy | None = None, name: str = "preemptor", pool
 # its victim order, whether it fills back) and a `Policy` that states who may preempt whom
 # (the modes) and what protects a job (e.g. Slurm's PreemptExemptTime as `min_runtime_s`),
 # with ours' extras switched off: no aging, no fair share, no SLA or spot caps, no budget,
-# no delay, no quotas. What differs from ours is only what the system it stands for does.
+# no delay, no quotas, no checkpoints asked ahead. What differs from ours is only what the
+# system it stands for does.
 
 
 def _rules(mode: PreemptionMode, **knobs) -> Policy:
@@ -123,6 +124,7 @@ def _rules(mode: PreemptionMode, **knobs) -> Policy:
         aging={"rate_per_hour": 0, "starving_after_s": None},
         fair_share={"enabled": False},
         spot_max_priority=None,
+        checkpoint_ahead={"max_jobs": 0},
         **knobs,
     )
 

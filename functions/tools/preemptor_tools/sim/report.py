@@ -60,6 +60,8 @@ def print_summary(summary: dict, out: TextIO) -> None:
         f"preemptions {summary['preemptions']}, restarts/job {summary['restarts_per_job']:.3f} (max {summary['max_restarts']})\n"
         f"lost {summary['lost_gpu_hours']:.1f} GPU-h = {lost['work_since_checkpoint']:.1f} since checkpoints "
         f"+ {lost['stop_grace']:.1f} stop grace + {lost['restart_overhead']:.1f} restart overhead\n"
+        f"checkpoints asked {sim.get('checkpoint_requests', 0)} at a preemption ({sim.get('checkpoint_timeouts', 0)} not written in time), "
+        f"{sim.get('checkpoint_requests_ahead', 0)} ahead of one\n"
         f"longest wait {_duration(longest.get('wait_s', 0.0))} ({longest.get('job')}, priority {longest.get('priority')}); "
         f"team fairness (Jain, bounded slowdown) {summary['fairness']['jain_bounded_slowdown']:.3f} over {summary['fairness']['teams']} teams\n"
     )
