@@ -821,11 +821,11 @@ def test_stop_at_once_or_wait_for_a_checkpoint(victim_kw, preemptor, expected_wa
 
 
 def test_delayed_preemption_asks_its_likely_victims_for_a_checkpoint_ahead():
-    # Given a medium job within its tier's 900 s preemption delay and two low jobs filling
-    # the pool: one with 1000 s at risk, one seen to save on SIGTERM
+    # Given a medium job within its tier's 900 s preemption delay and two low jobs running
+    # the training helper filling the pool: one with 1000 s at risk, one seen to save on SIGTERM
     knobs = Policy(tier_preemption_delay_s={"medium": 900})
     snap = snapshot(16).running(
-        running("at-risk", 50, 8, started_at=NOW - 1000), running("saver", 50, 8, started_at=NOW - 2000, saves_on_stop=True)
+        running("at-risk", 50, 8, started_at=NOW - 1000, declares_save_on_stop=True), running("saver", 50, 8, started_at=NOW - 2000, saves_on_stop=True, declares_save_on_stop=True)
     ).pending(pending("med", 200, 16, submitted_at=NOW - 100)).build()
     # When planning
     decision = plan(snap, knobs, NOW)
@@ -841,7 +841,7 @@ def test_a_preemption_held_by_the_budget_asks_its_likely_victims_ahead():
     # Given a pool whose budget allows one lost GPU-hour per hour, a low job of 8 GPUs with
     # 7200 s at risk filling it, and a medium job that would have to stop it
     knobs = Policy(budget={"window_s": 3600, "max_gpu_hours": 1})
-    snap = snapshot(8).running(running("at-risk", 50, 8, started_at=NOW - 7200)).pending(pending("med", 200, 8, submitted_at=NOW - 100)).build()
+    snap = snapshot(8).running(running("at-risk", 50, 8, started_at=NOW - 7200, declares_save_on_stop=True)).pending(pending("med", 200, 8, submitted_at=NOW - 100)).build()
     # When planning
     decision = plan(snap, knobs, NOW)
     # Then nothing is stopped, and the victim the budget holds back is asked now
@@ -855,7 +855,7 @@ def test_queue_pressure_asks_the_victims_a_waiting_job_will_take_once_capacity_f
     # Given a pool of 24 GPUs: a high job of 16 GPUs (not preemptible by medium work) and
     # a low job of 8 GPUs with 3600 s at risk; a medium job of 16 GPUs cannot fit even by
     # stopping the low job
-    snap = snapshot(24).running(running("high", 500, 16), running("low", 50, 8, started_at=NOW - 3600)).pending(
+    snap = snapshot(24).running(running("high", 500, 16), running("low", 50, 8, started_at=NOW - 3600, declares_save_on_stop=True)).pending(
         pending("med", 200, 16, submitted_at=NOW - 100)
     ).build()
     # When planning
@@ -874,16 +874,17 @@ def test_queue_pressure_asks_the_victims_a_waiting_job_will_take_once_capacity_f
     [
         (dict(started_at=NOW - 200), False),  # 200 s at risk <= min_at_risk_s 300
         (dict(saves_on_stop=True), False),  # nothing at risk on a stop
+        (dict(declares_save_on_stop=False), False),  # no training helper: cannot answer
         (dict(ignored_checkpoint_request=True), False),  # would not answer
         (dict(checkpoint_requested_at=NOW - 1200), False),  # asked 20 min ago < min_interval_s 1800
         (dict(checkpoint_requested_at=NOW - 2000), True),  # asked 33 min ago
         (dict(), True),
     ],
-    ids=["little-at-risk", "saves-on-stop", "ignored-last", "asked-recently", "asked-long-ago", "at-risk"],
+    ids=["little-at-risk", "saves-on-stop", "no-helper", "ignored-last", "asked-recently", "asked-long-ago", "at-risk"],
 )
 def test_which_likely_victims_are_asked_ahead(victim_kw, asked):
     # Given queue pressure on a low job started 3600 s ago unless given
-    kw = {"started_at": NOW - 3600, **victim_kw}
+    kw = {"started_at": NOW - 3600, "declares_save_on_stop": True, **victim_kw}
     snap = snapshot(24).running(running("high", 500, 16), running("low", 50, 8, **kw)).pending(
         pending("med", 200, 16, submitted_at=NOW - 100)
     ).build()
@@ -894,7 +895,7 @@ def test_which_likely_victims_are_asked_ahead(victim_kw, asked):
 def test_ahead_requests_stay_within_max_jobs_and_skip_what_is_stopped_now():
     # Given 12 low jobs of 1 GPU with work at risk under queue pressure (a medium job of
     # 16 GPUs cannot fit beside a high job of 8), then a critical job of 1 GPU that stops one
-    lows = [running(f"low-{i:02d}", 50, 1, started_at=NOW - 3600 - i) for i in range(12)]
+    lows = [running(f"low-{i:02d}", 50, 1, started_at=NOW - 3600 - i, declares_save_on_stop=True) for i in range(12)]
     snap = snapshot(20).running(running("high", 500, 8), *lows).pending(
         pending("crit", 1000, 1, submitted_at=NOW - 10), pending("med", 200, 16, submitted_at=NOW - 100)
     ).build()
@@ -925,7 +926,7 @@ def test_the_forecast_asks_the_first_victims_in_order_for_the_gpus_recent_preemp
     # Given a full pool of 16 GPUs: four low jobs of 4 GPUs with work at risk (the newest
     # checkpoint first in victim order) and a critical job; 32 GPUs preempted in the last
     # hour, so the next 900 s are expected to need 8
-    lows = [running(f"low-{i}", 50, 4, started_at=NOW - 3600, last_checkpoint_at=NOW - 3000 + 500 * i) for i in range(3)]
+    lows = [running(f"low-{i}", 50, 4, started_at=NOW - 3600, last_checkpoint_at=NOW - 3000 + 500 * i, declares_save_on_stop=True) for i in range(3)]
     history = [PastPreemption("p5", NOW - 600, 32)]
     snap = snapshot(16).running(*lows, running("crit", 1000, 4)).build()
     snap = replace(snap, preemption_history=tuple(history))
@@ -941,7 +942,7 @@ def test_the_forecast_asks_the_first_victims_in_order_for_the_gpus_recent_preemp
 
 def test_free_gpus_serve_the_forecast_first():
     # Given 8 free GPUs of 16 and a forecast of 8 GPUs: nothing needs a victim
-    snap = snapshot(16).running(running("low", 50, 8, started_at=NOW - 3600)).build()
+    snap = snapshot(16).running(running("low", 50, 8, started_at=NOW - 3600, declares_save_on_stop=True)).build()
     snap = replace(snap, preemption_history=(PastPreemption("p5", NOW - 600, 32),))
     assert plan(snap, DEFAULT, NOW).checkpoint_requests == ()
     # and with 4 free, 4 more are needed: the low job is asked

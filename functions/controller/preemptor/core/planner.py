@@ -627,10 +627,10 @@ class PoolPlanner:
 
     def _note_likely(self, choice: Iterable[tuple[RunningJob, object]], for_job: str | None, why: str) -> None:
         """Remember the victims of `choice` worth asking for a checkpoint ahead, as likely
-        ones of `for_job` (the first, highest-ranked claim wins): not known to save on
-        SIGTERM, that honoured their last request, with more than `min_at_risk_s` at risk,
-        and not asked within `min_interval_s` (nor `checkpoint_wait_max_s`: a request still
-        being answered)."""
+        ones of `for_job` (the first, highest-ranked claim wins): running the training
+        helper but not known to save on SIGTERM, that honoured their last request, with more
+        than `min_at_risk_s` at risk, and not asked within `min_interval_s` (nor
+        `checkpoint_wait_max_s`: a request still being answered)."""
         likely, now = self._likely_victims, self.now
         for v, _ in choice:
             if len(likely) >= self._likely_cap:
@@ -642,8 +642,9 @@ class PoolPlanner:
             likely[v.name] = (v, for_job, f"likely victim {who} {why}; {at_risk:.0f} s of work at risk")
 
     def _askable(self, v: RunningJob) -> bool:
-        """Whether a likely victim is worth asking ahead (`_note_likely`)."""
-        if v.saves_on_stop or v.ignored_checkpoint_request:
+        """Whether a likely victim is worth asking ahead (`_note_likely`): only a job running
+        the training helper can answer a request; one seen to save on SIGTERM needs none."""
+        if not v.declares_save_on_stop or v.saves_on_stop or v.ignored_checkpoint_request:
             return False
         ahead, now = self.knobs.checkpoint_ahead, self.now
         asked = v.checkpoint_requested_at
