@@ -303,6 +303,8 @@ class PoolPlanner:
             # A job alike one that could not fit, since nothing changed: the same outcome
             # (it does not fit the free GPUs either, so it is not admitted).
             cached = self._no_fit.get(key)
+            if cached is None and self._by_submission and not self.starving(job):
+                cached = self._no_fit.get(key[:-1])  # an outcome no walk decided (`_remember`)
             if cached is not None and job.gpus <= self.pool.gpus:
                 if self._starving_after is not None and self.starving(job):
                     self._reserve(r, bucket)  # it cannot fit either: it reserves what is left
@@ -323,6 +325,16 @@ class PoolPlanner:
             self._admit(r, bucket)
         else:
             self._nominate(r, bucket, key)
+
+    def _remember(self, key: tuple, outcome: tuple[Reason, str], choice: Choice | None) -> None:
+        """Remember the outcome of a job that could not fit for the jobs alike (`place`).
+
+        The submission time in `key` (LowerOrNewerEqualPriority) is read only by the victim
+        walk: an outcome without one (`choice` None) holds for any submission time, so a
+        long queue of jobs waiting for the same reason is not walked job by job. A starving
+        job does not take such an outcome (it would reserve where it waits).
+        """
+        self._no_fit[key[:-1] if choice is None and self._by_submission else key] = outcome
 
     def _changed(self) -> None:
         """Capacity, quotas or candidates changed: cached no-fit outcomes no longer hold."""
@@ -417,14 +429,14 @@ class PoolPlanner:
                 detail = f"needs {job.gpus} GPUs; the pool's preemption budget is spent: {spent}"
                 self._wait(job, Reason.BUDGET_EXHAUSTED, detail)
                 if not held and not self.starving(job):
-                    self._no_fit[key] = (Reason.BUDGET_EXHAUSTED, detail)  # nothing was left to hold
+                    self._remember(key, (Reason.BUDGET_EXHAUSTED, detail), None)  # nothing was left to hold
                 return
             choice = self.choose(r, bucket, available, reclaim)
             short_of = choice.short_of
         if choice is None or not choice.fits:
             outcome = self._cannot_fit(r, bucket, choice, short_of, reclaim)
             if outcome is not None:
-                self._no_fit[key] = outcome
+                self._remember(key, outcome, choice)
             return
 
         victims = [v for v, _ in choice.victims]
