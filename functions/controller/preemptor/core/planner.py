@@ -287,26 +287,30 @@ class PoolPlanner:
 
     # -- one pending job --------------------------------------------------------------------
     def place(self, r: RankedJob) -> None:
-        job = r.job
+        job, claimed = r.job, r.claimed
         # Caps change what a job may preempt, so they get a line of their own; aging only
         # reorders the queue and is told in `explain` and the rank trace.
         if r.notes:
             for reason, detail in r.notes:
                 self.lines.append(Explanation(job.name, Verdict.RANK, reason, detail))
-        bucket = self.quotas.bucket_for(job.team, r.claimed) if self.quotas.on else None
+        quotas = self.quotas
+        bucket = quotas.bucket_for(job.team, claimed) if quotas.on else None
         # What decides the outcome of a job that does not fit, besides the pool's state.
         waited = self.waited_enough(r) if self._rate_limited else True
-        key = (id(bucket), r.claimed, job.team, job.gpus, job.escalated, waited)
+        key = (bucket, claimed, job.team, job.gpus, job.escalated, waited)
         if self._by_submission:
             key += (job.submitted_at,)
-        if self._no_fit and self._fail_at is None:
+        no_fit = self._no_fit
+        if no_fit and self._fail_at is None:
             # A job alike one that could not fit, since nothing changed: the same outcome
             # (it does not fit the free GPUs either, so it is not admitted).
-            cached = self._no_fit.get(key)
-            if cached is None and self._by_submission and not self.starving(job):
-                cached = self._no_fit.get(key[:-1])  # an outcome no walk decided (`_remember`)
+            after = self._starving_after
+            starving = after is not None and self.now - job.submitted_at >= after  # `starving`, inline
+            cached = no_fit.get(key)
+            if cached is None and self._by_submission and not starving:
+                cached = no_fit.get(key[:-1])  # an outcome no walk decided (`_remember`)
             if cached is not None and job.gpus <= self.pool.gpus:
-                if self._starving_after is not None and self.starving(job):
+                if starving:
                     self._reserve(r, bucket)  # it cannot fit either: it reserves what is left
                 else:
                     self.lines.append(Explanation(job.name, _WAIT, cached[0], cached[1]))
@@ -356,8 +360,11 @@ class PoolPlanner:
         job = r.job
         if job.escalated:
             return True
-        delay = self._pool_delay if self._pool_delay is not None else self.delay_for(r.claimed)
-        return self.now - job.waiting_since() >= delay
+        delay = self._pool_delay
+        if delay is None:
+            delay = self.delay_for(r.claimed)
+        since = job.pending_since  # `job.waiting_since()`, inline: this runs for every job
+        return self.now - (job.submitted_at if since is None else since) >= delay
 
     def _admit(self, r: RankedJob, bucket: Bucket | None) -> None:
         job = r.job
