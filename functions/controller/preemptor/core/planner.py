@@ -30,7 +30,9 @@ Cost: sorting (P + R) log(P + R) per pool; sums of candidate GPUs by priority bo
 GPUs a job could free, so a job that cannot fit is dismissed without scanning the running
 jobs; victim lists are sorted on their first walk, and scans stop at the first priority a
 job may not preempt. A job alike one that could not fit, in the same pool state, is given
-its outcome again (`PoolPlanner._no_fit`); docs/policy.md, "Speed", has the figures.
+its outcome again (`PoolPlanner._no_fit`; under LowerOrNewerEqualPriority an outcome no
+walk decided holds whatever the submission time, `_remember`): most of a long queue costs a
+look-up and its explanation line. docs/policy.md, "Speed", has the figures.
 """
 
 from __future__ import annotations
