@@ -30,7 +30,9 @@ Cost: sorting (P + R) log(P + R) per pool; sums of candidate GPUs by priority bo
 GPUs a job could free, so a job that cannot fit is dismissed without scanning the running
 jobs; victim lists are sorted on their first walk, and scans stop at the first priority a
 job may not preempt. A job alike one that could not fit, in the same pool state, is given
-its outcome again (`PoolPlanner._no_fit`); docs/policy.md, "Speed", has the figures.
+its outcome again (`PoolPlanner._no_fit`; under LowerOrNewerEqualPriority an outcome no
+walk decided holds whatever the submission time, `_remember`): most of a long queue costs a
+look-up and its explanation line. docs/policy.md, "Speed", has the figures.
 """
 
 from __future__ import annotations
@@ -307,24 +309,30 @@ class PoolPlanner:
 
     # -- one pending job --------------------------------------------------------------------
     def place(self, r: RankedJob) -> None:
-        job = r.job
+        job, claimed = r.job, r.claimed
         # Caps change what a job may preempt, so they get a line of their own; aging only
         # reorders the queue and is told in `explain` and the rank trace.
         if r.notes:
             for reason, detail in r.notes:
                 self.lines.append(Explanation(job.name, Verdict.RANK, reason, detail))
-        bucket = self.quotas.bucket_for(job.team, r.claimed) if self.quotas.on else None
+        quotas = self.quotas
+        bucket = quotas.bucket_for(job.team, claimed) if quotas.on else None
         # What decides the outcome of a job that does not fit, besides the pool's state.
         waited = self.waited_enough(r) if self._rate_limited else True
-        key = (id(bucket), r.claimed, job.team, job.gpus, job.escalated, waited)
+        key = (bucket, claimed, job.team, job.gpus, job.escalated, waited)
         if self._by_submission:
             key += (job.submitted_at,)
-        if self._no_fit and self._fail_at is None:
+        no_fit = self._no_fit
+        if no_fit and self._fail_at is None:
             # A job alike one that could not fit, since nothing changed: the same outcome
             # (it does not fit the free GPUs either, so it is not admitted).
-            cached = self._no_fit.get(key)
+            after = self._starving_after
+            starving = after is not None and self.now - job.submitted_at >= after  # `starving`, inline
+            cached = no_fit.get(key)
+            if cached is None and self._by_submission and not starving:
+                cached = no_fit.get(key[:-1])  # an outcome no walk decided (`_remember`)
             if cached is not None and job.gpus <= self.pool.gpus:
-                if self._starving_after is not None and self.starving(job):
+                if starving:
                     self._reserve(r, bucket)  # it cannot fit either: it reserves what is left
                 else:
                     self.lines.append(Explanation(job.name, _WAIT, cached[0], cached[1]))
@@ -343,6 +351,16 @@ class PoolPlanner:
             self._admit(r, bucket)
         else:
             self._nominate(r, bucket, key)
+
+    def _remember(self, key: tuple, outcome: tuple[Reason, str], choice: Choice | None) -> None:
+        """Remember the outcome of a job that could not fit for the jobs alike (`place`).
+
+        The submission time in `key` (LowerOrNewerEqualPriority) is read only by the victim
+        walk: an outcome without one (`choice` None) holds for any submission time, so a
+        long queue of jobs waiting for the same reason is not walked job by job. A starving
+        job does not take such an outcome (it would reserve where it waits).
+        """
+        self._no_fit[key[:-1] if choice is None and self._by_submission else key] = outcome
 
     def _changed(self) -> None:
         """Capacity, quotas or candidates changed: cached no-fit outcomes no longer hold."""
@@ -364,8 +382,11 @@ class PoolPlanner:
         job = r.job
         if job.escalated:
             return True
-        delay = self._pool_delay if self._pool_delay is not None else self.delay_for(r.claimed)
-        return self.now - job.waiting_since() >= delay
+        delay = self._pool_delay
+        if delay is None:
+            delay = self.delay_for(r.claimed)
+        since = job.pending_since  # `job.waiting_since()`, inline: this runs for every job
+        return self.now - (job.submitted_at if since is None else since) >= delay
 
     def _admit(self, r: RankedJob, bucket: Bucket | None) -> None:
         job = r.job
@@ -442,7 +463,7 @@ class PoolPlanner:
                 detail = f"needs {job.gpus} GPUs; the pool's preemption budget is spent: {spent}"
                 self._wait(job, Reason.BUDGET_EXHAUSTED, detail)
                 if not held and not self.starving(job):
-                    self._no_fit[key] = (Reason.BUDGET_EXHAUSTED, detail)  # nothing was left to hold
+                    self._remember(key, (Reason.BUDGET_EXHAUSTED, detail), None)  # nothing was left to hold
                 return
             choice = self.choose(r, bucket, available, reclaim)
             short_of = choice.short_of
@@ -451,7 +472,7 @@ class PoolPlanner:
                 self._note_pressure(r, bucket, available, reclaim, choice)
             outcome = self._cannot_fit(r, bucket, choice, short_of, reclaim)
             if outcome is not None:
-                self._no_fit[key] = outcome
+                self._remember(key, outcome, choice)
             return
 
         victims = [v for v, _ in choice.victims]

@@ -225,7 +225,7 @@ def rank_pool(pending: Iterable[PendingJob], knobs: PoolPolicy, policy: Policy, 
     is on: a long queue of alike jobs costs one object per job. The sort is `rank_key`'s
     without a key tuple per job: the jobs are grouped by its first three keys (without
     aging, a handful of priorities times teams), and each group, in queue order, is sorted
-    by name then, stably, by submission.
+    by submission and, only where submission times tie, by name then, stably, by submission.
     """
     rules = ClaimRules.of(knobs, policy)
     fair, caps, ages = knobs.fair_share.enabled, rules.caps, rules.ages
@@ -265,8 +265,10 @@ def rank_pool(pending: Iterable[PendingJob], knobs: PoolPolicy, policy: Policy, 
     for key in sorted(groups):
         group = groups[key]
         if len(group) > 1:
-            group.sort(key=_by_name)
             group.sort(key=_by_submission)
+            if len(set(map(_by_submission, group))) < len(group):  # ties: by name among them
+                group.sort(key=_by_name)
+                group.sort(key=_by_submission)
         queue += group
     return queue
 

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from .model import PreemptionRule, Reason, RunningJob
@@ -245,16 +245,23 @@ class Candidates:
         jobs[:scanned] = [v for v in jobs[:scanned] if v.name not in names]  # the tail moves in place
 
 
-@dataclass
 class Choice:
-    """The outcome of a walk: the victims, the candidates skipped and those fill-back dropped."""
+    """The outcome of a walk: the victims, the candidates skipped and those fill-back dropped.
 
-    victims: list[tuple[RunningJob, Eligibility]] = field(default_factory=list)
-    skipped: list[tuple[RunningJob, Eligibility]] = field(default_factory=list)
-    dropped: list[RunningJob] = field(default_factory=list)
-    fits: bool = False
-    short_of: str = "capacity"  # what is missing when it does not fit: capacity | quota
-    scanned: dict[ListKey, int] = field(default_factory=dict)  # per candidate list: items looked at
+    A plain slotted class: one is made for every walk."""
+
+    __slots__ = ("victims", "skipped", "dropped", "fits", "short_of", "scanned")
+
+    def __init__(self) -> None:
+        self.victims: list[tuple[RunningJob, Eligibility]] = []
+        self.skipped: list[tuple[RunningJob, Eligibility]] = []
+        self.dropped: list[RunningJob] = []
+        self.fits = False
+        self.short_of = "capacity"  # what is missing when it does not fit: capacity | quota
+        self.scanned: dict[ListKey, int] = {}  # per candidate list: items looked at
+
+    def __repr__(self) -> str:
+        return f"Choice(victims={self.victims!r}, skipped={self.skipped!r}, dropped={self.dropped!r}, fits={self.fits!r}, short_of={self.short_of!r}, scanned={self.scanned!r})"
 
 
 def walk(
