@@ -700,3 +700,18 @@ def test_no_baseline_asks_for_checkpoints_ahead(tmp_path, name):
     assert result.counters["checkpoint_requests_ahead"] == 0
     # while ours asks the low job, the medium job's likely victim
     assert simulate(load_trace(trace), policy_by_name("preemptor"), SimConfig(gpus=8)).counters["checkpoint_requests_ahead"] >= 1
+
+
+def test_the_plan_speed_bench_also_times_the_window_the_controller_reads():
+    # Given a bench_plan snapshot of 2,000 pending over 4 pools
+    from preemptor_tools.bench_plan import build, controller_window
+
+    snap, _ = build(2_000, 200, 4, 7)
+    # When it is cut as the schedule step reads it (window 40 here)
+    windowed = controller_window(snap, window=40)
+    # Then each pool keeps its first 40 of the pending index: priority desc, then submission
+    for pool in {j.pool for j in snap.pending}:
+        mine = [j for j in windowed.pending if j.pool == pool]
+        index = sorted((j for j in snap.pending if j.pool == pool), key=lambda j: (-j.priority, j.submitted_at, j.name))
+        assert mine == index[:40]
+    assert windowed.running == snap.running
