@@ -257,7 +257,8 @@ def test_the_wait_alarm_escalates_a_job_held_back_by_the_minimum_runtime():
 
 
 def test_a_likely_victim_is_asked_for_a_checkpoint_ahead_and_the_pool_is_planned_when_the_delay_ends():
-    # Given a 300 s preemption delay and a sweep that checkpoints only every 30 minutes (ahead-of-time.yaml)
+    # Given a 300 s preemption delay and a sweep running the training helper that checkpoints
+    # only every 30 minutes (ahead-of-time.yaml)
     scenario = Scenario.load(SCENARIOS / "ahead-of-time.yaml")
     result = replay("ahead-of-time").result
     decided = [(t.at, t.job, t.what, t.why) for t in result.timeline if t.source == "controller"]
@@ -268,8 +269,9 @@ def test_a_likely_victim_is_asked_for_a_checkpoint_ahead_and_the_pool_is_planned
     # And the pool was planned again as the delay ran out (nothing else happened then), and preempted
     [started] = [d for d in decided if d[1] == "sweep" and d[2] == "preemption-started"]
     assert submitted_at + delay <= started[0] <= submitted_at + delay + 2
-    # And the stop, at once, lost only the work since that checkpoint (written 60 s after the
-    # request) and the grace: (300 - 60 + 120) s x 64 GPUs, not the 30 minutes since the last periodic one
+    # And the stop, at once, lost at most the work since that checkpoint (written 60 s after
+    # the request) and the grace: (300 - 60 + 120) s x 64 GPUs, not the 30 minutes since the
+    # last periodic one (it saves on SIGTERM too)
     [p] = result.report["preemption_details"]
     assert p["fresh_checkpoint"] and p["lost_gpu_seconds"] <= (delay - 60 + 120 + 2) * 64
     assert violations(result, scenario) == []
