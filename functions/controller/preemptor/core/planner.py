@@ -168,8 +168,10 @@ class PoolPlanner:
         # Enough to fill `max_jobs` requests though some are chosen as victims later in
         # the plan, never the whole pool.
         self._likely_cap = 2 * ahead.max_jobs
-        # Jobs under queue pressure whose victims are still looked for in this plan.
-        self._pressure_walks = ahead.max_jobs if ahead.on_queue_pressure else 0
+        # Victim walks left in this plan made only to name likely victims (a spent budget,
+        # queue pressure): at most `max_jobs`.
+        self._ahead_walks = ahead.max_jobs
+        self._pressure = ahead.on_queue_pressure
         # Outcomes of jobs that could not fit, by what decides them; forgotten whenever
         # capacity, quotas or candidates change (`_changed`). Most of a long queue waits
         # for the same reason as the job before it.
@@ -455,7 +457,8 @@ class PoolPlanner:
             if spent and self.waited_enough(r):
                 # Any victim would exceed a budget already spent: they are looked for only
                 # to be asked for a checkpoint before the budget allows their stop.
-                if len(self._likely_victims) < self._likely_cap:
+                if self._ahead_walks and len(self._likely_victims) < self._likely_cap:
+                    self._ahead_walks -= 1
                     choice = self.choose(r, bucket, available, reclaim)
                     if choice.fits:
                         self._note_likely(choice.victims, job.name, "whose preemption waits for the preemption budget")
@@ -468,7 +471,7 @@ class PoolPlanner:
             choice = self.choose(r, bucket, available, reclaim)
             short_of = choice.short_of
         if choice is None or not choice.fits:
-            if self._pressure_walks and short_of != "quota":
+            if self._pressure and self._ahead_walks and short_of != "quota":
                 self._note_pressure(r, bucket, available, reclaim, choice)
             outcome = self._cannot_fit(r, bucket, choice, short_of, reclaim)
             if outcome is not None:
@@ -635,13 +638,13 @@ class PoolPlanner:
 
     def _note_pressure(self, r: RankedJob, bucket: Bucket | None, available: int, reclaim: bool, choice: Choice | None) -> None:
         """Queue pressure: `r` cannot fit even with every victim it may take, but once a
-        little more capacity frees it takes them; they are likely victims. The victims are
-        looked for (when the bound spared the walk) for at most `max_jobs` jobs per plan."""
+        little more capacity frees it takes them; they are likely victims. When the bound
+        spared the walk they are looked for, within the plan's `_ahead_walks`."""
         if choice is None:
             if not self.victim_bound(r, reclaim):
                 return
+            self._ahead_walks -= 1
             choice = self.choose(r, bucket, available, reclaim)
-        self._pressure_walks -= 1
         if choice.victims:
             short = r.job.gpus - available - sum(v.gpus for v, _ in choice.victims)
             self._note_likely(choice.victims, r.job.name, f"which may preempt it once {short} more GPUs free")

@@ -369,7 +369,7 @@ def _mark_victims(
             now,
             "preemption-started",
             p.reason.value,
-            f"for {p.preemptor}; {age}; a stop now would lose {p.lost_gpu_seconds:.0f} GPU-seconds",
+            f"for {p.preemptor}; {age}; a stop now would lose {p.lost_gpu_seconds:,.0f} GPU-seconds",
             preemptor=p.preemptor,
             rule=p.rule.value,
             lost_gpu_seconds=p.lost_gpu_seconds,
