@@ -684,7 +684,7 @@ class PoolPlanner:
         left = self.forecast_gpus - self.free  # what the free GPUs cannot serve
         why = (
             f"the next {ahead.forecast_horizon_s:g} s are expected to need {self.forecast_gpus:.1f} GPUs "
-            f"by preemption (forecast_window_s {ahead.forecast_window_s:g} of {self.pool.name}), {self.free} are free"
+            f"by preemption (from {self.pool.name}'s preemptions of the last {ahead.forecast_window_s:g} s), {self.free} are free"
         )
         top = max(self.policy.tiers.values())
         offered = [v for v in self._candidates if v.name not in chosen and claimed[v.name] < top]
