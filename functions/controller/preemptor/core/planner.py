@@ -171,6 +171,7 @@ class PoolPlanner:
         # Victim walks left in this plan made only to name likely victims (a spent budget,
         # queue pressure): at most `max_jobs`.
         self._ahead_walks = ahead.max_jobs
+        self._ahead_keys: set[tuple] = set()
         self._pressure = ahead.on_queue_pressure
         # Outcomes of jobs that could not fit, by what decides them; forgotten whenever
         # capacity, quotas or candidates change (`_changed`). Most of a long queue waits
@@ -457,8 +458,7 @@ class PoolPlanner:
             if spent and self.waited_enough(r):
                 # Any victim would exceed a budget already spent: they are looked for only
                 # to be asked for a checkpoint before the budget allows their stop.
-                if self._ahead_walks and len(self._likely_victims) < self._likely_cap:
-                    self._ahead_walks -= 1
+                if self._ahead_walk(key) and len(self._likely_victims) < self._likely_cap:
                     choice = self.choose(r, bucket, available, reclaim)
                     if choice.fits:
                         self._note_likely(choice.victims, job.name, "whose preemption waits for the preemption budget")
@@ -471,8 +471,8 @@ class PoolPlanner:
             choice = self.choose(r, bucket, available, reclaim)
             short_of = choice.short_of
         if choice is None or not choice.fits:
-            if self._pressure and self._ahead_walks and short_of != "quota":
-                self._note_pressure(r, bucket, available, reclaim, choice)
+            if self._pressure and short_of != "quota":
+                self._note_pressure(r, bucket, available, reclaim, choice, key)
             outcome = self._cannot_fit(r, bucket, choice, short_of, reclaim)
             if outcome is not None:
                 self._remember(key, outcome, choice)
@@ -636,18 +636,30 @@ class PoolPlanner:
             return True, Reason.WAIT_FOR_CHECKPOINT, f"asks for a checkpoint and waits: {figures}"
         return False, Reason.WAIT_DOES_NOT_PAY, f"stopped at once: {figures}"
 
-    def _note_pressure(self, r: RankedJob, bucket: Bucket | None, available: int, reclaim: bool, choice: Choice | None) -> None:
+    def _note_pressure(self, r: RankedJob, bucket: Bucket | None, available: int, reclaim: bool, choice: Choice | None, key: tuple) -> None:
         """Queue pressure: `r` cannot fit even with every victim it may take, but once a
         little more capacity frees it takes them; they are likely victims. When the bound
-        spared the walk they are looked for, within the plan's `_ahead_walks`."""
+        spared the walk they are looked for (`_ahead_walk`)."""
         if choice is None:
-            if not self.victim_bound(r, reclaim):
+            if not self.victim_bound(r, reclaim) or not self._ahead_walk(key):
                 return
-            self._ahead_walks -= 1
             choice = self.choose(r, bucket, available, reclaim)
         if choice.victims:
             short = r.job.gpus - available - sum(v.gpus for v, _ in choice.victims)
             self._note_likely(choice.victims, r.job.name, f"which may preempt it once {short} more GPUs free")
+
+    def _ahead_walk(self, key: tuple) -> bool:
+        """Whether a victim walk made only to name likely victims may be made for a job of
+        `key` (`place`): at most `max_jobs` per plan, one per kind of job (the key an outcome
+        no walk decided is remembered by, `_remember`), so that jobs alike, remembered or
+        not, cost one walk."""
+        if self._by_submission:
+            key = key[:-1]
+        if self._ahead_walks <= 0 or key in self._ahead_keys:
+            return False
+        self._ahead_walks -= 1
+        self._ahead_keys.add(key)
+        return True
 
     def _note_likely(self, choice: Iterable[tuple[RunningJob, object]], for_job: str | None, why: str) -> None:
         """Remember the victims of `choice` worth asking for a checkpoint ahead, as likely
