@@ -667,26 +667,30 @@ class PoolPlanner:
         helper but not known to save on SIGTERM, that honoured their last request, with more
         than `min_at_risk_s` at risk, and not asked within `min_interval_s` (nor
         `checkpoint_wait_max_s`: a request still being answered)."""
-        likely, now = self._likely_victims, self.now
+        likely = self._likely_victims
         for v, _ in choice:
             if len(likely) >= self._likely_cap:
                 return
-            if v.name in likely or not self._askable(v):
+            if v.name in likely:
                 continue
-            at_risk = v.work_at_risk_s(now)
+            at_risk = self._worth_asking(v)
+            if at_risk is None:
+                continue
             who = "of the next preemptions:" if for_job is None else f"of {for_job},"
             likely[v.name] = (v, for_job, f"likely victim {who} {why}; {at_risk:.0f} s of work at risk")
 
-    def _askable(self, v: RunningJob) -> bool:
-        """Whether a likely victim is worth asking ahead (`_note_likely`): only a job running
-        the training helper can answer a request; one seen to save on SIGTERM needs none."""
+    def _worth_asking(self, v: RunningJob) -> float | None:
+        """A likely victim's work at risk if it is worth asking ahead (`_note_likely`), else
+        None: only a job running the training helper can answer a request; one seen to save
+        on SIGTERM needs none."""
         if not v.declares_save_on_stop or v.saves_on_stop or v.ignored_checkpoint_request:
-            return False
+            return None
         ahead, now = self.knobs.checkpoint_ahead, self.now
         asked = v.checkpoint_requested_at
         if asked is not None and now - asked < max(ahead.min_interval_s, self.knobs.checkpoint_wait_max_s):
-            return False
-        return v.work_at_risk_s(now) > ahead.min_at_risk_s
+            return None
+        at_risk = v.work_at_risk_s(now)
+        return at_risk if at_risk > ahead.min_at_risk_s else None
 
     def _note_forecast(self) -> None:
         """The running jobs first in victim order, up to the GPUs the forecast expects the
@@ -700,7 +704,7 @@ class PoolPlanner:
         )
         top = max(self.policy.tiers.values())
         offered = [v for v in self._candidates if v.name not in chosen and claimed[v.name] < top]
-        if not any(map(self._askable, offered)):
+        if all(self._worth_asking(v) is None for v in offered):
             return  # none would be asked, whatever the order
         # Each victim brings at least one GPU: the first ceil(left) in victim order suffice.
         for v in heapq.nsmallest(math.ceil(left), offered, key=self.victim_order):
