@@ -35,13 +35,18 @@ class Emulation:
 
     def submit(self, **job) -> dict:
         """Submit a job (ScenarioJob fields; submit_at defaults to now) through the bus."""
+        routed = self.submit_nowait(**job)
+        self.stack.drain()
+        return routed.results[0]
+
+    def submit_nowait(self, **job) -> RoutedEvent:
+        """`submit` without waiting for the workflows it starts (e.g. from inside a step of
+        another workflow, which `drain` would wait for)."""
         job.setdefault("submit_at", self.elapsed)
         spec = ScenarioJob(**job)
         pool = next(p for p in self.pools if p.name == spec.pool)
         event = submission_event(spec, pool, self.stack.parameters["CheckpointBucketName"], self.clock.now(), self.stack.region)
-        routed = self.stack.put_event(event)
-        self.stack.drain()
-        return routed.results[0]
+        return self.stack.put_event(event)
 
     def put(self, event: dict) -> RoutedEvent:
         routed = self.stack.put_event(event)

@@ -246,3 +246,19 @@ def test_explain_shows_what_was_learned_and_how_the_victim_is_stopped():
     assert answer["running"]["learned"]["saves_on_stop"] is True
     assert answer["running"]["preempted_now"]["stop"] == "saves-on-stop"
     assert "seen to save on SIGTERM" in answer["text"] and "stopped at once (saves-on-stop)" in answer["text"]
+
+
+def test_a_job_waiting_on_a_stop_that_waits_for_a_checkpoint_is_told_whether_that_wait_was_cut():
+    # Given a low job being stopped whose workflow waits for a checkpoint asked 60 s ago
+    late = running("late", 50, 8, started_at=NOW - 3600, stopping=True, stop_awaits_checkpoint=True, checkpoint_requested_at=NOW - 60)
+    for who, priority, cut in (("crit", 1000, True), ("med", 200, False)):
+        snap = snapshot(8).running(late).pending(pending(who, priority, 8, submitted_at=NOW - 10)).build()
+        # When the job waiting for its GPUs asks why it waits
+        answer = explain(who, snap)
+        # Then it is told about that stop: cut for the critical job, kept for the medium one
+        [sentence] = [s for s in answer["pending"]["in_the_way"] if s.startswith("the stop of late")]
+        assert ("no longer waits for a checkpoint" in sentence) is cut
+        assert sentence in answer["text"]
+        # And the victim's own answer names the job it was judged for
+        [considered] = explain("late", snap)["running"]["considered_for"]
+        assert considered["preemptor"] == who and considered["reason"] == ("checkpoint-wait-cut" if cut else "checkpoint-wait-kept")

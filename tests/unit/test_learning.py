@@ -5,8 +5,9 @@ Pure: the store is a stub recording the field updates and the log.
 
 from __future__ import annotations
 
+from preemptor.core.errors import ConflictError
 from preemptor.core.jobs import SAVES_ON_STOP_LABEL, JobRecord
-from preemptor.core.model import JobState
+from preemptor.core.model import Decision, JobState, WaitCut
 from preemptor.service import learning
 
 
@@ -20,6 +21,14 @@ class StubStore:
 
     def log(self, job: str, at: float, kind: str, reason: str, detail: str = "", **extra) -> None:
         self.logs.append((job, kind, reason))
+
+    def update_fields(self, record: JobRecord, expect, **changes) -> JobRecord:
+        if record.status not in expect or self.conflict:
+            raise ConflictError(f"{record.name} changed meanwhile")
+        self.updates.append((record.name, changes))
+        return record.with_changes(**changes)
+
+    conflict = False
 
 
 def record(**changes) -> JobRecord:
@@ -95,3 +104,42 @@ def test_a_stop_at_once_with_work_at_risk_is_a_stop_without_a_fresh_checkpoint()
     # Then the stop goes ahead for all three, counted as without a fresh checkpoint where it is one
     assert [a["stop_at_once"] for a in (at_risk, never, saver)] == [True, True, True]
     assert [a["fresh"] for a in (at_risk, never, saver)] == [False, False, True]
+
+
+def test_a_stop_waiting_for_the_checkpoint_asked_for_it_is_one_the_planner_sees_arrive_late():
+    # Given a victim whose workflow asked for a checkpoint at 1010, for a preemption begun at 1000
+    waiting = record(preempting_since=1000.0, checkpoint_requested_at=1010.0)
+    # Then the planner sees its stop waiting for it
+    assert waiting.awaits_checkpoint and waiting.as_running().stop_awaits_checkpoint
+    # And not once the stop is sent, the wait cut, before the request, or with an older one
+    assert not waiting.with_changes(stop_signal_at=1200.0).awaits_checkpoint
+    assert not waiting.with_changes(stop_at_once=True).awaits_checkpoint
+    assert not waiting.with_changes(checkpoint_requested_at=None).awaits_checkpoint
+    assert not waiting.with_changes(checkpoint_requested_at=900.0).awaits_checkpoint
+    assert not waiting.with_changes(status=JobState.RUNNING).awaits_checkpoint
+
+
+def test_a_cut_wait_is_written_on_a_stop_still_waiting_and_not_held_against_the_job():
+    store = StubStore()
+    waiting = record(preempting_since=1000.0, checkpoint_requested_at=1010.0)
+    cut = WaitCut("exp", "p", "crit", "its stop no longer waits for a checkpoint: crit waits for its GPUs")
+    # When the plan says to cut the wait of a stop that still waits, and of one already sent
+    sent = waiting.with_changes(name="sent", stop_signal_at=1100.0)
+    decision = Decision(wait_cuts=(cut, WaitCut("sent", "p", "crit", "x")))
+    assert learning.cut_waits(store, decision, {"exp": waiting, "sent": sent}, now=1200.0) == ["exp"]
+    # Then only the waiting one is told to stop at once, and the log says for whom
+    assert store.updates == [("exp", {"stop_at_once": True})]
+    assert store.logs == [("exp", "checkpoint-wait-cut", "checkpoint-wait-cut")]
+    # And its next check goes ahead, logged as a cut wait, and the stop does not mark the
+    # request it had no time to answer as ignored
+    store = StubStore()
+    now_cut = waiting.with_changes(stop_at_once=True)
+    assert learning.at_once_check(store, now_cut, now=1230.0, max_age_s=900.0)["stop_at_once"] is True
+    assert store.logs == [("exp", "checkpoint-not-awaited", "checkpoint-wait-cut")]
+    learning.stop_sent(store, now_cut, fresh=False, now=1230.0)
+    assert store.updates == [("exp", {"stop_signal_at": 1230.0})]
+    # And a record changed meanwhile is left as it is, with a line in its log
+    store = StubStore()
+    store.conflict = True
+    assert learning.cut_waits(store, Decision(wait_cuts=(cut,)), {"exp": waiting}, now=1200.0) == []
+    assert store.logs == [("exp", "checkpoint-wait-kept", "conflict")]

@@ -345,8 +345,8 @@ def test_to_dict_shape_is_stable():
     snap = snapshot(8).running(running("a", 50, 8, last_checkpoint_at=NOW - 10)).pending(pending("x", 1000, 8)).build()
     out = plan(snap, DEFAULT, NOW).to_dict()
     # issue 10 added how the victim is stopped (wait_for_checkpoint, stop, escalated) and the
-    # checkpoints asked ahead of preemption
-    assert set(out) == {"admit", "preempt", "fail", "explanations", "checkpoint_requests"}
+    # checkpoints asked ahead of preemption, and the checkpoint waits cut short
+    assert set(out) == {"admit", "preempt", "fail", "explanations", "checkpoint_requests", "cut_checkpoint_waits"}
     assert out["preempt"][0] == {
         "victim": "a", "preemptor": "x", "pool": "p5", "gpus": 8, "reason": "lower-priority-victim", "rule": "lower-priority",
         "borrowed": False, "lost_gpu_seconds": 80.0, "cost_gpu_seconds": 80.0, "checkpoint_age_s": 10.0, "checkpoint_fresh": True,
@@ -957,3 +957,73 @@ def test_aging_is_off_by_default():
     decision = plan(snap, DEFAULT, NOW)
     # Then the claimed priority orders the queue, as the pending index does
     assert admitted(decision) == ["new-high"]
+
+
+# -- stops that wait for a checkpoint, judged again for the jobs that come to wait on them ----
+def _late(name: str = "late", gpus: int = 8, **kw) -> object:
+    """A low job being stopped whose workflow asked for its checkpoint 60 s ago and waits
+    (no training helper: up to checkpoint_wait_max_s, 540 s left); 3600 s at risk."""
+    kw = {"started_at": NOW - 3600, "stopping": True, "stop_awaits_checkpoint": True, "checkpoint_requested_at": NOW - 60, **kw}
+    return running(name, 50, gpus, **kw)
+
+
+def test_a_critical_job_cuts_short_the_checkpoint_wait_it_would_wait_on():
+    # Given a stop already signalled (8 GPUs) and one that waits for a checkpoint (8 GPUs),
+    # and a critical job of 16 GPUs
+    signalled = running("signalled", 50, 8, stopping=True)
+    snap = snapshot(16).running(signalled, _late()).pending(pending("crit", 1000, 16, submitted_at=NOW - 10)).build()
+    # When planning
+    decision = plan(snap, DEFAULT, NOW)
+    # Then it takes both, and the wait is cut: 8 x 3600 = 28,800 GPU-s at risk < 16 GPUs x
+    # 540 s left x 1000/50 = 172,800
+    assert [(c.job, c.for_job) for c in decision.wait_cuts] == [("late", "crit")]
+    [line] = [e for e in decision.explanations if e.job == "late"]
+    assert (line.verdict, line.reason, line.for_job) == (Verdict.PREEMPT, Reason.CHECKPOINT_WAIT_CUT, "crit")
+    assert "28800 GPU-s at risk vs 16 GPUs x 540 s left x 20.00 = 172800" in line.detail
+    assert decision.to_dict()["cut_checkpoint_waits"][0]["job"] == "late"
+    # And a critical job of 8 GPUs takes the signalled stop's GPUs first: nothing is cut
+    small = replace(snap, pending=(pending("crit", 1000, 8, submitted_at=NOW - 10),))
+    decision = plan(small, DEFAULT, NOW)
+    assert decision.wait_cuts == () and not [e for e in decision.explanations if e.job == "late"]
+
+
+def test_a_checkpoint_wait_that_still_pays_is_kept_and_explained_and_escalation_cuts_it():
+    # Given a stop waiting for a checkpoint, and a medium job of 8 GPUs: 8 x 3600 = 28,800 at
+    # risk > 8 GPUs x 540 s x 200/50 = 17,280
+    snap = snapshot(8).running(_late()).pending(pending("med", 200, 8, submitted_at=NOW - 10)).build()
+    decision = plan(snap, DEFAULT, NOW)
+    # Then it waits on the stop, which goes on waiting for its checkpoint, and says so
+    assert decision.wait_cuts == () and victims(decision) == []
+    [line] = [e for e in decision.explanations if e.job == "late"]
+    assert (line.reason, line.for_job) == (Reason.CHECKPOINT_WAIT_KEPT, "med")
+    # And an escalated job never waits on it
+    escalated = replace(snap, pending=(pending("med", 200, 8, submitted_at=NOW - 10, escalated=True),))
+    assert [c.job for c in plan(escalated, DEFAULT, NOW).wait_cuts] == ["late"]
+
+
+def test_the_wait_left_of_a_job_running_the_training_helper_is_its_expected_wait_then_the_longest():
+    # Given stops waiting for a checkpoint asked 60 s ago (helper: 200 s expected, 140 s left)
+    # and 300 s ago (past the expected wait: until the 600 s limit, 300 s left)
+    policy_ = DEFAULT
+    snap = snapshot(8).running(_late(declares_save_on_stop=True)).pending(pending("crit", 1000, 8, submitted_at=NOW - 10)).build()
+    [line] = [e for e in plan(snap, policy_, NOW).explanations if e.job == "late"]
+    assert "x 140 s left" in line.detail
+    later = replace(snap, running=(_late(declares_save_on_stop=True, checkpoint_requested_at=NOW - 300),))
+    [line] = [e for e in plan(later, policy_, NOW).explanations if e.job == "late"]
+    assert "x 300 s left" in line.detail
+
+
+def test_a_job_that_would_wait_on_a_checkpoint_preempts_instead_when_a_new_victim_loses_less():
+    # Given a stop waiting for a checkpoint (8 GPUs, 28,800 GPU-s at risk) and a low job with
+    # a checkpoint 100 s old (fresh: stopped at once, 800 GPU-s lost), and a critical job of 8
+    snap = snapshot(16).running(_late(), running("fresh", 50, 8, started_at=NOW - 3600, last_checkpoint_at=NOW - 100)).pending(
+        pending("crit", 1000, 8, submitted_at=NOW - 10)
+    ).build()
+    decision = plan(snap, DEFAULT, NOW)
+    # Then it preempts the fresh job rather than wait 540 s or cut the other's wait
+    assert victims(decision) == ["fresh"] and decision.wait_cuts == ()
+    assert decision.preemptions[0].wait_for_checkpoint is False
+    # And with a preemption delay not yet served it waits on the stop (and cuts its wait)
+    delayed = Policy(preemption_delay_s=300)
+    decision = plan(snap, delayed, NOW)
+    assert victims(decision) == [] and [c.job for c in decision.wait_cuts] == ["late"]

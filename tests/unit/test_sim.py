@@ -715,3 +715,29 @@ def test_the_plan_speed_bench_also_times_the_window_the_controller_reads():
         index = sorted((j for j in snap.pending if j.pool == pool), key=lambda j: (-j.priority, j.submitted_at, j.name))
         assert mine == index[:40]
     assert windowed.running == snap.running
+
+
+def test_a_critical_job_cuts_short_the_checkpoint_wait_of_the_stop_it_would_wait_on(tmp_path):
+    # Given a pool of 8 GPUs held by a low sweep with no checkpoint (every 2 h) that answers
+    # no request; a medium job of 4 GPUs preempts it at 2000: 8 x 2000 s at risk outweigh
+    # 4 GPUs x 600 s (no helper: the longest wait) x 200/50, so the stop waits for a checkpoint
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "job_id,submit_s,duration_s,gpus,team,priority\n"
+        "sweep,0,20000,8,r,50\nmedium,2000,1000,4,m,200\ncritical,2100,1000,4,p,1000\n"
+    )
+    config = SimConfig(gpus=8, checkpoint_interval_s=(7200.0, 7200.0), cooperative_fraction=0.0)
+    result = simulate(load_trace(trace), preemptor_policy(), config)
+    # When a critical job of 4 GPUs arrives at 2100, with 500 s of that wait left: 4 GPUs x
+    # 500 s x 1000/50 = 40,000 > the 8 x 2100 s at risk. Then the wait is cut at 2100; the
+    # grace ends at 2220 for both jobs, not at 2720 once the wait runs out
+    assert result.counters["checkpoint_waits_cut"] == 1 and result.counters["checkpoint_timeouts"] == 0
+    assert (job(result, "critical").wait_s, job(result, "medium").wait_s) == (120.0, 220.0)
+    # And the sweep loses its 2100 s of work (8 GPUs), stopped once
+    assert job(result, "sweep").lost_progress_gpu_s == pytest.approx(2100 * 8) and job(result, "sweep").preemptions == 1
+    # While without the critical job the wait runs out: the medium job waits 600 + 120 s
+    alone = tmp_path / "alone.csv"
+    alone.write_text("job_id,submit_s,duration_s,gpus,team,priority\nsweep,0,20000,8,r,50\nmedium,2000,1000,4,m,200\n")
+    result = simulate(load_trace(alone), preemptor_policy(), config)
+    assert result.counters["checkpoint_waits_cut"] == 0 and result.counters["checkpoint_timeouts"] == 1
+    assert job(result, "medium").wait_s == 720.0

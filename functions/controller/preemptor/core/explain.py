@@ -79,6 +79,12 @@ def _pending(name: str, decision: Decision, snapshot: Snapshot, policy: Policy, 
     out["pool_state"] = trace["state"]
     out["candidates"] = trace["candidates"]
     out["in_the_way"] = _in_the_way(outcome.reason if outcome else None, trace, snapshot, name)
+    # The stops waiting for a checkpoint whose GPUs it waits for, and whether their wait was cut.
+    out["in_the_way"] += [
+        f"the stop of {e.job}: {e.detail}"
+        for e in decision.explanations
+        if e.for_job == name and e.reason in (Reason.CHECKPOINT_WAIT_CUT, Reason.CHECKPOINT_WAIT_KEPT)
+    ]
     return out
 
 

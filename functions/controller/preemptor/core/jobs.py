@@ -85,7 +85,8 @@ class JobRecord:
     # last stop a checkpoint appeared during the grace (it saves on SIGTERM); trusted only
     # with the declaration `SAVES_ON_STOP_LABEL`. `ignored_checkpoint_request`: its last
     # checkpoint request was not honoured in time. `stop_at_once`: the plan that chose it
-    # as a victim said to stop it without asking for a checkpoint.
+    # as a victim said to stop it without asking for a checkpoint, or a later plan cut
+    # its checkpoint wait short (the workflow's next check stops it).
     saved_on_stop: bool = False
     ignored_checkpoint_request: bool = False
     checkpoint_requested_at: float | None = None
@@ -147,6 +148,22 @@ class JobRecord:
             saves_on_stop=self.saved_on_stop and self.declares_save_on_stop,
             ignored_checkpoint_request=self.ignored_checkpoint_request,
             checkpoint_requested_at=self.checkpoint_requested_at,
+            stop_awaits_checkpoint=self.awaits_checkpoint,
+        )
+
+    @property
+    def awaits_checkpoint(self) -> bool:
+        """Being stopped, its preemption workflow asked for a checkpoint and waits for it:
+        no stop signal yet, none said to go at once (a later plan may cut the wait short,
+        `Decision.wait_cuts`)."""
+        asked, since = self.checkpoint_requested_at, self.preempting_since
+        return (
+            self.status is JobState.PREEMPTING
+            and self.stop_signal_at is None
+            and not self.stop_at_once
+            and asked is not None
+            and since is not None
+            and asked >= since
         )
 
     @property

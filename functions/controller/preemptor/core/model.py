@@ -113,6 +113,10 @@ class Reason(StrEnum):
     WAIT_FOR_CHECKPOINT = "waits-for-checkpoint"  # the work at risk outweighs the wait
     # a checkpoint asked of a likely victim before it is needed (`Decision.checkpoint_requests`)
     AHEAD_OF_PREEMPTION = "checkpoint-ahead-of-preemption"
+    # a victim whose stop waits for a checkpoint, judged again for a job that now waits for
+    # its GPUs (`Decision.wait_cuts`): the wait is cut short, or it still pays
+    CHECKPOINT_WAIT_CUT = "checkpoint-wait-cut"
+    CHECKPOINT_WAIT_KEPT = "checkpoint-wait-kept"
 
 
 class Verdict(StrEnum):
@@ -205,6 +209,9 @@ class RunningJob:
     nothing at risk; `ignored_checkpoint_request`, its last checkpoint request was not
     honoured in time, so it is not waited for again; `checkpoint_requested_at`, when a
     checkpoint was last asked of it (an ahead-of-time request is not repeated while fresh).
+    `stop_awaits_checkpoint`: it is being stopped, and the stop signal still waits for the
+    checkpoint asked at `checkpoint_requested_at` (up to `checkpoint_wait_max_s`), so its
+    GPUs come back late; a later plan may cut the wait short (`Decision.wait_cuts`).
     """
 
     name: str
@@ -234,6 +241,7 @@ class RunningJob:
     saves_on_stop: bool = False
     ignored_checkpoint_request: bool = False
     checkpoint_requested_at: float | None = None
+    stop_awaits_checkpoint: bool = False
 
     def work_at_risk_s(self, now: float) -> float:
         """Seconds of work a stop at `now` throws away (`core.progress.work_at_risk_s`: since the
@@ -398,6 +406,18 @@ class CheckpointRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class WaitCut:
+    """A victim whose stop waits for a checkpoint, to be stopped now instead: `for_job`, a
+    job planned into its GPUs, would wait longer than the work the checkpoint saves is
+    worth (the rule of `CheckpointWait`, with the wait that is left)."""
+
+    job: str
+    pool: str
+    for_job: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class Failure:
     """A pending job the workflow should fail rather than relaunch."""
 
@@ -432,6 +452,7 @@ class Decision:
     explanations: tuple[Explanation, ...] = field(default=())
     failures: tuple[Failure, ...] = ()
     checkpoint_requests: tuple[CheckpointRequest, ...] = ()
+    wait_cuts: tuple[WaitCut, ...] = ()
 
     def to_dict(self) -> dict:
         """The JSON shape printed by `preemptor plan` and returned by the plan workflow step."""
@@ -460,6 +481,7 @@ class Decision:
                 {"job": c.job, "pool": c.pool, "for": c.for_job, "reason": c.reason.value, "detail": c.detail}
                 for c in self.checkpoint_requests
             ],
+            "cut_checkpoint_waits": [{"job": c.job, "pool": c.pool, "for": c.for_job, "detail": c.detail} for c in self.wait_cuts],
             "fail": [{"job": f.job, "pool": f.pool, "reason": f.reason.value, "detail": f.detail} for f in self.failures],
             "explanations": [_explanation_dict(e) for e in self.explanations],
         }

@@ -62,6 +62,7 @@ from .model import (
     Snapshot,
     TeamUsage,
     Verdict,
+    WaitCut,
 )
 from .policy import MaxPreemptionsAction, Policy, PoolPolicy, PreemptionMode
 from .quotas import Bucket, Freed, Quotas
@@ -152,7 +153,20 @@ class PoolPlanner:
         self._fail_at = knobs.max_preemptions if fails else None
         self._starving_after = knobs.aging.starving_after_s
         self.free = max(0, pool.gpus - sum(v.gpus for v in running))
-        self.releasing = sum(v.gpus for v in running if v.stopping)
+        self.releasing = 0
+        # Stops that still wait for a checkpoint: their GPUs come back late. Each is judged
+        # again, soonest first, for the job that comes to wait on it (`_take_releasing`).
+        self._late: list[list] = []  # [victim, GPUs not yet claimed in this plan]
+        self.releasing_late = 0
+        self.wait_cuts: list[WaitCut] = []
+        for v in running:
+            if v.stopping:
+                self.releasing += v.gpus
+                if v.stop_awaits_checkpoint:
+                    self._late.append([v, v.gpus])
+                    self.releasing_late += v.gpus
+        if len(self._late) > 1:
+            self._late.sort(key=lambda e: (self.late_wait_s(e[0]), e[0].name))
         self.initial_free = self.free
         self.admitted_gpus = 0
         self.held_gpus = 0  # claimed by nominated jobs ranked earlier
@@ -418,11 +432,93 @@ class PoolPlanner:
         if from_free or from_releasing:
             self._changed()
         self.free -= from_free
-        self.releasing -= from_releasing
+        self._take_releasing(r, from_releasing)
         self.held_gpus += from_free + from_releasing
         if bucket is not None:
             self.quotas.set_used(bucket, bucket.used + from_free + from_releasing)
         return from_free + from_releasing
+
+    def _take_releasing(self, r: RankedJob, gpus: int) -> None:
+        """`r` claims `gpus` of the GPUs being freed: those of stops already signalled first
+        (they come back within the grace), then those of stops that still wait for a
+        checkpoint, soonest first. Such a stop was judged worth its wait for the job it was
+        made for; `r` now waits on it too, so it is judged again for `r` (`judge_late`),
+        with the wait that is left: cut short when the wait no longer pays."""
+        if gpus <= 0:
+            return
+        late = gpus - (self.releasing - self.releasing_late)  # beyond the signalled stops
+        self.releasing -= gpus
+        if late <= 0:
+            return
+        self.releasing_late -= late
+        for entry in self._late:
+            if late <= 0:
+                break
+            v, left = entry
+            if not left:
+                continue
+            taken = min(left, late)
+            late -= taken
+            entry[1] = left - taken
+            if self.judge_late(r, v):
+                # Stopped now: its GPUs not yet claimed come back within the grace too.
+                self.releasing_late -= entry[1]
+                entry[1] = 0
+
+    def late_wait_s(self, v: RunningJob) -> float:
+        """How much longer the stop of `v` is expected to wait for its checkpoint: the
+        expected wait of a job running the training helper, while it lasts; else (and
+        after it) until the workflow gives up at `checkpoint_wait_max_s`."""
+        k = self.knobs
+        asked = v.checkpoint_requested_at
+        waited = 0.0 if asked is None else max(0.0, self.now - asked)
+        expected = k.checkpoint_wait.expected_wait_s
+        if v.declares_save_on_stop and waited < expected:
+            return expected - waited
+        return max(0.0, k.checkpoint_wait_max_s - waited)
+
+    def late_cost(self, r: RankedJob, v: RunningJob) -> tuple[bool, float, str]:
+        """For `r`, a job that would wait for the GPUs of `v`, whose stop waits for a
+        checkpoint: (cut the wait short?, what the better of the two costs, the figures).
+        The rule of `stop_mode` with the wait that is left: the work the checkpoint saves
+        (victim GPUs x seconds at risk) against `r`'s GPUs x that wait, weighted by
+        priority; an escalated job never waits on it."""
+        left = self.late_wait_s(v)
+        if r.job.escalated:
+            return True, 0.0, f"{r.job.name} is escalated"
+        weight = r.claimed / max(1, self.claimed[v.name]) if self.knobs.checkpoint_wait.priority_weighted else 1.0
+        saved = v.gpus * v.work_at_risk_s(self.now)
+        cost = r.job.gpus * left * weight
+        figures = f"{saved:.0f} GPU-s at risk vs {r.job.gpus} GPUs x {left:.0f} s left x {weight:.2f} = {cost:.0f}"
+        return saved <= cost, min(saved, cost), figures
+
+    def late_costs(self, r: RankedJob, gpus: int) -> float:
+        """What claiming `gpus` of the GPUs being freed costs `r` beyond the stops already
+        signalled (`late_cost` of each stop it would wait on, soonest first); 0 when the
+        signalled stops cover them."""
+        late = gpus - (self.releasing - self.releasing_late)
+        total = 0.0
+        for v, left in self._late:
+            if late <= 0:
+                break
+            if left:
+                late -= left
+                total += self.late_cost(r, v)[1]
+        return total
+
+    def judge_late(self, r: RankedJob, v: RunningJob) -> bool:
+        """Whether the stop of `v`, waiting for a checkpoint, is cut short for `r`, a job
+        that now waits for its GPUs (`late_cost`). Either way `r`'s wait on it is told in
+        `explain`."""
+        cut, _, figures = self.late_cost(r, v)
+        if cut:
+            detail = f"its stop no longer waits for a checkpoint: {r.job.name} waits for its GPUs; {figures}"
+            self.wait_cuts.append(WaitCut(v.name, self.pool.name, r.job.name, detail))
+            self.lines.append(Explanation(v.name, _PREEMPT, Reason.CHECKPOINT_WAIT_CUT, detail, r.job.name))
+        else:
+            detail = f"{r.job.name} waits for its GPUs, its stop for a checkpoint: {figures}"
+            self.lines.append(Explanation(v.name, _PREEMPT, Reason.CHECKPOINT_WAIT_KEPT, detail, r.job.name))
+        return cut
 
     def _wait(self, job: PendingJob, reason: Reason, detail: str) -> None:
         self.lines.append(Explanation(job.name, _WAIT, reason, detail))
@@ -441,6 +537,8 @@ class PoolPlanner:
         job, k, now = r.job, self.knobs, self.now
         available = self.free + self.releasing
         ok, short_of = self.quotas.fits(bucket, job.gpus, available, NOTHING_FREED)
+        if ok and self.releasing_late and self._preempts_instead(r, bucket, available):
+            return
         if ok:
             from_releasing = max(0, job.gpus - self.free)
             self._hold(r, bucket)
@@ -497,6 +595,34 @@ class PoolPlanner:
             self._note_likely(choice.victims, job.name, "whose preemption waits for the preemption budget")
             return
         self._commit(r, bucket, choice)
+
+    def _preempts_instead(self, r: RankedJob, bucket: Bucket | None, available: int) -> bool:
+        """`r` fits the GPUs being freed only with some whose stop waits for a checkpoint:
+        it preempts instead, and returns True, when new victims stopped at once lose less
+        work than waiting on those stops (or cutting their wait) costs (`late_costs`), it
+        has served its preemption delay and the budget allows them."""
+        job, now = r.job, self.now
+        soon = available - self.releasing_late
+        waiting = self.late_costs(r, job.gpus - self.free)
+        if not waiting or not self.waited_enough(r):
+            return False
+        reclaim = self.quotas.may_reclaim(bucket, job.gpus, self.knobs.reclaim_within_pool)
+        if soon + self.victim_bound(r, reclaim) < job.gpus:
+            return False
+        choice = self.choose(r, bucket, soon, reclaim)
+        if not choice.fits or not choice.victims:
+            return False
+        lost = 0.0
+        for v, _ in choice.victims:
+            at_risk = v.work_at_risk_s(now)
+            fresh = progress.is_fresh(v.last_checkpoint_at, v.started_at, now, self.knobs.checkpoint_max_age_s)
+            if self.stop_mode(r, v, at_risk, fresh)[0]:
+                return False  # its stop would wait for a checkpoint too
+            lost += v.lost_gpu_seconds(now, at_risk)
+        if lost >= waiting or self._over_budget([v for v, _ in choice.victims]):
+            return False
+        self._commit(r, bucket, choice)
+        return True
 
     def _reserve(self, r: RankedJob, bucket: Bucket | None) -> None:
         """A starving job that cannot fit holds what is free (and being freed) for itself."""
@@ -564,7 +690,7 @@ class PoolPlanner:
         still_needed = max(0, job.gpus - victim_gpus)  # taken from free, then from releasing
         from_free = min(self.free, still_needed)
         self.free -= from_free
-        self.releasing -= still_needed - from_free
+        self._take_releasing(r, still_needed - from_free)
         self.releasing += max(0, victim_gpus - job.gpus)
         self.held_gpus += job.gpus
         quotas, cands, claimed = self.quotas, self.cands, self.claimed
@@ -796,6 +922,7 @@ def run(snapshot: Snapshot, policy: Policy, now: float, discipline: Discipline =
     failures: list[Failure] = []
     lines: list[Explanation] = []
     requests: list[CheckpointRequest] = []
+    cuts: list[WaitCut] = []
     usage_cache: dict[tuple[bool, float], dict[str, float]] = {}
     seen: set[str] = set()
     for pool in snapshot.pools:
@@ -823,6 +950,7 @@ def run(snapshot: Snapshot, policy: Policy, now: float, discipline: Discipline =
         admits += planner.admits
         preemptions += planner.preemptions
         failures += planner.failures
+        cuts += planner.wait_cuts
         lines += planner.lines
         if planner._likely_victims or planner.forecast_gpus > planner.free:
             for c in planner.ahead_requests():
@@ -831,7 +959,7 @@ def run(snapshot: Snapshot, policy: Policy, now: float, discipline: Discipline =
     for job in snapshot.pending:
         if job.pool not in seen:
             lines.append(Explanation(job.name, Verdict.SKIP, Reason.UNKNOWN_POOL, f"pool {job.pool!r} is not configured"))
-    return Decision(tuple(admits), tuple(preemptions), tuple(lines), tuple(failures), tuple(requests))
+    return Decision(tuple(admits), tuple(preemptions), tuple(lines), tuple(failures), tuple(requests), tuple(cuts))
 
 
 __all__ = [

@@ -16,7 +16,10 @@ saw, recorded on the job record (`core.jobs.JobRecord`):
 - `checkpoint_requested_at`: the last request (by the preemption workflow, or ahead of a
   preemption by the schedule step), so an ahead-of-time request is not repeated.
 - `stop_at_once`: the plan that chose it as a victim said not to wait for a checkpoint; the
-  workflow's checkpoint check then answers "go ahead" without asking.
+  workflow's checkpoint check then answers "go ahead" without asking. A later plan sets it
+  on a victim whose stop already waits for a checkpoint to cut the wait short
+  (`cut_waits`): the next check of the wait answers "go ahead", and the request it was
+  not given the time to answer is not held against the job.
 
 The steps in `service.actions` and `service.scheduling` call these functions; each is a
 plain field update, never a status transition.
@@ -26,9 +29,9 @@ from __future__ import annotations
 
 from ..adapters.checkpoints import CheckpointStore
 from ..adapters.store import JobsStore
-from ..core.errors import CheckpointLocationUnavailable
+from ..core.errors import CheckpointLocationUnavailable, ConflictError
 from ..core.jobs import JobRecord
-from ..core.model import Decision
+from ..core.model import Decision, JobState
 from ..core.progress import is_fresh
 
 
@@ -40,8 +43,11 @@ def at_once_check(store: JobsStore, record: JobRecord, now: float, max_age_s: fl
     if not record.stop_at_once:
         return None
     trusted = record.saved_on_stop and record.declares_save_on_stop
-    why = "saves on SIGTERM within the grace" if trusted else "a wait would not pay"
-    store.log(record.name, now, "checkpoint-not-awaited", "stop-at-once", f"stopped without asking for a checkpoint: {why}")
+    if _asked_for_this_stop(record):
+        store.log(record.name, now, "checkpoint-not-awaited", "checkpoint-wait-cut", "stopped before the checkpoint it was asked for: the wait was cut short")
+    else:
+        why = "saves on SIGTERM within the grace" if trusted else "a wait would not pay"
+        store.log(record.name, now, "checkpoint-not-awaited", "stop-at-once", f"stopped without asking for a checkpoint: {why}")
     age = None if record.last_checkpoint_at is None else max(0.0, now - record.last_checkpoint_at)
     fresh = trusted or is_fresh(record.last_checkpoint_at, record.started_at, now, max_age_s)
     return {"fresh": fresh, "age_s": age, "last_checkpoint_at": record.last_checkpoint_at, "stop_at_once": True}
@@ -63,11 +69,35 @@ def stop_sent(store: JobsStore, record: JobRecord, fresh: bool, now: float) -> N
     """The stop signal went out at `now`. Without a fresh checkpoint after a request made
     for this preemption, the job did not honour it: it is not waited for again."""
     changes: dict = {"stop_signal_at": now}
-    asked = record.checkpoint_requested_at
-    since = record.preempting_since
-    if not fresh and asked is not None and (since is None or asked >= since):
-        changes["ignored_checkpoint_request"] = True
+    if not fresh and not record.stop_at_once and _asked_for_this_stop(record):
+        changes["ignored_checkpoint_request"] = True  # a cut wait (`stop_at_once`) did not run out
     store.note_learning(record.name, **changes)
+
+
+def _asked_for_this_stop(record: JobRecord) -> bool:
+    """A checkpoint was asked of the job since its preemption began."""
+    asked, since = record.checkpoint_requested_at, record.preempting_since
+    return asked is not None and (since is None or asked >= since)
+
+
+def cut_waits(store: JobsStore, decision: Decision, by_name: dict[str, JobRecord], now: float) -> list[str]:
+    """Cut short the checkpoint waits the decision says to (`Decision.wait_cuts`): the
+    victim's next checkpoint check answers "stop now". Only a stop that still waits is
+    cut, in the incarnation the plan saw (a stop already sent, or a job that moved on
+    meanwhile, is left as it is); returns the jobs cut."""
+    cut = []
+    for c in decision.wait_cuts:
+        record = by_name.get(c.job)
+        if record is None or not record.awaits_checkpoint:
+            continue
+        try:
+            store.update_fields(record, [JobState.PREEMPTING], stop_at_once=True)
+        except ConflictError as e:
+            store.log(c.job, now, "checkpoint-wait-kept", "conflict", f"the wait could not be cut: {e}")
+            continue
+        store.log(c.job, now, "checkpoint-wait-cut", "checkpoint-wait-cut", c.detail, preemptor=c.for_job)
+        cut.append(c.job)
+    return cut
 
 
 def after_stop(record: JobRecord) -> dict:
@@ -100,4 +130,4 @@ def request_ahead(store: JobsStore, checkpoints: CheckpointStore, decision: Deci
     return asked
 
 
-__all__ = ["after_stop", "at_once_check", "checkpoint_requested", "checkpoint_seen", "request_ahead", "stop_sent"]
+__all__ = ["after_stop", "at_once_check", "checkpoint_requested", "checkpoint_seen", "cut_waits", "request_ahead", "stop_sent"]

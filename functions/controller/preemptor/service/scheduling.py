@@ -183,6 +183,8 @@ def plan_cycle(
     preemptions = earlier_victims + _mark_victims(store, decision, by_name, now, mark)
     if checkpoints is not None and decision.checkpoint_requests:
         learning.request_ahead(store, checkpoints, decision, by_name, now)  # issue 10: ahead of preemption
+    if decision.wait_cuts:
+        learning.cut_waits(store, decision, by_name, now)
     store.remember_waits(pool_name, waiting, now)
     rerun = store.release_lease(pool_name, owner)
     retried = bool(earlier_admits or earlier_victims)

@@ -563,10 +563,11 @@ class EmulatedStack:
                 for e in sfn.list_executions(stateMachineArn=arn, statusFilter="RUNNING")["executions"]:
                     sfn.stop_execution(executionArn=e["executionArn"], error="StackStopped", cause="the emulated stack stopped")
 
-    def drain(self, timeout_s: float = 120.0) -> None:
-        """Wait until no workflow execution is running (executions run in moto's threads)."""
+    def drain(self, timeout_s: float = 120.0, but: str | None = None) -> None:
+        """Wait until no workflow execution is running (executions run in moto's threads),
+        `but` that one (the execution a caller runs in, e.g. a listener of its steps)."""
         deadline = time.monotonic() + timeout_s
-        while running := self._running_executions():
+        while running := [arn for arn in self._running_executions() if arn != but]:
             if time.monotonic() >= deadline:
                 raise ExecutionStillRunning(f"{running[0]} still RUNNING after {timeout_s:g} real seconds")
             # Read from moto's backend, not through the API: a poll through boto3 every few

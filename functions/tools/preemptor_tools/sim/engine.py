@@ -173,6 +173,7 @@ class _Job:
         "pending_since", "guaranteed", "pending_view", "running_view", "view_until",
         "signal_at", "saved_after", "ckpt_after", "outcome",
         "trusted", "ignored", "requested_at", "verdict_at", "verdict_ignored", "extra_ckpt",
+        "awaits", "ignored_before",
     )  # fmt: skip
 
     def __init__(self, idx: int, trace: TraceJob, interval: float, cooperative: bool) -> None:
@@ -207,6 +208,10 @@ class _Job:
         self.verdict_at = math.inf  # when the controller learns whether the request was honoured
         self.verdict_ignored = False
         self.extra_ckpt: float | None = None  # a checkpoint written on request, this run
+        # Being stopped, the stop signal (at `signal_at`) waits for a requested checkpoint;
+        # what the controller knew of its requests before that one (a cut wait restores it).
+        self.awaits = False
+        self.ignored_before = False
         self.outcome = JobOutcome(
             name=trace.job_id,
             team=trace.team,
@@ -302,6 +307,7 @@ class Simulator:
             "stopped_at_once": 0,
             "saved_on_sigterm": 0,
             "checkpoint_timeouts": 0,
+            "checkpoint_waits_cut": 0,
             "victims_spared": 0,
             "failed_by_policy": 0,
         }
@@ -402,6 +408,7 @@ class Simulator:
         elif kind == _SPARE:
             if job.state == _STOPPING:
                 job.state = _RUNNING
+                job.awaits = False
                 job.running_view = None
                 self.counters["victims_spared"] += 1
                 self._dirty = True
@@ -480,11 +487,11 @@ class Simulator:
             stopping=job.state == _STOPPING,
             guaranteed=job.guaranteed,
             **self._extra_running(job),
-            **self._learned(job),
+            **self._learned(job, now),
         )
         return job.running_view
 
-    def _learned(self, job: _Job) -> dict:
+    def _learned(self, job: _Job, now: float) -> dict:
         """What the controller observed of the job, as the snapshot passes it (when the core has it)."""
         extra = {}
         if "saves_on_stop" in _RUNNING_FIELDS:
@@ -492,6 +499,9 @@ class Simulator:
             extra["saves_on_stop"] = job.trusted
             extra["ignored_checkpoint_request"] = job.ignored
             extra["checkpoint_requested_at"] = job.requested_at
+        if job.awaits and job.signal_at > now and "stop_awaits_checkpoint" in _RUNNING_FIELDS:
+            extra["stop_awaits_checkpoint"] = True
+            job.view_until = min(job.view_until, job.signal_at)  # the signal ends the wait
         return extra
 
     def _plan(self, now: float) -> None:
@@ -528,6 +538,11 @@ class Simulator:
                 self._history.append(
                     _PastPreemption(pool=self._pool.name, at=now, gpus=job.gpus, lost_gpu_seconds=preemption.lost_gpu_seconds, victim=job.name)
                 )
+        for cut in getattr(decision, "wait_cuts", ()):
+            job = self._by_name.get(cut.job)
+            if job is None or job.state != _STOPPING:
+                raise SimulationError(f"{self.policy.name} cut the checkpoint wait of {cut.job}, which is not being stopped")
+            self._cut_wait(job, now)
         for request in getattr(decision, "checkpoint_requests", ()):
             job = self._by_name.get(request.job)
             if job is not None and job.state == _RUNNING:
@@ -608,6 +623,7 @@ class Simulator:
         self.counters["preemptions_decided"] += 1
         job.state = _STOPPING
         job.running_view = None
+        job.awaits = False
         stop = self.policy.stop
         if stop is StopModel.FREE:
             signal_at, release_at = now, now
@@ -618,14 +634,42 @@ class Simulator:
             if stop is StopModel.CHECKPOINT_GATED:
                 self.counters["stopped_at_once"] += 1
         else:
+            job.ignored_before = job.ignored
             signal_at, saved_after, ckpt_after, spare = self._confirm_checkpoint(job, now)
             if spare:
                 if job.finish_at > signal_at:
+                    job.awaits, job.signal_at, job.ckpt_after = True, signal_at, None
                     self._push(signal_at, _SPARE, job)
                 return
+            job.awaits = signal_at > now and job.finish_at > signal_at
         if job.finish_at <= signal_at:
             self.counters["preemptions_moot"] += 1  # it ends first; its FINISH stands
             return
+        self._signal(job, signal_at, saved_after, ckpt_after)
+
+    def _cut_wait(self, job: _Job, now: float) -> None:
+        """The plan cut short the checkpoint wait of a victim being stopped: the stop signal
+        goes now. The checkpoint it was asked for counts only if already written; the
+        request is not held against it (the wait did not run out)."""
+        if not job.awaits or job.signal_at <= now:
+            return  # already signalled: nothing to cut
+        self.counters["checkpoint_waits_cut"] += 1
+        if job.ignored:
+            self.counters["checkpoint_timeouts"] -= 1  # counted when the stop was decided; it did not run out
+        job.awaits = False
+        job.running_view = None
+        job.ignored = job.ignored_before
+        if job.ckpt_after is None or job.ckpt_after > now:
+            ckpt_after, saved_after = job.periodic_checkpoint(now) if now >= job.work_start else (job.ckpt_wall, job.saved)
+        else:
+            ckpt_after, saved_after = job.ckpt_after, job.saved_after  # written, not yet seen
+        self._signal(job, now, saved_after, ckpt_after)
+
+    def _signal(self, job: _Job, signal_at: float, saved_after: float, ckpt_after: float | None) -> None:
+        """Send the stop signal at `signal_at` (cancelling the job's FINISH, or a pending
+        signal or spare) and schedule the release of its GPUs."""
+        stop = self.policy.stop
+        release_at = signal_at
         if stop is not StopModel.FREE:
             # The stop signal: a job that saves on SIGTERM writes its state and exits once
             # written; any other is killed at the end of the grace and resumes from its
@@ -700,6 +744,7 @@ class Simulator:
 
     def _release_victim(self, job: _Job, now: float) -> None:
         """A stopped victim's GPUs are free: account for the loss, then requeue it."""
+        job.awaits = False
         out = job.outcome
         kept = job.saved_after - job.saved
         # The run resumes from `ckpt_after`: the loss counts as the workflows count it
