@@ -598,9 +598,11 @@ class PoolPlanner:
 
     def _preempts_instead(self, r: RankedJob, bucket: Bucket | None, available: int) -> bool:
         """`r` fits the GPUs being freed only with some whose stop waits for a checkpoint:
-        it preempts instead, and returns True, when new victims stopped at once lose less
-        work than waiting on those stops (or cutting their wait) costs (`late_costs`), it
-        has served its preemption delay and the budget allows them."""
+        it preempts instead, and returns True, when new victims stopped at once cost less
+        (their work lost, restart overhead and re-preemption penalty: the stop cost of the
+        victim order; the stop waited on is made anyway) than waiting on those stops, or
+        cutting their wait, costs (`late_costs`), it has served its preemption delay and
+        the budget allows them."""
         job, now = r.job, self.now
         soon = available - self.releasing_late
         waiting = self.late_costs(r, job.gpus - self.free)
@@ -612,14 +614,14 @@ class PoolPlanner:
         choice = self.choose(r, bucket, soon, reclaim)
         if not choice.fits or not choice.victims:
             return False
-        lost = 0.0
+        cost = 0.0
         for v, _ in choice.victims:
             at_risk = v.work_at_risk_s(now)
             fresh = progress.is_fresh(v.last_checkpoint_at, v.started_at, now, self.knobs.checkpoint_max_age_s)
             if self.stop_mode(r, v, at_risk, fresh)[0]:
                 return False  # its stop would wait for a checkpoint too
-            lost += v.lost_gpu_seconds(now, at_risk)
-        if lost >= waiting or self._over_budget([v for v, _ in choice.victims]):
+            cost += v.stop_cost_gpu_seconds(now, at_risk)
+        if cost >= waiting or self._over_budget([v for v, _ in choice.victims]):
             return False
         self._commit(r, bucket, choice)
         return True
