@@ -641,7 +641,11 @@ class Simulator:
                     job.awaits, job.signal_at, job.ckpt_after = True, signal_at, None
                     self._push(signal_at, _SPARE, job)
                 return
-            job.awaits = signal_at > now and job.finish_at > signal_at
+            # The controller sees its stop wait for the checkpoint until the signal, also
+            # when the job ends first (the wait ends then).
+            job.awaits = signal_at > now
+            job.signal_at = signal_at
+            job.ckpt_after = None if job.finish_at <= signal_at else ckpt_after
         if job.finish_at <= signal_at:
             self.counters["preemptions_moot"] += 1  # it ends first; its FINISH stands
             return
@@ -656,10 +660,12 @@ class Simulator:
         self.counters["checkpoint_waits_cut"] += 1
         if job.ignored:
             self.counters["checkpoint_timeouts"] -= 1  # counted when the stop was decided; it did not run out
+        if job.finish_at <= job.signal_at:
+            self.counters["preemptions_moot"] -= 1  # it would have ended first; it is stopped now
         job.awaits = False
         job.running_view = None
         job.ignored = job.ignored_before
-        if job.ckpt_after is None or job.ckpt_after > now:
+        if job.ckpt_after is None or job.ckpt_after > now:  # none asked for written yet
             ckpt_after, saved_after = job.periodic_checkpoint(now) if now >= job.work_start else (job.ckpt_wall, job.saved)
         else:
             ckpt_after, saved_after = job.ckpt_after, job.saved_after  # written, not yet seen
