@@ -323,17 +323,21 @@ class PoolPlanner:
         # What decides the outcome of a job that does not fit, besides the pool's state.
         waited = self.waited_enough(r) if self._rate_limited else True
         key = (bucket, claimed, job.team, job.gpus, job.escalated, waited)
-        if self._by_submission:
-            key += (job.submitted_at,)
+        by_submission = self._by_submission
         no_fit = self._no_fit
         if no_fit and self._fail_at is None:
             # A job alike one that could not fit, since nothing changed: the same outcome
             # (it does not fit the free GPUs either, so it is not admitted).
             after = self._starving_after
             starving = after is not None and self.now - job.submitted_at >= after  # `starving`, inline
-            cached = no_fit.get(key)
-            if cached is None and self._by_submission and not starving:
-                cached = no_fit.get(key[:-1])  # an outcome no walk decided (`_remember`)
+            # Under LowerOrNewerEqualPriority, in one pool state, jobs alike but for their
+            # submission time are all decided by a walk (remembered with the submission
+            # time) or all without one (remembered without, `_remember`): the key without
+            # is looked up first, as most of a long queue waits without a walk. A
+            # starving job takes only a walk's outcome.
+            cached = None if by_submission and starving else no_fit.get(key)
+            if cached is None and by_submission:
+                cached = no_fit.get(key + (job.submitted_at,))
             if cached is not None and job.gpus <= self.pool.gpus:
                 if starving:
                     self._reserve(r, bucket)  # it cannot fit either: it reserves what is left
@@ -353,7 +357,7 @@ class PoolPlanner:
         if self.quotas.fits(bucket, job.gpus, self.free, NOTHING_FREED)[0]:
             self._admit(r, bucket)
         else:
-            self._nominate(r, bucket, key)
+            self._nominate(r, bucket, key + (job.submitted_at,) if by_submission else key)
 
     def _remember(self, key: tuple, outcome: tuple[Reason, str], choice: Choice | None) -> None:
         """Remember the outcome of a job that could not fit for the jobs alike (`place`).
@@ -828,8 +832,9 @@ def run(snapshot: Snapshot, policy: Policy, now: float, discipline: Discipline =
             for c in planner.ahead_requests():
                 requests.append(c)
                 lines.append(Explanation(c.job, Verdict.SPARE, c.reason, c.detail, for_job=c.for_job))
-    for job in snapshot.pending:
-        if job.pool not in seen:
+    unknown = pending_by_pool.keys() - seen  # most snapshots name only configured pools: no second pass
+    for job in snapshot.pending if unknown else ():
+        if job.pool in unknown:
             lines.append(Explanation(job.name, Verdict.SKIP, Reason.UNKNOWN_POOL, f"pool {job.pool!r} is not configured"))
     return Decision(tuple(admits), tuple(preemptions), tuple(lines), tuple(failures), tuple(requests))
 
