@@ -226,7 +226,15 @@ class Candidates:
         Own team: up to the `within_team` top priority. Other teams: borrowed work all of
         it when reclaiming, else up to the `across_teams` top; their other work only without
         quotas (with quotas it is guaranteed).
+
+        Without quotas nothing runs on borrowed quota, and when both tops are the same (the
+        modes agree, as by default) the own team's work and the others' add up to the
+        pool's: one sum, shared by every team, instead of three per kind.
         """
+        if not quotas_on:
+            if top_within == top_across:
+                return self.gpus(False, None, top_across)
+            return self.gpus(False, team, top_within) + self.gpus(False, None, top_across) - self.gpus(False, team, top_across)
         bound = 0
         for borrowed in (False, True):
             same = self.gpus(borrowed, team, top_within)
