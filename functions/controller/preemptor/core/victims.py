@@ -29,6 +29,7 @@ _NEWER_EQUAL = PreemptionRule.NEWER_EQUAL_PRIORITY
 _LOWER_VICTIM = Reason.LOWER_PRIORITY_VICTIM
 _NOT_LOWER = Reason.NOT_LOWER_PRIORITY
 _GUARANTEED = Reason.WITHIN_GUARANTEED_QUOTA
+_PROTECT = MaxPreemptionsAction.PROTECT  # read for every running job of a pool with max_preemptions
 
 # (victim, now, runs on borrowed quota, its claimed priority) -> sort key, smallest first
 VictimKey = Callable[[RunningJob, float, bool, int], tuple]
@@ -77,7 +78,7 @@ def protection(v: RunningJob, knobs: PoolPolicy, now: float) -> Eligibility | No
             None, Reason.RECENTLY_SPARED, f"spared after a checkpoint timeout, until {v.spared_until - now:.0f} s from now"
         )
     k = knobs
-    if k.max_preemptions is not None and k.on_max_preemptions is MaxPreemptionsAction.PROTECT and v.preemptions >= k.max_preemptions:
+    if k.max_preemptions is not None and k.on_max_preemptions is _PROTECT and v.preemptions >= k.max_preemptions:
         return Eligibility(None, Reason.MAX_PREEMPTIONS_PROTECTED, f"preempted {v.preemptions} times (max_preemptions {k.max_preemptions})")
     ran = now - v.started_at
     if ran < k.min_runtime_s:
