@@ -71,8 +71,11 @@ class Quotas:
                 self.bucket_of[v.name] = None
             return
         members: dict[int, list[RunningJob]] = defaultdict(list)
+        by_claim = self.by_claim
         for v in running:
-            bucket = self.bucket_for(v.team, claimed[v.name])
+            bucket = by_claim.get((v.team, claimed[v.name]))  # `bucket_for`, its look-up inline
+            if bucket is None:
+                bucket = self.bucket_for(v.team, claimed[v.name])
             self.bucket_of[v.name] = bucket
             if not v.stopping:  # a job being stopped no longer counts against its quota
                 bucket.used += v.gpus

@@ -187,9 +187,11 @@ class Candidates:
     def ordered(self, key: ListKey) -> list[RunningJob]:
         """The candidates of list `key`, in victim order."""
         if self._unsorted is None:
-            for v in self._jobs:
-                self.lists[self.list_key(v.name in self._borrowed, v.team)].append(v)
-            self._unsorted = set(self.lists)
+            lists, borrowed, per_team = self.lists, self._borrowed, self.per_team_own
+            for v in self._jobs:  # `list_key`, inline: once per candidate
+                on_borrowed = v.name in borrowed
+                lists[(on_borrowed, v.team if per_team and not on_borrowed else None)].append(v)
+            self._unsorted = set(lists)
         jobs = self.lists.get(key)
         if jobs is None:
             return []
