@@ -83,8 +83,13 @@ NOTHING_FREED: Freed = {}  # no victims chosen yet (never written to)
 
 # Members used on every pending job and victim, bound once: on Python 3.11 each lookup of an
 # enum class attribute goes through `EnumType.__getattr__`, the cost of a function call.
-_WAIT, _PREEMPT, _SPARE = Verdict.WAIT, Verdict.PREEMPT, Verdict.SPARE
+_WAIT, _PREEMPT, _SPARE, _RANK = Verdict.WAIT, Verdict.PREEMPT, Verdict.SPARE, Verdict.RANK
 _RECLAIM = PreemptionRule.RECLAIM_BORROWED
+# The reasons a job that waits is given after a look at its victims (once per kind of job
+# and pool state), and a dropped victim's.
+_BUDGET, _RELEASING, _NOT_NEEDED = Reason.BUDGET_EXHAUSTED, Reason.WAITING_FOR_PREEMPTED_CAPACITY, Reason.NOT_NEEDED
+_BLOCKED, _NO_VICTIMS = Reason.BLOCKED_BY_HIGHER_RANKED, Reason.NO_CAPACITY_NO_ELIGIBLE_VICTIMS
+_PREEMPTS, _RECLAIMS = Reason.PREEMPTS_LOWER_PRIORITY, Reason.RECLAIMS_BORROWED
 
 # Candidates a preemptor skipped are listed in the decision up to this many per preemptor;
 # `explain` lists them all.
@@ -237,6 +242,7 @@ class PoolPlanner:
         next preemptions to take (`CheckpointAhead.forecast_window_s`)."""
         budget, ahead, now, pool = self.knobs.budget, self.knobs.checkpoint_ahead, self.now, self.pool.name
         self.budget_count, self.budget_lost = 0, 0.0
+        self._spent: str | None = None  # `_budget_spent`, until the next preemption counts
         self.forecast_gpus = 0.0
         forecast = ahead.forecast_window_s if ahead.max_jobs else None
         if budget is None and forecast is None:
@@ -331,23 +337,30 @@ class PoolPlanner:
         # reorders the queue and is told in `explain` and the rank trace.
         if r.notes:
             for reason, detail in r.notes:
-                self.lines.append(Explanation(job.name, Verdict.RANK, reason, detail))
-        quotas = self.quotas
-        bucket = quotas.bucket_for(job.team, claimed) if quotas.on else None
+                self.lines.append(Explanation(job.name, _RANK, reason, detail))
+        quotas, bucket = self.quotas, None
+        if quotas.on:  # `quotas.bucket_for`, its look-up inline: this runs for every job
+            bucket = quotas.by_claim.get((job.team, claimed))
+            if bucket is None:
+                bucket = quotas.bucket_for(job.team, claimed)
         # What decides the outcome of a job that does not fit, besides the pool's state.
         waited = self.waited_enough(r) if self._rate_limited else True
         key = (bucket, claimed, job.team, job.gpus, job.escalated, waited)
-        if self._by_submission:
-            key += (job.submitted_at,)
+        by_submission = self._by_submission
         no_fit = self._no_fit
         if no_fit and self._fail_at is None:
             # A job alike one that could not fit, since nothing changed: the same outcome
             # (it does not fit the free GPUs either, so it is not admitted).
             after = self._starving_after
             starving = after is not None and self.now - job.submitted_at >= after  # `starving`, inline
-            cached = no_fit.get(key)
-            if cached is None and self._by_submission and not starving:
-                cached = no_fit.get(key[:-1])  # an outcome no walk decided (`_remember`)
+            # Under LowerOrNewerEqualPriority, in one pool state, jobs alike but for their
+            # submission time are all decided by a walk (remembered with the submission
+            # time) or all without one (remembered without, `_remember`): the key without
+            # is looked up first, as most of a long queue waits without a walk. A
+            # starving job takes only a walk's outcome.
+            cached = None if by_submission and starving else no_fit.get(key)
+            if cached is None and by_submission:
+                cached = no_fit.get(key + (job.submitted_at,))
             if cached is not None and job.gpus <= self.pool.gpus:
                 if starving:
                     self._reserve(r, bucket)  # it cannot fit either: it reserves what is left
@@ -367,7 +380,7 @@ class PoolPlanner:
         if self.quotas.fits(bucket, job.gpus, self.free, NOTHING_FREED)[0]:
             self._admit(r, bucket)
         else:
-            self._nominate(r, bucket, key)
+            self._nominate(r, bucket, key + (job.submitted_at,) if by_submission else key)
 
     def _remember(self, key: tuple, outcome: tuple[Reason, str], choice: Choice | None) -> None:
         """Remember the outcome of a job that could not fit for the jobs alike (`place`).
@@ -542,7 +555,7 @@ class PoolPlanner:
         if ok:
             from_releasing = max(0, job.gpus - self.free)
             self._hold(r, bucket)
-            self._wait(job, Reason.WAITING_FOR_PREEMPTED_CAPACITY, f"{from_releasing} of its {job.gpus} GPUs are held by jobs being stopped")
+            self._wait(job, _RELEASING, f"{from_releasing} of its {job.gpus} GPUs are held by jobs being stopped")
             return
 
         if not self._protections_reported:
@@ -552,7 +565,7 @@ class PoolPlanner:
         if bucket is not None and bucket.used - bucket.candidate_gpus + job.gpus > bucket.ceiling:
             short_of = "quota"  # even stopping all its own quota's work would not make room
         elif available + self.victim_bound(r, reclaim) >= job.gpus:
-            spent = self._over_budget(()) if k.budget is not None else ""
+            spent = self._budget_spent() if k.budget is not None else ""
             if spent and self.waited_enough(r):
                 # Any victim would exceed a budget already spent: they are looked for only
                 # to be asked for a checkpoint before the budget allows their stop.
@@ -562,9 +575,9 @@ class PoolPlanner:
                         self._note_likely(choice.victims, job.name, "whose preemption waits for the preemption budget")
                 held = self._hold(r, bucket)
                 detail = f"needs {job.gpus} GPUs; the pool's preemption budget is spent: {spent}"
-                self._wait(job, Reason.BUDGET_EXHAUSTED, detail)
+                self._wait(job, _BUDGET, detail)
                 if not held and not self.starving(job):
-                    self._remember(key, (Reason.BUDGET_EXHAUSTED, detail), None)  # nothing was left to hold
+                    self._remember(key, (_BUDGET, detail), None)  # nothing was left to hold
                 return
             choice = self.choose(r, bucket, available, reclaim)
             short_of = choice.short_of
@@ -658,12 +671,21 @@ class PoolPlanner:
             )
             self._wait(job, Reason.OVER_QUOTA, detail)
             return Reason.OVER_QUOTA, detail
-        reason = Reason.BLOCKED_BY_HIGHER_RANKED if job.gpus <= self.initial_free else Reason.NO_CAPACITY_NO_ELIGIBLE_VICTIMS
+        reason = _BLOCKED if job.gpus <= self.initial_free else _NO_VICTIMS
         detail = f"needs {job.gpus} GPUs; {self.free} free, {self.releasing} being freed, {eligible}"
-        if reason is Reason.BLOCKED_BY_HIGHER_RANKED:
+        if reason is _BLOCKED:
             detail += f"; {self.admitted_gpus} GPUs admitted and {self.held_gpus} held for higher-ranked jobs"
         self._wait(job, reason, detail)
         return reason, detail
+
+    def _budget_spent(self) -> str:
+        """Why any preemption would exceed the budget now (`_over_budget` of no victims),
+        remembered until a preemption counts against it (`_preempt`): once it is spent,
+        every job of the queue that would preempt asks, and the answer is the same."""
+        spent = self._spent
+        if spent is None:
+            spent = self._spent = self._over_budget(())
+        return spent
 
     def _over_budget(self, victims: Sequence[RunningJob]) -> str:
         """Why stopping `victims` would exceed the pool's budget ('' when it would not).
@@ -718,7 +740,7 @@ class PoolPlanner:
         if choice.dropped:
             dropped = f"fill-back: {job.name} fits without it"
             for v in choice.dropped:
-                lines.append(Explanation(v.name, _SPARE, Reason.NOT_NEEDED, dropped, job.name))
+                lines.append(Explanation(v.name, _SPARE, _NOT_NEEDED, dropped, job.name))
         for v, verdict in choice.skipped[:MAX_SKIPPED_LINES]:
             lines.append(Explanation(v.name, _SPARE, verdict.reason, verdict.detail, job.name))
         more = len(choice.skipped) - MAX_SKIPPED_LINES
@@ -727,7 +749,7 @@ class PoolPlanner:
             detail += "; escalated: minimum runtime, checkpoint wait and preemption delay lifted"
         if more > 0:
             detail += f" ({more} more candidates skipped)"
-        self._wait(job, Reason.RECLAIMS_BORROWED if reclaims else Reason.PREEMPTS_LOWER_PRIORITY, detail)
+        self._wait(job, _RECLAIMS if reclaims else _PREEMPTS, detail)
 
     def stop_mode(self, r: RankedJob, v: RunningJob, at_risk: float, fresh: bool) -> tuple[bool, Reason, str]:
         """How victim `v` is stopped for `r`: (wait for a requested checkpoint?, why, detail).
@@ -866,6 +888,7 @@ class PoolPlanner:
         if self.knobs.budget is not None:
             self.budget_count += 1
             self.budget_lost += lost
+            self._spent = None
         fresh = progress.is_fresh(v.last_checkpoint_at, v.started_at, now, self.knobs.checkpoint_max_age_s)
         wait, stop, how = self.stop_mode(r, v, at_risk, fresh)
         reason = rule.victim_reason
@@ -958,8 +981,9 @@ def run(snapshot: Snapshot, policy: Policy, now: float, discipline: Discipline =
             for c in planner.ahead_requests():
                 requests.append(c)
                 lines.append(Explanation(c.job, Verdict.SPARE, c.reason, c.detail, for_job=c.for_job))
-    for job in snapshot.pending:
-        if job.pool not in seen:
+    unknown = pending_by_pool.keys() - seen  # most snapshots name only configured pools: no second pass
+    for job in snapshot.pending if unknown else ():
+        if job.pool in unknown:
             lines.append(Explanation(job.name, Verdict.SKIP, Reason.UNKNOWN_POOL, f"pool {job.pool!r} is not configured"))
     return Decision(tuple(admits), tuple(preemptions), tuple(lines), tuple(failures), tuple(requests), tuple(cuts))
 

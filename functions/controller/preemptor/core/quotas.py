@@ -45,6 +45,8 @@ def _unlimited_bucket(team: str) -> Bucket:
     return Bucket((team, "*"), nominal=0, ceiling=math.inf, kept=0)
 
 
+_NEVER = ReclaimMode.NEVER  # bound once: an enum class attribute costs a call on Python 3.11 (`may_reclaim` runs per job that waits)
+
 # GPUs given back per quota by the victims chosen so far: id(bucket) -> (bucket, GPUs).
 Freed = dict[int, tuple[Bucket, int]]
 
@@ -60,7 +62,8 @@ class Quotas:
             q.key: Bucket(q.key, q.nominal_gpus, q.ceiling, q.kept) for q in quotas
         }
         self.bucket_of: dict[str, Bucket | None] = {}
-        self._bucket_cache: dict[tuple[str, int], Bucket] = {}
+        # (team, priority) -> its bucket, as `bucket_for` found it (the planner reads it per job)
+        self.by_claim: dict[tuple[str, int], Bucket] = {}
         self.borrowed: set[str] = set()
         self.reserved_total = 0
         if not self.on:
@@ -68,8 +71,11 @@ class Quotas:
                 self.bucket_of[v.name] = None
             return
         members: dict[int, list[RunningJob]] = defaultdict(list)
+        by_claim = self.by_claim
         for v in running:
-            bucket = self.bucket_for(v.team, claimed[v.name])
+            bucket = by_claim.get((v.team, claimed[v.name]))  # `bucket_for`, its look-up inline
+            if bucket is None:
+                bucket = self.bucket_for(v.team, claimed[v.name])
             self.bucket_of[v.name] = bucket
             if not v.stopping:  # a job being stopped no longer counts against its quota
                 bucket.used += v.gpus
@@ -87,14 +93,14 @@ class Quotas:
         """The quota a job of `team` at `priority` counts against: its tier's, else its team's."""
         if not self.on:
             return None
-        hit = self._bucket_cache.get((team, priority))
+        hit = self.by_claim.get((team, priority))
         if hit is not None:
             return hit
         tier = self.policy.tier_of(priority)
         bucket = self.buckets.get((team, tier)) or self.buckets.get((team, None))
         if bucket is None:
             bucket = self.buckets.setdefault((team, "*"), _unlimited_bucket(team))
-        self._bucket_cache[(team, priority)] = bucket
+        self.by_claim[(team, priority)] = bucket
         return bucket
 
     def set_used(self, bucket: Bucket | None, used: int) -> None:
@@ -131,7 +137,7 @@ class Quotas:
 
     def may_reclaim(self, bucket: Bucket | None, gpus: int, mode: ReclaimMode) -> bool:
         """A job reclaims borrowed capacity when its quota, with it, stays within nominal."""
-        return bucket is not None and mode is not ReclaimMode.NEVER and bucket.used + gpus <= bucket.nominal
+        return bucket is not None and mode is not _NEVER and bucket.used + gpus <= bucket.nominal
 
     def borrowed_above_nominal(self, bucket: Bucket | None, gpus: int) -> int:
         """How many of `gpus` more would run above the quota's nominal share."""

@@ -223,9 +223,10 @@ def rank_pool(pending: Iterable[PendingJob], knobs: PoolPolicy, policy: Policy, 
 
     The caps are computed once per distinct (priority, SLA, spot) and aging only when it
     is on: a long queue of alike jobs costs one object per job. The sort is `rank_key`'s
-    without a key tuple per job: the jobs are grouped by its first three keys (without
-    aging, a handful of priorities times teams), and each group, in queue order, is sorted
-    by submission and, only where submission times tie, by name then, stably, by submission.
+    without a key tuple per job: the jobs, sorted once by submission (stably: ties stay in
+    queue order), are grouped by its first three keys (without aging, a handful of
+    priorities times teams), so each group is in submission order; only where submission
+    times tie is each group sorted by name then, stably, by submission again.
     """
     rules = ClaimRules.of(knobs, policy)
     fair, caps, ages = knobs.fair_share.enabled, rules.caps, rules.ages
@@ -233,7 +234,12 @@ def rank_pool(pending: Iterable[PendingJob], knobs: PoolPolicy, policy: Policy, 
     gated = bool(rules.gated)
     claims: dict[tuple, tuple[int, tuple[tuple[Reason, str], ...]]] = {}
     groups: dict[tuple[int, bool, float], list[RankedJob]] = {}
-    for job in pending:
+    ties, last = False, None  # whether two jobs share a submission time (adjacent once sorted)
+    for job in sorted(pending, key=_submitted):
+        submitted = job.submitted_at
+        if submitted == last:
+            ties = True
+        last = submitted
         claimed, notes = job.priority, ()
         if caps and (gated or job.spot):  # otherwise no cost rule applies (`ClaimRules.claim`)
             ck = (claimed, job.sla_s, job.spot)
@@ -244,7 +250,7 @@ def rank_pool(pending: Iterable[PendingJob], knobs: PoolPolicy, policy: Policy, 
             claimed, notes = hit
         effective, aged_by, waited = claimed, None, 0.0
         if ages:
-            waited = now - job.submitted_at
+            waited = now - submitted
             effective = rules.aged(claimed, waited)
             if effective != claimed:
                 aged_by = rules
@@ -264,15 +270,14 @@ def rank_pool(pending: Iterable[PendingJob], knobs: PoolPolicy, policy: Policy, 
     queue: list[RankedJob] = []
     for key in sorted(groups):
         group = groups[key]
-        if len(group) > 1:
+        if ties and len(group) > 1:  # by name among jobs submitted at the same time
+            group.sort(key=_by_name)
             group.sort(key=_by_submission)
-            if len(set(map(_by_submission, group))) < len(group):  # ties: by name among them
-                group.sort(key=_by_name)
-                group.sort(key=_by_submission)
         queue += group
     return queue
 
 
+_submitted = attrgetter("submitted_at")
 _by_name = attrgetter("job.name")
 _by_submission = attrgetter("job.submitted_at")
 

@@ -29,6 +29,7 @@ _NEWER_EQUAL = PreemptionRule.NEWER_EQUAL_PRIORITY
 _LOWER_VICTIM = Reason.LOWER_PRIORITY_VICTIM
 _NOT_LOWER = Reason.NOT_LOWER_PRIORITY
 _GUARANTEED = Reason.WITHIN_GUARANTEED_QUOTA
+_PROTECT = MaxPreemptionsAction.PROTECT  # read for every running job of a pool with max_preemptions
 
 # (victim, now, runs on borrowed quota, its claimed priority) -> sort key, smallest first
 VictimKey = Callable[[RunningJob, float, bool, int], tuple]
@@ -77,7 +78,7 @@ def protection(v: RunningJob, knobs: PoolPolicy, now: float) -> Eligibility | No
             None, Reason.RECENTLY_SPARED, f"spared after a checkpoint timeout, until {v.spared_until - now:.0f} s from now"
         )
     k = knobs
-    if k.max_preemptions is not None and k.on_max_preemptions is MaxPreemptionsAction.PROTECT and v.preemptions >= k.max_preemptions:
+    if k.max_preemptions is not None and k.on_max_preemptions is _PROTECT and v.preemptions >= k.max_preemptions:
         return Eligibility(None, Reason.MAX_PREEMPTIONS_PROTECTED, f"preempted {v.preemptions} times (max_preemptions {k.max_preemptions})")
     ran = now - v.started_at
     if ran < k.min_runtime_s:
@@ -186,9 +187,11 @@ class Candidates:
     def ordered(self, key: ListKey) -> list[RunningJob]:
         """The candidates of list `key`, in victim order."""
         if self._unsorted is None:
-            for v in self._jobs:
-                self.lists[self.list_key(v.name in self._borrowed, v.team)].append(v)
-            self._unsorted = set(self.lists)
+            lists, borrowed, per_team = self.lists, self._borrowed, self.per_team_own
+            for v in self._jobs:  # `list_key`, inline: once per candidate
+                on_borrowed = v.name in borrowed
+                lists[(on_borrowed, v.team if per_team and not on_borrowed else None)].append(v)
+            self._unsorted = set(lists)
         jobs = self.lists.get(key)
         if jobs is None:
             return []
@@ -226,7 +229,15 @@ class Candidates:
         Own team: up to the `within_team` top priority. Other teams: borrowed work all of
         it when reclaiming, else up to the `across_teams` top; their other work only without
         quotas (with quotas it is guaranteed).
+
+        Without quotas nothing runs on borrowed quota, and when both tops are the same (the
+        modes agree, as by default) the own team's work and the others' add up to the
+        pool's: one sum, shared by every team, instead of three per kind.
         """
+        if not quotas_on:
+            if top_within == top_across:
+                return self.gpus(False, None, top_across)
+            return self.gpus(False, team, top_within) + self.gpus(False, None, top_across) - self.gpus(False, team, top_across)
         bound = 0
         for borrowed in (False, True):
             same = self.gpus(borrowed, team, top_within)
