@@ -77,16 +77,17 @@ class Emulation:
 
 @contextmanager
 def emulation(
-    pools: list[PoolConfig] = (P5,), policy: dict | None = None, hostile: Any = None, **fleet_options
+    pools: list[PoolConfig] = (P5,), policy: dict | None = None, hostile: Any = None, metrics: list[dict] | None = None, **fleet_options
 ) -> Iterator[Emulation]:
-    """The stack and a fleet on one clock; `hostile(clock)` builds a HostileWorld for it."""
+    """The stack and a fleet on one clock; `hostile(clock)` builds a HostileWorld for it;
+    `metrics`, when given, receives every EMF document the functions print."""
     clock = SimClock(START)
     parameters = {
         "PoolsConfig": json.dumps([local_pool(p).model_dump(exclude_none=True) for p in pools]),
         "PolicyConfig": json.dumps(policy or {}),
     }
     world = hostile(clock) if hostile is not None else None
-    with EmulatedStack(clock, parameters=parameters, hostile=world) as stack:
+    with EmulatedStack(clock, parameters=parameters, hostile=world, metrics=metrics) as stack:
         fleet_options.setdefault("ecs_client", stack.client("ecs"))
         fleet_options.setdefault("ec2_client", stack.client("ec2"))
         fleet = SimulatedFleet(clock, stack.client("s3"), stack.emit, **fleet_options)

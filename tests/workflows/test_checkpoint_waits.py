@@ -42,8 +42,15 @@ def _sweep_and_tuning(env) -> None:
     env.advance(1800)
 
 
+def _metric(documents: list[dict], name: str) -> float:
+    """The sum of a metric over the EMF documents the functions printed."""
+    values = [d[name] for d in documents if name in d]
+    return sum(sum(v) if isinstance(v, list) else v for v in values)
+
+
 def test_a_critical_job_cuts_short_the_checkpoint_wait_of_the_stop_it_waits_on():
-    with emulation() as env:
+    emitted: list[dict] = []
+    with emulation(metrics=emitted) as env:
         _sweep_and_tuning(env)
         # When, while the sweep's stop waits, a critical job arrives that needs the other 32
         # of its GPUs: waiting ~600 s more would cost 32 GPUs x 600 s x 1000/50, more than
@@ -72,6 +79,8 @@ def test_a_critical_job_cuts_short_the_checkpoint_wait_of_the_stop_it_waits_on()
         # And the medium job it was stopped for runs too; the sweep was stopped once
         assert env.job("tuning").status is JobState.RUNNING
         assert kinds.count("stop-requested") == 1
+        # And the operators' metric counted the cut, once
+        assert _metric(emitted, "CheckpointWaitsCut") == 1
 
 
 def test_a_wait_that_still_pays_is_kept_and_the_sweep_stops_with_its_checkpoint():

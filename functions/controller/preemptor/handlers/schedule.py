@@ -44,6 +44,7 @@ def _emit_cycle(result: scheduling.CycleResult, latency_ms: float) -> None:
     emit_oldest_waits(result.oldest_wait_s, Pool=pool)
     emit_counts("QueueDepth", "Tier", result.depth_by_tier, Pool=pool)
     emit("Admissions", len(result.admits), Pool=pool)
+    emit("CheckpointWaitsCut", len(result.wait_cuts), Pool=pool)
     new_victims = [p for p in result.preemptions if "lost_gpu_seconds" in p]  # a retried step hands back its earlier ones
     emit_counts("Preemptions", "Reason", Counter(p.get("reason", "unknown") for p in new_victims), Pool=pool)
     # A retried step hands back its earlier victims without a figure: counted once.

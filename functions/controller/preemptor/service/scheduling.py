@@ -66,6 +66,8 @@ class CycleResult:
     # such delay ends: nothing else would wake it then.
     wake_s: int | None = None
     wake_at: int | None = None  # its epoch second: one wake-up per pool and moment, whichever cycle asks
+    # Victims whose checkpoint wait this cycle cut short (`Decision.wait_cuts`), for the metrics.
+    wait_cuts: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -183,8 +185,7 @@ def plan_cycle(
     preemptions = earlier_victims + _mark_victims(store, decision, by_name, now, mark)
     if checkpoints is not None and decision.checkpoint_requests:
         learning.request_ahead(store, checkpoints, decision, by_name, now)  # issue 10: ahead of preemption
-    if decision.wait_cuts:
-        learning.cut_waits(store, decision, by_name, now)
+    cut = learning.cut_waits(store, decision, by_name, now) if decision.wait_cuts else []
     store.remember_waits(pool_name, waiting, now)
     rerun = store.release_lease(pool_name, owner)
     retried = bool(earlier_admits or earlier_victims)
@@ -192,7 +193,7 @@ def plan_cycle(
     wake = _next_wake_s(decision, by_name, active, settings.policy, pool_name, now)
     return CycleResult(
         pool_name, owner, True, admits, preemptions, waiting, workflow_settings, waits, rerun, retried, used_gpus=held,
-        wake_s=wake, wake_at=None if wake is None else math.ceil(now) + wake, **gauges,
+        wake_s=wake, wake_at=None if wake is None else math.ceil(now) + wake, wait_cuts=cut, **gauges,
     )
 
 
