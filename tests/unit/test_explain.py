@@ -262,3 +262,17 @@ def test_a_job_waiting_on_a_stop_that_waits_for_a_checkpoint_is_told_whether_tha
         # And the victim's own answer names the job it was judged for
         [considered] = explain("late", snap)["running"]["considered_for"]
         assert considered["preemptor"] == who and considered["reason"] == ("checkpoint-wait-cut" if cut else "checkpoint-wait-kept")
+
+
+def test_a_checkpoint_asked_ahead_is_told_once():
+    # Given a medium job within its tier's preemption delay and a low job running the
+    # training helper with 1000 s at risk: the plan asks it for a checkpoint ahead
+    knobs = policy(tier_preemption_delay_s={"medium": 900})
+    snap = snapshot(8).running(running("at-risk", 50, 8, started_at=NOW - 1000, declares_save_on_stop=True)).pending(
+        pending("med", 200, 8, submitted_at=NOW - 100)
+    ).build()
+    answer = explain("at-risk", snap, knobs)
+    # Then its answer says so once: as the request, not again as a consideration for med
+    assert answer["running"]["checkpoint_ahead"]["for"] == "med"
+    assert all(c["reason"] != "checkpoint-ahead-of-preemption" for c in answer["running"]["considered_for"])
+    assert answer["text"].count("likely victim of med") == 1

@@ -162,7 +162,8 @@ def _running(name: str, decision: Decision, snapshot: Snapshot, policy: Policy, 
     facts["considered_for"] = [
         {"preemptor": e.for_job, "verdict": e.verdict.value, "reason": e.reason.value, "detail": e.detail}
         for e in decision.explanations
-        if e.job == name and e.for_job is not None
+        # an ahead-of-time request is told once, as `checkpoint_ahead`
+        if e.job == name and e.for_job is not None and e.reason is not Reason.AHEAD_OF_PREEMPTION
     ]
     return facts
 
