@@ -156,15 +156,20 @@ class JobRecord:
         """Being stopped, its preemption workflow asked for a checkpoint and waits for it:
         no stop signal yet, none said to go at once (a later plan may cut the wait short,
         `Decision.wait_cuts`)."""
-        asked, since = self.checkpoint_requested_at, self.preempting_since
         return (
             self.status is JobState.PREEMPTING
             and self.stop_signal_at is None
             and not self.stop_at_once
-            and asked is not None
-            and since is not None
-            and asked >= since
+            and self.preempting_since is not None
+            and self.asked_for_this_stop
         )
+
+    @property
+    def asked_for_this_stop(self) -> bool:
+        """A checkpoint was asked of the job since its preemption began (any time, for a
+        record written before `preempting_since` existed)."""
+        asked, since = self.checkpoint_requested_at, self.preempting_since
+        return asked is not None and (since is None or asked >= since)
 
     @property
     def declares_save_on_stop(self) -> bool:

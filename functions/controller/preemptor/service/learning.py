@@ -43,7 +43,7 @@ def at_once_check(store: JobsStore, record: JobRecord, now: float, max_age_s: fl
     if not record.stop_at_once:
         return None
     trusted = record.saved_on_stop and record.declares_save_on_stop
-    if _asked_for_this_stop(record):
+    if record.asked_for_this_stop:
         store.log(record.name, now, "checkpoint-not-awaited", "checkpoint-wait-cut", "stopped before the checkpoint it was asked for: the wait was cut short")
     else:
         why = "saves on SIGTERM within the grace" if trusted else "a wait would not pay"
@@ -69,15 +69,9 @@ def stop_sent(store: JobsStore, record: JobRecord, fresh: bool, now: float) -> N
     """The stop signal went out at `now`. Without a fresh checkpoint after a request made
     for this preemption, the job did not honour it: it is not waited for again."""
     changes: dict = {"stop_signal_at": now}
-    if not fresh and not record.stop_at_once and _asked_for_this_stop(record):
+    if not fresh and not record.stop_at_once and record.asked_for_this_stop:
         changes["ignored_checkpoint_request"] = True  # a cut wait (`stop_at_once`) did not run out
     store.note_learning(record.name, **changes)
-
-
-def _asked_for_this_stop(record: JobRecord) -> bool:
-    """A checkpoint was asked of the job since its preemption began."""
-    asked, since = record.checkpoint_requested_at, record.preempting_since
-    return asked is not None and (since is None or asked >= since)
 
 
 def cut_waits(store: JobsStore, decision: Decision, by_name: dict[str, JobRecord], now: float) -> list[str]:

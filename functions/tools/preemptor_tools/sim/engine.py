@@ -643,11 +643,10 @@ class Simulator:
                 return
             # The controller sees its stop wait for the checkpoint until the signal, also
             # when the job ends first (the wait ends then).
-            job.awaits = signal_at > now
-            job.signal_at = signal_at
-            job.ckpt_after = None if job.finish_at <= signal_at else ckpt_after
+            job.awaits, job.signal_at = signal_at > now, signal_at
         if job.finish_at <= signal_at:
             self.counters["preemptions_moot"] += 1  # it ends first; its FINISH stands
+            job.ckpt_after = None  # a cut wait stops it from its newest checkpoint then
             return
         self._signal(job, signal_at, saved_after, ckpt_after)
 
