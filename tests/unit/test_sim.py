@@ -612,6 +612,7 @@ def test_bench_goals_say_what_is_met_and_why_not():
     # 0.995 >= 0.99 are met; a 40 ms p99 meets 50 ms; the replay ratio 10 / 10 = 1 meets 10
     assert out["lost GPU-hours"]["ratio"] == 0.5 and not out["lost GPU-hours"]["met"]
     assert "restart overhead alone is 8" in out["lost GPU-hours"]["why"]
+    assert "asks ahead" not in out["lost GPU-hours"]["why"]  # it asked nothing ahead
     assert out["critical wait p95 (s)"]["met"] and out["utilisation"]["met"]
     assert out["plan() p99 <= 50 ms at 10 pending / 2 running over 1 pools"]["met"]
     assert out["replay time"]["ratio"] == 1.0
@@ -629,6 +630,12 @@ def test_bench_goals_say_what_is_met_and_why_not():
     why = out["lost GPU-hours"]["why"]
     assert "1,600 preemptions remain and ours loses 270 GPU-h, 180 of them to restarts alone, against the goal's 5" in why
     assert "the high p95 wait rises to 120 s and the mean wait to 4,400 s" in why
+
+    # And when ours asked 2,000 checkpoints ahead, whose writes take 30 GPU-h, the reason
+    # says what they would add where a write pauses training
+    models[headline]["policies"]["preemptor"].update({"checkpoints asked ahead": 2000, "ahead checkpoint write GPU-hours": 30.0})
+    why = {g["goal"].split(":")[0]: g for g in bench.goals(models, {}, None)}["lost GPU-hours"]["why"]
+    assert "the 2,000 checkpoints ours asks ahead take 30 GPU-h to write, lost too where a write pauses training" in why
 
 
 def test_in_the_top_tiers_variant_only_critical_and_high_jobs_preempt(tmp_path):
@@ -658,8 +665,10 @@ def test_in_the_top_tiers_variant_only_critical_and_high_jobs_preempt(tmp_path):
     # Then at 2500 the experiment (2500 s at risk) is asked ahead, once (not again within the
     # 600 s checkpoint wait), and writes it at 2560; at 3300, past the delay (3100), its
     # checkpoint is 740 s old, fresh: it is stopped at once, without a request: 740 s x 8
-    # lost; released at 3330, the medium job waits 830 s
+    # lost; released at 3330, the medium job waits 830 s. The write asked ahead takes 60 s
+    # on 8 GPUs, free in the model, reported beside the loss
     assert result.counters["checkpoint_requests_ahead"] == 1
+    assert result.counters["ahead_checkpoint_write_gpu_s"] == pytest.approx(60 * 8)
     assert result.counters["checkpoint_requests"] == 0
     assert job(result, "experiment").lost_progress_gpu_s == pytest.approx(740 * 8)
     assert job(result, "medium").wait_s == pytest.approx(830.0)

@@ -368,6 +368,8 @@ def _models_record(scenario: Scenario, runs: dict[str, dict], models: list[Model
             summary = run["summary"]
             policies[policy] = {label: get(summary) for label, get, _ in HEADLINE}
             policies[policy]["lost GPU-hours breakdown"] = summary["lost_gpu_hours_breakdown"]
+            policies[policy]["checkpoints asked ahead"] = summary["simulator"].get("checkpoint_requests_ahead", 0)
+            policies[policy]["ahead checkpoint write GPU-hours"] = summary["simulator"].get("ahead_checkpoint_write_gpu_hours", 0.0)
             policies[policy]["replay seconds"] = summary["simulator"]["total_seconds"]
             policies[policy]["command"] = scenario.command(policy, model)
         out[model.label] = {"cooperative_fraction": model.cooperative, "stop_grace_s": model.grace_s, "policies": policies}
@@ -478,6 +480,7 @@ def _why_goal(metric: str, ours: dict, theirs: dict, model: Model, top_tiers: di
             f"either (work since a checkpoint: ours {mine['work_since_checkpoint']:,.0f}, Kueue {other['work_since_checkpoint']:,.0f} "
             "GPU-h). A quarter of Kueue's loss needs about a third of its preemptions: the higher tiers' waits need them "
             "(a per-tier preemption delay cuts them, `tier_preemption_delay_s`, at the price of the mean wait; docs/policy.md)."
+            + _ahead_writes(ours)
             + (_top_tiers_floor(top_tiers, theirs) if top_tiers and model == HEADLINE_MODEL else "")
         )
     if metric == "low wait p95 (s)":
@@ -493,6 +496,18 @@ def _why_goal(metric: str, ours: dict, theirs: dict, model: Model, top_tiers: di
             "stopped for other jobs whose GPUs a job waits for); see the tables and docs/simulator.md"
         )
     return "see the tables"
+
+
+def _ahead_writes(ours: dict) -> str:
+    """What the checkpoints ours asks ahead would add to its loss if each write paused
+    training (the model writes them while the job trains: docs/simulator.md)."""
+    asked = ours.get("checkpoints asked ahead", 0)
+    if not asked:
+        return ""
+    return (
+        f" Not counted above: the {asked:,} checkpoints ours asks ahead take"
+        f" {ours.get('ahead checkpoint write GPU-hours', 0.0):,.0f} GPU-h to write, lost too where a write pauses training."
+    )
 
 
 def _top_tiers_floor(variant: dict, kueue: dict) -> str:

@@ -304,6 +304,9 @@ class Simulator:
             "preemptions_moot": 0,  # the victim finished before its stop signal
             "checkpoint_requests": 0,
             "checkpoint_requests_ahead": 0,
+            # GPU-seconds the checkpoints asked ahead take to write: free in this model
+            # (written while the job trains), their cost if each write paused training
+            "ahead_checkpoint_write_gpu_s": 0.0,
             "stopped_at_once": 0,
             "saved_on_sigterm": 0,
             "checkpoint_timeouts": 0,
@@ -705,6 +708,7 @@ class Simulator:
             written = max(now, job.work_start) + self.config.checkpoint_write_s
             if written < job.finish_at:
                 job.extra_ckpt = written if job.extra_ckpt is None or job.extra_ckpt < now else min(job.extra_ckpt, written)
+                self.counters["ahead_checkpoint_write_gpu_s"] += job.gpus * self.config.checkpoint_write_s
             job.verdict_at, job.verdict_ignored = written, False
         else:
             periods = math.floor(max(0.0, now - job.work_start) / job.interval)

@@ -185,6 +185,7 @@ def summarize(result: SimResult) -> dict:
             "preemptions_moot": int(counters.get("preemptions_moot", 0)),
             "checkpoint_requests": int(counters.get("checkpoint_requests", 0)),
             "checkpoint_requests_ahead": int(counters.get("checkpoint_requests_ahead", 0)),
+            "ahead_checkpoint_write_gpu_hours": round(counters.get("ahead_checkpoint_write_gpu_s", 0.0) / 3600.0, 2),
             "checkpoint_timeouts": int(counters.get("checkpoint_timeouts", 0)),
             "checkpoint_waits_cut": int(counters.get("checkpoint_waits_cut", 0)),
             "victims_spared": int(counters.get("victims_spared", 0)),
