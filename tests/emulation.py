@@ -77,14 +77,21 @@ class Emulation:
 
 @contextmanager
 def emulation(
-    pools: list[PoolConfig] = (P5,), policy: dict | None = None, hostile: Any = None, metrics: list[dict] | None = None, **fleet_options
+    pools: list[PoolConfig] = (P5,),
+    policy: dict | None = None,
+    hostile: Any = None,
+    metrics: list[dict] | None = None,
+    parameters: dict[str, str] | None = None,
+    **fleet_options,
 ) -> Iterator[Emulation]:
     """The stack and a fleet on one clock; `hostile(clock)` builds a HostileWorld for it;
-    `metrics`, when given, receives every EMF document the functions print."""
+    `metrics`, when given, receives every EMF document the functions print; `parameters`,
+    more of the template's parameters."""
     clock = SimClock(START)
     parameters = {
         "PoolsConfig": json.dumps([local_pool(p).model_dump(exclude_none=True) for p in pools]),
         "PolicyConfig": json.dumps(policy or {}),
+        **(parameters or {}),
     }
     world = hostile(clock) if hostile is not None else None
     with EmulatedStack(clock, parameters=parameters, hostile=world, metrics=metrics) as stack:

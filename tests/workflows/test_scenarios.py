@@ -228,9 +228,10 @@ def test_shadow_mode_launches_and_stops_nothing_and_reports_what_enforce_mode_wo
     assert jobs["experiment"]["state"] == "Completed" and jobs["experiment"]["preemptions"] == 0
     assert jobs["production-finetune"]["state"] == "Pending" and jobs["production-finetune"]["wait_s"] is None
     # And the report lists what enforce mode would have done: preempt the experiment for
-    # the fine-tune when it arrived (600 s), then admit the fine-tune
+    # the fine-tune when it arrived (600 s, planned at the end of its 3 s settle window),
+    # then admit the fine-tune
     would = [(w["would"], w["job"], w.get("for")) for w in report["shadow"]]
-    assert would[0] == ("preempt", "experiment", "production-finetune") and report["shadow"][0]["at_s"] == 600
+    assert would[0] == ("preempt", "experiment", "production-finetune") and report["shadow"][0]["at_s"] == 603
     assert ("admit", "production-finetune", None) in would
     # And `preemptor history` reads the same decisions from the decision log
     logged = [(e["kind"], e["job"], e["extra"].get("preemptor")) for e in run.history if e["kind"].startswith("shadow-")]
@@ -262,10 +263,11 @@ def test_a_likely_victim_is_asked_for_a_checkpoint_ahead_and_the_pool_is_planned
     scenario = Scenario.load(SCENARIOS / "ahead-of-time.yaml")
     result = replay("ahead-of-time").result
     decided = [(t.at, t.job, t.what, t.why) for t in result.timeline if t.source == "controller"]
-    submitted_at, delay = 1500.0, 300.0
-    # Then the plan asked the sweep for a checkpoint when the critical job arrived, ahead of the preemption
+    submitted_at, delay, settle = 1500.0, 300.0, 3.0
+    # Then the plan asked the sweep for a checkpoint when the critical job arrived (planned at
+    # the end of its settle window), ahead of the preemption
     [ahead] = [d for d in decided if d[1] == "sweep" and d[2] == "checkpoint-requested"]
-    assert ahead[0] == submitted_at and ahead[3].startswith("checkpoint-ahead-of-preemption")
+    assert ahead[0] == submitted_at + settle and ahead[3].startswith("checkpoint-ahead-of-preemption")
     # And the pool was planned again as the delay ran out (nothing else happened then), and preempted
     [started] = [d for d in decided if d[1] == "sweep" and d[2] == "preemption-started"]
     assert submitted_at + delay <= started[0] <= submitted_at + delay + 2

@@ -32,8 +32,9 @@ def test_admits_and_launches_into_free_capacity():
         run = _last_schedule(env)
         assert run["status"] == "SUCCEEDED"
         states = env.states_visited(run["executionArn"])
-        assert states[:6] == [
+        assert states[:7] == [
             "Wait first?",
+            "Let the submissions settle",
             "Start counting cycles",
             "Plan the pool",
             "Did we get the pool?",

@@ -18,7 +18,10 @@ from .wiring import deps
 @metrics.log_metrics
 def handler(event: dict, context: LambdaContext) -> dict:
     d = deps()
-    intake = Intake(store=d.store, workflows=d.workflows, runners=d.runners, settings=d.settings, instances=d.instances, alerts=d.alerts)
+    intake = Intake(
+        store=d.store, workflows=d.workflows, runners=d.runners, settings=d.settings, instances=d.instances, alerts=d.alerts,
+        clock=clock.CLOCK.now,
+    )
     result = intake.handle(event, clock.CLOCK.now())
     if result.job:
         logger.set_correlation_id(result.job)

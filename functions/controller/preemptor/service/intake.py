@@ -15,6 +15,8 @@ starts with a stable code (a `Refusal`), which the handler logs and counts.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..adapters.alerts import Alerts
@@ -80,7 +82,11 @@ class Intake:
         settings: Settings,
         instances: InstanceResolver | None = None,
         alerts: Alerts | None = None,
+        clock: Callable[[], float] | None = None,
     ):
+        # The time now, read again after a submission's record is written (`_settled`);
+        # without one, the time the event's handling began.
+        self.clock = clock
         self.alerts = alerts
         self.instances = instances
         self.store = store
@@ -195,14 +201,14 @@ class Intake:
             if existing is not None and existing.status is JobState.PENDING:
                 # A redelivery after a failure between the insert and the workflow start:
                 # start it now (the execution name makes a second start a no-op).
-                self._schedule(req.pool, event.event_id, "duplicate", "job-already-submitted", req.name)
+                self._settled(req.pool, event.event_id, "duplicate", "job-already-submitted", req.name, now)
             return IntakeResult("duplicate", f"job {req.name} was already submitted", req.name)
         self.store.put_checkpoint_alias(record.checkpoint_s3_uri, record.name)
         tier = self.settings.policy.tier_of(priority)
         self.store.log(
             req.name, now, "submitted", "job-submitted", f"team {req.team}, priority {priority} ({tier}), {record.gpus} GPUs in {req.pool}"
         )
-        return self._schedule(req.pool, event.event_id, "accepted", "job-submitted", req.name)
+        return self._settled(req.pool, event.event_id, "accepted", "job-submitted", req.name, now)
 
     def _cancelled(self, event: "ev.JobCancelled", now: float) -> IntakeResult:
         record = self.store.get(event.name)
@@ -464,6 +470,25 @@ class Intake:
         at = event.time if event.time is not None else now
         self.store.note_checkpoint(job, at)
         return IntakeResult("accepted", "checkpoint-written", job)
+
+    def _settled(self, pool: str, event_id: str, outcome: str, reason: str, job: str, now: float) -> IntakeResult:
+        """Plan a submission at the end of its settle window (`submission_settle_s`), with
+        every job submitted within it: one schedule execution per pool and window, named
+        after the window's end, waits until then (`settle_s`, the schedule workflow's first
+        wait), so a burst is ranked as one and no job is launched only to be preempted by
+        one submitted a second later. The window is the one the clock is in after the
+        record was written: the execution reads the pending jobs after its end, so it sees
+        this one. A later submission of the window finds the execution started: Step
+        Functions answers with it (the same input) or refuses the name (another wait left),
+        and the execution plans that job too."""
+        settle = self.settings.submission_settle_s
+        if settle <= 0:
+            return self._schedule(pool, event_id, outcome, reason, job)
+        at = self.clock() if self.clock is not None else now
+        end = (math.floor(at / settle) + 1) * settle
+        name = execution_name("settle", pool, f"{round(end * 1000)}")
+        arn = self.workflows.start("schedule", name, {"pool": pool, "settle_s": math.ceil(end - at)})
+        return IntakeResult(outcome, reason, job, arn)
 
     def _schedule(self, pool: str, event_id: str, outcome: str, reason: str, job: str | None) -> IntakeResult:
         arn = self.workflows.start("schedule", execution_name("schedule", pool, event_id), {"pool": pool})
