@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from builders import pending, policy as make_policy, quota, running, snapshot
 from preemptor.core.jobs import JobRecord
-from preemptor.core.model import JobState, PastPreemption, PreemptionRule, Reason, Snapshot, TeamUsage, Verdict, run_usage
+from preemptor.core.model import JobState, PastPreemption, Pool, PreemptionRule, Reason, Snapshot, TeamUsage, Verdict, run_usage
 from preemptor.core.planner import plan
 from preemptor.core.policy import MaxPreemptionsAction, Policy, PreemptionMode, ReclaimMode
 from preemptor.core.requests import JobRequest
@@ -402,6 +402,32 @@ def test_job_record_maps_policy_fields_into_planner_inputs():
     p, r = record.as_pending(), record.as_running()
     assert (p.sla_s, p.spot, p.expected_duration_s, p.restart_overhead_s, p.pending_since) == (3600, True, 7200, 90, 15)
     assert (r.sla_s, r.spot, r.expected_duration_s, r.restart_overhead_s, r.work_done_s) == (3600, True, 7200, 90, 600)
+
+
+@pytest.mark.parametrize(
+    "priority, alarm, escalates_at",
+    [
+        (1000, "stack-job-waiting-too-long", 10 + 600),  # critical: watched, 10 minutes after submission
+        (500, "stack-job-waiting-too-long", 10 + 600),  # high: watched
+        (200, "stack-job-waiting-too-long", None),  # medium: not watched
+        (1000, "", None),  # no wait alarm: nothing escalates
+    ],
+    ids=["critical", "high", "medium-not-watched", "no-alarm"],
+)
+def test_a_pending_job_carries_when_the_wait_alarm_escalates_it(priority, alarm, escalates_at):
+    from preemptor.config import Settings
+    from preemptor.service.scheduling import build_snapshot
+
+    settings = Settings(jobs_table="jobs", pools=(), wait_alarm_name=alarm, wait_alarm_minutes=10)
+    record = JobRecord(
+        name="j", team="t", priority=priority, pool="p5", service="batch", gpus=8, request={}, checkpoint_s3_uri="s3://b/p",
+        submitted_at=10, status=JobState.PENDING, pending_since=300,
+    )
+    snap = build_snapshot(Pool("p5", 8), [record], [], settings=settings)
+    assert snap.pending[0].escalates_at == escalates_at
+    # and once escalated in this wait it is not expected to be again
+    escalated = replace(record, escalated_at=400)
+    assert build_snapshot(Pool("p5", 8), [escalated], [], settings=settings).pending[0].escalates_at is None
 
 
 def test_job_request_accepts_policy_fields():
@@ -890,6 +916,77 @@ def test_which_likely_victims_are_asked_ahead(victim_kw, asked):
     ).build()
     # When planning, then it is asked or not as the budget and what was learned say
     assert [c.job for c in plan(snap, DEFAULT, NOW).checkpoint_requests] == (["low"] if asked else [])
+
+
+def _held_by_min_runtime(escalates_in: float | None, **victim_kw):
+    """A low job of 8 GPUs that started 900 s ago (min_runtime_s 1800 protects it) with all
+    of that at risk, filling the pool, and a critical job of 8 GPUs that the wait alarm
+    escalates in `escalates_in` s (None: a tier it does not watch)."""
+    kw = {"started_at": NOW - 900, "declares_save_on_stop": True, **victim_kw}
+    at = None if escalates_in is None else NOW + escalates_in
+    return snapshot(8).running(running("young", 50, 8, **kw)).pending(
+        pending("urgent", 1000, 8, submitted_at=NOW - 400, escalates_at=at)
+    ).build()
+
+
+@pytest.mark.parametrize(
+    "escalates_in, knobs, asked",
+    [
+        (200.0, {}, True),  # within before_escalation_s (300 s)
+        (-30.0, {}, True),  # past the threshold, the alarm not evaluated yet
+        (400.0, {}, False),  # not yet
+        (None, {}, False),  # the alarm does not watch its tier
+        (200.0, {"checkpoint_ahead": {"before_escalation_s": None}}, False),  # turned off
+        (200.0, {"checkpoint_ahead": {"max_jobs": 0}}, False),  # no checkpoints ahead at all
+    ],
+    ids=["within-lead", "past-threshold", "not-yet", "not-watched", "off", "ahead-off"],
+)
+def test_a_job_near_its_escalation_asks_the_victims_it_will_then_take(escalates_in, knobs, asked):
+    # Given a critical job that the minimum runtime keeps waiting, as the wait alarm nears
+    snap = _held_by_min_runtime(escalates_in)
+    # When planning
+    decision = plan(snap, Policy(min_runtime_s=1800, **knobs), NOW)
+    # Then nothing is stopped (the victim is still protected), and the victim it will stop
+    # once escalated is asked for a checkpoint now, saying why
+    assert victims(decision) == []
+    requests = [(c.job, c.for_job, c.reason) for c in decision.checkpoint_requests]
+    assert requests == ([("young", "urgent", Reason.AHEAD_OF_PREEMPTION)] if asked else [])
+    if asked:
+        detail = decision.checkpoint_requests[0].detail
+        assert "wait alarm escalates" in detail and "without waiting for a checkpoint" in detail and "900 s of work at risk" in detail
+        line = next(e for e in decision.explanations if e.job == "young" and e.reason is Reason.AHEAD_OF_PREEMPTION)
+        assert line.for_job == "urgent"
+    # and the critical job's own line is unchanged: it waits for lack of victims
+    wait = next(e for e in decision.explanations if e.job == "urgent")
+    assert wait.reason is Reason.NO_CAPACITY_NO_ELIGIBLE_VICTIMS
+
+
+def test_asked_before_its_escalation_the_victim_loses_only_the_work_since_that_checkpoint():
+    # Given the victim was asked 300 s before the escalation and wrote its checkpoint 60 s later
+    knobs = Policy(min_runtime_s=1800)
+    asked = plan(_held_by_min_runtime(300.0), knobs, NOW)
+    assert [c.job for c in asked.checkpoint_requests] == ["young"]
+    later = NOW + 300
+    escalated = replace(_held_by_min_runtime(None, last_checkpoint_at=NOW + 60, checkpoint_requested_at=NOW), pending=(
+        pending("urgent", 1000, 8, submitted_at=NOW - 400, escalated=True),
+    ))
+    # When the alarm has escalated the critical job
+    decision = plan(escalated, knobs, later)
+    # Then it stops the young job at once, losing the 240 s since that checkpoint, not the
+    # 1200 s since its start
+    [p] = decision.preemptions
+    assert p.escalated and not p.wait_for_checkpoint
+    assert p.lost_gpu_seconds == pytest.approx(8 * 240)
+    # and the same stop without the request ahead loses it all
+    unasked = replace(escalated, running=(running("young", 50, 8, started_at=NOW - 900, declares_save_on_stop=True),))
+    assert plan(unasked, knobs, later).preemptions[0].lost_gpu_seconds == pytest.approx(8 * 1200)
+
+
+def test_a_job_near_its_escalation_takes_no_victim_the_escalation_would_not_lift():
+    # Given the young job is the only candidate but not stoppable (a hard protection)
+    snap = _held_by_min_runtime(200.0, stoppable=False)
+    # When planning, then nothing is asked: escalation would not let it stop that job
+    assert plan(snap, Policy(min_runtime_s=1800), NOW).checkpoint_requests == ()
 
 
 def test_ahead_requests_stay_within_max_jobs_and_skip_what_is_stopped_now():

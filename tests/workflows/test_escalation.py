@@ -122,3 +122,53 @@ def test_an_escalation_whose_schedule_start_is_throttled_plans_the_pool_when_the
         env.advance(300)
         assert [e["kind"] for e in env.store.history("incident")].count("escalated") == 1
         assert env.job("sweep").preemptions == 1 and env.job("incident").status is JobState.RUNNING
+
+
+def _advance_with_reconcile(env, seconds: float) -> None:
+    """`env.advance`, with the scheduled reconcile (rate 5 minutes) firing as it comes round."""
+    end = env.clock.now() + seconds
+    while env.clock.now() < end:
+        env.advance(min(30.0, end - env.clock.now()))
+        env.stack.fire_schedules()
+
+
+@pytest.mark.parametrize("ahead", [True, False], ids=["asked-ahead", "before-escalation-off"])
+def test_the_victim_of_a_job_near_its_escalation_is_asked_for_a_checkpoint_before_the_alarm(ahead):
+    # Given a sweep on the whole pool that runs the training helper but writes no periodic
+    # checkpoint, and a critical job that the minimum runtime keeps waiting; the reconcile
+    # plans the pool every 5 minutes
+    policy = {"min_runtime_s": 3600}
+    if not ahead:
+        policy["checkpoint_ahead"] = {"before_escalation_s": None}
+    with emulation(policy=policy) as env:
+        env.stack.fire_schedules()  # the schedule's clock starts with the stack
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=None, runs_training_helper=True)
+        _advance_with_reconcile(env, 300)
+        submitted = env.clock.now()
+        env.submit(name="incident", team="production", priority="critical", pool="p5", instances=8, duration=1200)
+        _advance_with_reconcile(env, 660)
+        # Then, within 5 minutes of the wait alarm's threshold (10 minutes), the cycle of the
+        # reconcile asked the sweep for a checkpoint, saying for whom and why
+        asked = [e for e in env.store.history("sweep") if e["kind"] == "checkpoint-requested"]
+        if ahead:
+            [request] = asked
+            assert submitted + 300 <= request["at"] <= submitted + 600
+            assert request["reason"] == "checkpoint-ahead-of-preemption" and request["extra"]["preemptor"] == "incident"
+            assert "which the wait alarm escalates in" in request["detail"]
+        else:
+            assert asked == []
+        # When the alarm escalates the critical job
+        env.put(_alarm_event(env))
+        env.stack.drain()
+        _advance_with_reconcile(env, 300)
+        # Then the sweep is stopped at once for it, with the checkpoint it wrote when asked
+        # (fresh), not without one
+        [started] = [e for e in env.store.history("sweep") if e["kind"] == "preemption-started"]
+        [stop] = [e for e in env.store.history("sweep") if e["kind"] == "stop-requested"]
+        assert started["extra"]["preemptor"] == "incident"
+        if ahead:
+            assert started["extra"]["checkpoint_age_s"] is not None and started["extra"]["checkpoint_age_s"] < 600
+            assert stop["reason"] == "fresh-checkpoint"
+        else:
+            assert started["extra"]["checkpoint_age_s"] is None and "WITHOUT a fresh checkpoint" in stop["detail"]
+        assert env.job("incident").status is JobState.RUNNING

@@ -105,7 +105,10 @@ class JobRecord:
         """Service job name of the current incarnation: `name`, then `name-r2`, `name-r3`..."""
         return self.name if self.incarnation == 1 else f"{self.name}-r{self.incarnation}"
 
-    def as_pending(self) -> PendingJob:
+    def as_pending(self, escalates_after_s: float | None = None) -> PendingJob:
+        """The job as the planner sees it; `escalates_after_s`: the wait after which the
+        wait alarm escalates it (its tier is watched), None when it never does."""
+        escalated = self.escalated_at is not None and self.escalated_at >= (self.pending_since or self.submitted_at)
         return PendingJob(
             name=self.name,
             team=self.team,
@@ -121,7 +124,9 @@ class JobRecord:
             pending_since=self.pending_since,
             nominated_at=self.nominated_at,
             # Escalated while it waits now (a later requeue starts a new wait).
-            escalated=self.escalated_at is not None and self.escalated_at >= (self.pending_since or self.submitted_at),
+            escalated=escalated,
+            # The alarm's metric is the wait since submission (`service.escalation`).
+            escalates_at=None if escalated or escalates_after_s is None else self.submitted_at + escalates_after_s,
         )
 
     def as_running(self) -> RunningJob:

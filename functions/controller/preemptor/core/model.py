@@ -185,6 +185,11 @@ class PendingJob:
     # soft protections (minimum runtime, the checkpoint wait and spare-on-timeout, the
     # preemption delay). The hard ones (not stoppable, guaranteed, already stopping) stay.
     escalated: bool = False
+    # When the wait alarm is expected to escalate it: its submission plus the alarm's
+    # threshold, for a job of a tier the alarm watches (None: never). Its likely victims
+    # are asked for a checkpoint that long ahead (`checkpoint_ahead.before_escalation_s`),
+    # as an escalated job's victims are stopped without waiting for one.
+    escalates_at: float | None = None
 
     def waiting_since(self) -> float:
         """When the job last became pending (its submission, unless requeued since)."""

@@ -132,7 +132,9 @@ class PoolPlanner:
         escalated: bool = False,
     ):
         self.pool, self.knobs, self.policy, self.now, self.discipline = pool, knobs, policy, now, discipline
-        self.escalated = escalated  # an escalated job waits in this pool: soft protections are kept apart
+        # An escalated job waits in this pool, or one nears its escalation: soft protections
+        # are kept apart (candidates for an escalated job only).
+        self.escalated = escalated
         self.admits: list[Admission] = []
         self.preemptions: list[Preemption] = []
         self.failures: list[Failure] = []
@@ -192,6 +194,8 @@ class PoolPlanner:
         self._ahead_walks = ahead.max_jobs
         self._ahead_keys: set[tuple] = set()
         self._pressure = ahead.on_queue_pressure
+        # How long before the wait alarm escalates a job its likely victims are named.
+        self._escalation_lead = ahead.before_escalation_s if ahead.max_jobs else None
         # Outcomes of jobs that could not fit, by what decides them; forgotten whenever
         # capacity, quotas or candidates change (`_changed`). Most of a long queue waits
         # for the same reason as the job before it.
@@ -269,11 +273,12 @@ class PoolPlanner:
     def eligibility(self, r: RankedJob, v: RunningJob, reclaim: bool) -> Eligibility:
         return self.judge(r, reclaim)(v)
 
-    def judge(self, r: RankedJob, reclaim: bool) -> Callable[[RunningJob], Eligibility]:
+    def judge(self, r: RankedJob, reclaim: bool, escalated: bool = False) -> Callable[[RunningJob], Eligibility]:
         """`victims.eligibility` of a candidate for `r`; a candidate protected by the minimum
-        runtime (kept apart while an escalated job waits) is one for an escalated job only."""
+        runtime (kept apart while an escalated job waits) is one for an escalated job only
+        (`escalated`: judge as if `r` were escalated already)."""
         claimed, borrowed, knobs, on = self.claimed, self.quotas.borrowed, self.knobs, self.quotas.on
-        soft = None if r.job.escalated else self._soft
+        soft = None if escalated or r.job.escalated else self._soft
         if not soft:
             return lambda v: eligibility(r, v, claimed[v.name], knobs, on, v.name in borrowed, reclaim)
 
@@ -308,8 +313,9 @@ class PoolPlanner:
             self._bounds[key] = bound
         return bound
 
-    def choose(self, r: RankedJob, bucket: Bucket | None, available: int, reclaim: bool) -> Choice:
-        """Take eligible victims in victim order until `r` fits, then fill back (`victims.walk`)."""
+    def choose(self, r: RankedJob, bucket: Bucket | None, available: int, reclaim: bool, escalated: bool = False) -> Choice:
+        """Take eligible victims in victim order until `r` fits, then fill back (`victims.walk`);
+        `escalated`: the victims `r` would take once escalated."""
         top_within = top_priority(self.knobs.within_team, r.claimed)
         top = max(top_within, top_priority(self.knobs.across_teams, r.claimed))
         # With quotas, only the job's own team's work that is not borrowed may be preempted.
@@ -322,7 +328,7 @@ class PoolPlanner:
             scans,
             cands,
             self.claimed,
-            self.judge(r, reclaim),
+            self.judge(r, reclaim, escalated),
             partial(self.quotas.fits, bucket, r.job.gpus),
             self.quotas.bucket_of,
             available,
@@ -345,7 +351,9 @@ class PoolPlanner:
                 bucket = quotas.bucket_for(job.team, claimed)
         # What decides the outcome of a job that does not fit, besides the pool's state.
         waited = self.waited_enough(r) if self._rate_limited else True
-        key = (bucket, claimed, job.team, job.gpus, job.escalated, waited)
+        # A job near its escalation names other victims (`_note_escalation`) than one that is not.
+        nearing = job.escalates_at is not None and self.nears_escalation(job)
+        key = (bucket, claimed, job.team, job.gpus, job.escalated, waited, nearing)
         by_submission = self._by_submission
         no_fit = self._no_fit
         if no_fit and self._fail_at is None:
@@ -584,6 +592,8 @@ class PoolPlanner:
         if choice is None or not choice.fits:
             if self._pressure and short_of != "quota":
                 self._note_pressure(r, bucket, available, reclaim, choice, key)
+            if short_of != "quota" and job.escalates_at is not None and self.nears_escalation(job):
+                self._note_escalation(r, bucket, available, reclaim, key)
             outcome = self._cannot_fit(r, bucket, choice, short_of, reclaim)
             if outcome is not None:
                 self._remember(key, outcome, choice)
@@ -798,6 +808,27 @@ class PoolPlanner:
             short = r.job.gpus - available - sum(v.gpus for v, _ in choice.victims)
             self._note_likely(choice.victims, r.job.name, f"which may preempt it once {short} more GPUs free")
 
+    def nears_escalation(self, job: PendingJob) -> bool:
+        """Whether the wait alarm escalates `job` within `checkpoint_ahead.before_escalation_s`
+        (or should have already: the alarm is evaluated once a minute)."""
+        lead = self._escalation_lead
+        return lead is not None and not job.escalated and job.escalates_at is not None and job.escalates_at - self.now <= lead
+
+    def _note_escalation(self, r: RankedJob, bucket: Bucket | None, available: int, reclaim: bool, key: tuple) -> None:
+        """`r` cannot fit now, and the wait alarm escalates it soon (`nears_escalation`):
+        escalated, it may stop the jobs the minimum runtime protects now, and stops its
+        victims without waiting for a checkpoint. The victims it would take then are
+        likely ones, looked for in a walk of their own (`_ahead_walk`)."""
+        if not self._ahead_walk(("escalation", *key)):
+            return
+        choice = self.choose(r, bucket, available, reclaim, escalated=True)
+        if choice.fits and choice.victims:
+            left = r.job.escalates_at - self.now
+            when = f"in {left:.0f} s" if left > 0 else f"now (its wait passed the threshold {-left:.0f} s ago)"
+            self._note_likely(
+                choice.victims, r.job.name, f"which the wait alarm escalates {when}: an escalated job stops its victims without waiting for a checkpoint"
+            )
+
     def _ahead_walk(self, key: tuple) -> bool:
         """Whether a victim walk made only to name likely victims may be made for a job of
         `key` (`place`): at most `max_jobs` per plan, one per kind of job (the key an outcome
@@ -907,6 +938,7 @@ class PoolPlanner:
 
 
 _escalated = attrgetter("escalated")
+_escalates_at = attrgetter("escalates_at")
 
 
 def _names(victims: list[RunningJob]) -> str:
@@ -961,6 +993,11 @@ def run(snapshot: Snapshot, policy: Policy, now: float, discipline: Discipline =
         waiting = pending_by_pool.get(pool.name, ())
         ranked = discipline.rank(waiting, knobs, policy, now, usage_cache[fair])
         escalated = any(map(_escalated, waiting))
+        lead = knobs.checkpoint_ahead.before_escalation_s if knobs.checkpoint_ahead.max_jobs else None
+        if not escalated and lead is not None:
+            # A job near its escalation looks for the victims it will take once escalated.
+            soon = now + lead
+            escalated = any(at is not None and at <= soon for at in map(_escalates_at, waiting))
         planner = PoolPlanner(
             pool, knobs, policy, now, running_by_pool.get(pool.name, []), snapshot.preemption_history, discipline, escalated
         )

@@ -149,6 +149,11 @@ class CheckpointAhead(_Knob):
     that reserves capacity too). They are asked for a checkpoint now, so that when the
     preemption comes their checkpoint is fresh and they are stopped at once.
 
+    A job the wait alarm will escalate (a tier it watches, `PendingJob.escalates_at`) that
+    cannot fit now names, `before_escalation_s` ahead, the victims it will take once
+    escalated: escalation lifts their minimum runtime, and an escalated job stops its
+    victims without waiting for a checkpoint.
+
     Preemptions also come unannounced (a job submitted that stops others at once). With
     `forecast_window_s`, the pool's preemptions of that window forecast the GPUs the next
     `forecast_horizon_s` will take: the running jobs first in victim order, up to that
@@ -164,6 +169,7 @@ class CheckpointAhead(_Knob):
     on_queue_pressure: bool = True
     forecast_window_s: float | None = Field(default=3600.0, gt=0)  # None: no forecast
     forecast_horizon_s: float = Field(default=900.0, gt=0)
+    before_escalation_s: float | None = Field(default=300.0, gt=0)  # None: not ahead of escalation
 
 
 class TeamPolicy(_Knob):

@@ -116,17 +116,29 @@ def oldest_wait_by_tier(pending: list[JobRecord], policy: Policy, now: float) ->
     return oldest
 
 
+def escalates_after_s(settings: Settings, priority: int) -> float | None:
+    """The wait after which the wait alarm escalates a pending job of `priority`
+    (`service.escalation`): its threshold for a tier it watches; None when there is no
+    alarm or it does not watch the tier."""
+    if not settings.wait_alarm_name or settings.policy.tier_of(priority) not in settings.wait_alarm_tiers:
+        return None
+    return settings.wait_alarm_minutes * 60.0
+
+
 def build_snapshot(
     pool: Pool,
     pending: list[JobRecord],
     active: list[JobRecord],
     usage: list[TeamUsage] = (),
     history: list[PastPreemption] = (),
+    settings: Settings | None = None,
 ) -> Snapshot:
+    """The planner's view of one pool; with `settings`, each pending job of a tier the wait
+    alarm watches carries when it is expected to be escalated (`PendingJob.escalates_at`)."""
     return Snapshot(
         pools=(pool,),
         running=tuple(r.as_running() for r in active),
-        pending=tuple(p.as_pending() for p in pending),
+        pending=tuple(p.as_pending(None if settings is None else escalates_after_s(settings, p.priority)) for p in pending),
         usage=tuple(usage),
         preemption_history=tuple(history),
     )
@@ -285,7 +297,7 @@ def read_snapshot(
     active = store.active(pool_name)
     window = history_window_s(knobs)  # the budget's, the checkpoint forecast's
     history = store.preemptions_since(pool_name, now - window) if window is not None else []
-    snapshot = build_snapshot(Pool(pool_name, pool_cfg.capacity_gpus), pending, active, store.team_usage(pool_name), history)
+    snapshot = build_snapshot(Pool(pool_name, pool_cfg.capacity_gpus), pending, active, store.team_usage(pool_name), history, settings)
     return pending, active, snapshot
 
 
