@@ -430,6 +430,34 @@ def test_a_pending_job_carries_when_the_wait_alarm_escalates_it(priority, alarm,
     assert build_snapshot(Pool("p5", 8), [escalated], [], settings=settings).pending[0].escalates_at is None
 
 
+@pytest.mark.parametrize(
+    "young_priority, min_runtime_s, wake_s",
+    [
+        (50, 3600, 201),  # a low job the minimum runtime protects: wake when the lead starts
+        (1000, 3600, None),  # only critical work protected: escalation would not help the high job
+        (50, 0, None),  # no minimum runtime: escalation lifts nothing that keeps it waiting
+    ],
+    ids=["protected-low-work", "protected-higher-work", "no-min-runtime"],
+)
+def test_a_pool_is_planned_again_when_a_waiting_job_comes_near_its_escalation(young_priority, min_runtime_s, wake_s):
+    from preemptor.config import Settings
+    from preemptor.core.model import Explanation
+    from preemptor.service.scheduling import _next_wake_s
+
+    # Given a high job submitted at 1000 that waits for lack of victims, the wait alarm at 10 minutes
+    settings = Settings(jobs_table="jobs", pools=(), wait_alarm_name="alarm", wait_alarm_minutes=10, policy=Policy(min_runtime_s=min_runtime_s))
+    base = dict(team="t", pool="p5", service="batch", gpus=8, request={}, checkpoint_s3_uri="s3://b/p")
+    waiting = JobRecord(name="high", priority=500, submitted_at=1000, status=JobState.PENDING, **base)
+    young = JobRecord(name="young", priority=young_priority, submitted_at=900, status=JobState.RUNNING, started_at=950, **base)
+    decision = plan(snapshot(8).build(), DEFAULT, 1000)  # an empty decision, then the wait line
+    decision = replace(decision, explanations=(Explanation("high", Verdict.WAIT, Reason.NO_CAPACITY_NO_ELIGIBLE_VICTIMS, "needs 8 GPUs"),))
+    # When the cycle at 1100 computes its wake-up
+    wake = _next_wake_s(decision, {"high": waiting, "young": young}, [young], settings, "p5", 1100.0)
+    # Then it is planned again when the 300 s before its escalation begin (1000 + 600 - 300,
+    # 200 s from now, and a second past it), only where escalation could let it stop something
+    assert wake == wake_s
+
+
 def test_job_request_accepts_policy_fields():
     body = {"name": "j", "team": "t", "priority": "high", "pool": "p5", "service": "batch", "gpus": 8,
             "request": {"jobQueue": "q", "jobDefinition": "d"}, "checkpoint_s3_uri": "s3://bucket-1/ckpt",

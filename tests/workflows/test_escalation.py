@@ -166,8 +166,10 @@ def test_the_victim_of_a_job_near_its_escalation_is_asked_for_a_checkpoint_befor
         [started] = [e for e in env.store.history("sweep") if e["kind"] == "preemption-started"]
         [stop] = [e for e in env.store.history("sweep") if e["kind"] == "stop-requested"]
         assert started["extra"]["preemptor"] == "incident"
+        [at_once] = [e for e in env.store.history("sweep") if e["kind"] == "checkpoint-not-awaited"]
+        assert at_once["detail"] == "stopped without asking for a checkpoint: its preemptor is escalated"
         if ahead:
-            assert started["extra"]["checkpoint_age_s"] is not None and started["extra"]["checkpoint_age_s"] < 600
+            assert started["extra"]["checkpoint_age_s"] is not None and started["extra"]["checkpoint_age_s"] <= 900  # checkpoint_max_age_s
             assert stop["reason"] == "fresh-checkpoint"
         else:
             assert started["extra"]["checkpoint_age_s"] is None and "WITHOUT a fresh checkpoint" in stop["detail"]

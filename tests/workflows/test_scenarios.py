@@ -244,11 +244,22 @@ def test_the_wait_alarm_escalates_a_job_held_back_by_the_minimum_runtime():
     result = replay("escalation").result
     jobs = _jobs(result.report)
     kinds = [(t.job, t.what) for t in result.timeline if t.source == "controller"]
-    # Then the wait alarm's ALARM escalated it, the sweep was preempted for it although its
-    # minimum runtime had not passed, and both completed
-    assert kinds.index(("incident-fix", "escalated")) < kinds.index(("sweep", "preemption-started"))
+    # Then, 5 minutes before the fix had waited the alarm's 10 minutes, the pool was planned
+    # again (nothing else happened then: a wake-up) and the sweep asked for a checkpoint ahead
+    decided = [(t.at, t.job, t.what, t.why) for t in result.timeline if t.source == "controller"]
+    [ahead] = [d for d in decided if d[1] == "sweep" and d[2] == "checkpoint-requested"]
+    submitted_at, threshold, lead = 600.0, 600.0, 300.0
+    assert submitted_at + threshold - lead <= ahead[0] <= submitted_at + threshold - lead + 2
+    assert ahead[3].startswith("checkpoint-ahead-of-preemption") and "wait alarm escalates" in ahead[3]
+    # And the wait alarm's ALARM escalated it, the sweep was preempted for it although its
+    # minimum runtime had not passed, at once, with the checkpoint it wrote when asked
+    assert kinds.index(("sweep", "checkpoint-requested")) < kinds.index(("incident-fix", "escalated")) < kinds.index(("sweep", "preemption-started"))
     [p] = result.report["preemption_details"]
     assert (p["victim"], p["preemptor"]) == ("sweep", "incident-fix") and p["at_s"] < 3600
+    assert p["fresh_checkpoint"]
+    [stop] = [d for d in decided if d[1] == "sweep" and d[2] == "checkpoint-not-awaited"]
+    assert stop[3].endswith("its preemptor is escalated")
+    # and both completed
     assert jobs["incident-fix"]["state"] == jobs["sweep"]["state"] == "Completed"
     # (the alarm evaluates every 5 minutes: over 10 minutes is seen at 15, one period after)
     assert jobs["incident-fix"]["wait_s"] <= 15 * 60 + 300

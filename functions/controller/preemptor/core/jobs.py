@@ -92,6 +92,8 @@ class JobRecord:
     checkpoint_requested_at: float | None = None
     stop_signal_at: float | None = None
     stop_at_once: bool = False
+    # Why the plan said so (`Preemption.stop`, a `Reason` value), for the decision log.
+    stop_reason: str | None = None
     # When the wait alarm escalated it (service.escalation): its preemptions ignore the soft
     # protections of their victims until it is admitted.
     escalated_at: float | None = None

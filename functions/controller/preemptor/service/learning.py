@@ -31,8 +31,17 @@ from ..adapters.checkpoints import CheckpointStore
 from ..adapters.store import JobsStore
 from ..core.errors import CheckpointLocationUnavailable, ConflictError
 from ..core.jobs import JobRecord
-from ..core.model import Decision, JobState
+from ..core.model import Decision, JobState, Reason
 from ..core.progress import is_fresh
+
+
+# Why the plan stopped a victim without asking (`JobRecord.stop_reason`), for the log.
+_AT_ONCE_WHY = {
+    Reason.ESCALATED_STOP.value: "its preemptor is escalated",
+    Reason.IGNORED_LAST_REQUEST.value: "it did not honour its last checkpoint request",
+    Reason.WAIT_DOES_NOT_PAY.value: "a wait would not pay",
+    Reason.SAVES_ON_STOP.value: "saves on SIGTERM within the grace",
+}
 
 
 def at_once_check(store: JobsStore, record: JobRecord, now: float, max_age_s: float) -> dict | None:
@@ -46,7 +55,7 @@ def at_once_check(store: JobsStore, record: JobRecord, now: float, max_age_s: fl
     if record.asked_for_this_stop:
         store.log(record.name, now, "checkpoint-not-awaited", "checkpoint-wait-cut", "stopped before the checkpoint it was asked for: the wait was cut short")
     else:
-        why = "saves on SIGTERM within the grace" if trusted else "a wait would not pay"
+        why = "saves on SIGTERM within the grace" if trusted else _AT_ONCE_WHY.get(record.stop_reason or "", "a wait would not pay")
         store.log(record.name, now, "checkpoint-not-awaited", "stop-at-once", f"stopped without asking for a checkpoint: {why}")
     age = None if record.last_checkpoint_at is None else max(0.0, now - record.last_checkpoint_at)
     fresh = trusted or is_fresh(record.last_checkpoint_at, record.started_at, now, max_age_s)
@@ -100,7 +109,7 @@ def after_stop(record: JobRecord) -> dict:
     for the next preemption's decision."""
     signal = record.stop_signal_at
     saved = signal is not None and record.last_checkpoint_at is not None and record.last_checkpoint_at > signal
-    return {"saved_on_stop": saved, "stop_signal_at": None, "stop_at_once": False}
+    return {"saved_on_stop": saved, "stop_signal_at": None, "stop_at_once": False, "stop_reason": None}
 
 
 def request_ahead(store: JobsStore, checkpoints: CheckpointStore, decision: Decision, by_name: dict[str, JobRecord], now: float) -> list[str]:

@@ -202,7 +202,7 @@ def plan_cycle(
     rerun = store.release_lease(pool_name, owner)
     retried = bool(earlier_admits or earlier_victims)
     held = sum(r.gpus for r in active if r.status.holds_capacity) + sum(a["gpus"] for a in new_admits)
-    wake = _next_wake_s(decision, by_name, active, settings.policy, pool_name, now)
+    wake = _next_wake_s(decision, by_name, active, settings, pool_name, now)
     return CycleResult(
         pool_name, owner, True, admits, preemptions, waiting, workflow_settings, waits, rerun, retried, used_gpus=held,
         wake_s=wake, wake_at=None if wake is None else math.ceil(now) + wake, wait_cuts=cut, **gauges,
@@ -214,18 +214,40 @@ def plan_cycle(
 MAX_WAKE_S = 300
 
 
-def _next_wake_s(decision: Decision, by_name: dict[str, JobRecord], active: list[JobRecord], policy: Policy, pool: str, now: float) -> int | None:
-    """Seconds until the earliest preemption delay of a waiting job runs out (at most
-    MAX_WAKE_S). A victim's minimum runtime is left to reconcile and the next event: it runs
-    for an hour or more, and the wait alarm escalates a job kept waiting by it."""
+# Why a job waits that escalation may change: it lifts the minimum runtime of its victims.
+_ESCALATION_MAY_HELP = frozenset({Reason.NO_CAPACITY_NO_ELIGIBLE_VICTIMS, Reason.BLOCKED_BY_HIGHER_RANKED})
+
+
+def _next_wake_s(decision: Decision, by_name: dict[str, JobRecord], active: list[JobRecord], settings: Settings, pool: str, now: float) -> int | None:
+    """Seconds until the pool should be planned again though nothing happens (at most
+    MAX_WAKE_S): the earliest end of a waiting job's preemption delay, or the moment a job
+    that cannot fit comes within `checkpoint_ahead.before_escalation_s` of its escalation by
+    the wait alarm, while lower-priority work runs that the minimum runtime protects (what
+    escalation lifts): its likely victims are then asked ahead (`PendingJob.escalates_at`).
+    A victim's minimum runtime is left to reconcile and the next event: it runs for an hour
+    or more, and the wait alarm escalates a job kept waiting by it."""
+    policy = settings.policy
     knobs = policy.for_pool(pool)
+    lead = knobs.checkpoint_ahead.before_escalation_s if knobs.checkpoint_ahead.max_jobs else None
+    # The lowest priority the minimum runtime protects now (None: it protects nothing).
+    young = [
+        r.priority for r in active
+        if r.status is JobState.RUNNING and r.started_at is not None and now - r.started_at < knobs.min_runtime_s
+    ] if lead is not None else []
+    lowest_protected = min(young, default=None)
     ends: list[float] = []
     waiting = [e for e in decision.explanations if e.verdict.value in ("wait", "skip")]
     for e in waiting:
-        if e.reason is Reason.PREEMPTION_DELAYED and e.job in by_name:
-            record = by_name[e.job]
+        record = by_name.get(e.job)
+        if record is None:
+            continue
+        if e.reason is Reason.PREEMPTION_DELAYED:
             delay = knobs.tier_preemption_delay_s.get(policy.tier_of(record.priority), knobs.preemption_delay_s)
             ends.append((record.pending_since or record.submitted_at) + delay)
+        elif lowest_protected is not None and lowest_protected < record.priority and e.reason in _ESCALATION_MAY_HELP:
+            after = escalates_after_s(settings, record.priority)
+            if after is not None:
+                ends.append(record.submitted_at + after - lead)
     future = [t - now for t in ends if t > now]
     return min(MAX_WAKE_S, math.ceil(min(future)) + 1) if future else None
 
@@ -361,6 +383,8 @@ def _mark_victims(
     marked = []
     for p in decision.preemptions:
         victim = by_name[p.victim]
+        # issue 10: the workflow does not ask (a fresh checkpoint it confirms as before)
+        at_once = not p.wait_for_checkpoint and p.stop is not Reason.CHECKPOINT_FRESH
         try:
             store.transition(
                 victim,
@@ -370,8 +394,8 @@ def _mark_victims(
                     preempting_since=now,
                     last_checkpoint_at=victim.last_checkpoint_at,
                     decided_by=mark,
-                    # issue 10: the workflow does not ask (a fresh checkpoint it confirms as before)
-                    stop_at_once=not p.wait_for_checkpoint and p.stop is not Reason.CHECKPOINT_FRESH,
+                    stop_at_once=at_once,
+                    stop_reason=p.stop.value if at_once else None,
                 ),
                 expect=[JobState.RUNNING],
             )
