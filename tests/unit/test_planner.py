@@ -61,9 +61,21 @@ def test_mission_story_one_victim_for_the_critical_job():
     "victims_running, expected",
     [
         pytest.param(
-            [running("a", 50, 8, last_checkpoint_at=NOW - 600), running("b", 50, 8, last_checkpoint_at=NOW - 60)],
+            [running("a", 50, 8, last_checkpoint_at=NOW - 1200), running("b", 50, 8, last_checkpoint_at=NOW - 60)],
             ["b"],
-            id="least-work-lost-first",
+            id="fresh-checkpoint-first",
+        ),
+        pytest.param(
+            # both within checkpoint_max_age_s (900 s) of their checkpoint: the newer run first
+            [running("a", 50, 8, started_at=100, last_checkpoint_at=NOW - 60), running("b", 50, 8, started_at=200, last_checkpoint_at=NOW - 600)],
+            ["b"],
+            id="among-fresh-most-recently-started",
+        ),
+        pytest.param(
+            # a job seen to save on SIGTERM loses nothing: it counts as fresh
+            [running("a", 50, 8, started_at=200), running("b", 50, 8, started_at=100, saves_on_stop=True, declares_save_on_stop=True)],
+            ["b"],
+            id="saves-on-stop-counts-as-fresh",
         ),
         pytest.param(
             [running("a", 200, 8, last_checkpoint_at=NOW - 10), running("b", 50, 8, last_checkpoint_at=NOW - 900)],
@@ -92,10 +104,10 @@ def test_victim_order(victims_running, expected):
 def test_fill_back_drops_victims_that_are_not_needed():
     # Given victims ordered small-cheap first, and a job that a single big victim satisfies
     snap = snapshot(40).running(
-        running("small", 50, 8, last_checkpoint_at=NOW - 10),
-        running("big", 50, 32, last_checkpoint_at=NOW - 20),
+        running("small", 50, 8, started_at=100, last_checkpoint_at=NOW - 10),
+        running("big", 50, 32, started_at=0, last_checkpoint_at=NOW - 20),
     ).pending(pending("crit", 1000, 32, submitted_at=NOW)).build()
-    # When planning: greedy takes small (8) then big (40 >= 32); fill-back drops small
+    # When planning: greedy takes small (8, the newer) then big (40 >= 32); fill-back drops small
     decision = plan(snap, DEFAULT, NOW)
     assert victims(decision) == ["big"]
 
@@ -273,15 +285,10 @@ def test_victim_set_is_minimal(snap, policy, need, priority):
         assert all(available + sum(chosen) - g < need for g in chosen)
 
 
-# -- victim selection with quotas, overhead and fill-back -------------------------------------
+# -- victim selection with quotas and fill-back -----------------------------------------------
 @pytest.mark.parametrize(
     "victims_running, expected",
     [
-        pytest.param(
-            [running("a", 50, 8, last_checkpoint_at=NOW - 10, restart_overhead_s=600), running("b", 50, 8, last_checkpoint_at=NOW - 300)],
-            ["b"],
-            id="restart-overhead-counts-as-work-lost",
-        ),
         pytest.param(
             [running("own", 50, 8, team="a", started_at=0), running("borrower", 200, 8, team="b", started_at=0)],
             ["borrower"],
@@ -326,7 +333,7 @@ def test_decision_lists_the_candidates_it_considered():
 
 def test_fill_back_reports_the_dropped_victim():
     snap = snapshot(40).running(
-        running("small", 50, 8, last_checkpoint_at=NOW - 10), running("big", 50, 32, last_checkpoint_at=NOW - 20)
+        running("small", 50, 8, started_at=100, last_checkpoint_at=NOW - 10), running("big", 50, 32, last_checkpoint_at=NOW - 20)
     ).pending(pending("crit", 1000, 32, submitted_at=NOW)).build()
     lines = plan(snap, DEFAULT, NOW).explanations
     assert any(e.job == "small" and e.reason is Reason.NOT_NEEDED and e.for_job == "crit" for e in lines)
@@ -1048,16 +1055,16 @@ def test_a_job_short_of_quota_puts_no_pressure_on_other_teams():
 
 
 def test_the_forecast_asks_the_first_victims_in_order_for_the_gpus_recent_preemptions_predict():
-    # Given a full pool of 16 GPUs: four low jobs of 4 GPUs with work at risk (the newest
-    # checkpoint first in victim order) and a critical job; 32 GPUs preempted in the last
-    # hour, so the next 900 s are expected to need 8
-    lows = [running(f"low-{i}", 50, 4, started_at=NOW - 3600, last_checkpoint_at=NOW - 3000 + 500 * i, declares_save_on_stop=True) for i in range(3)]
+    # Given a full pool of 16 GPUs: three low jobs of 4 GPUs with work at risk (the most
+    # recently started first in victim order) and a critical job; 32 GPUs preempted in the
+    # last hour, so the next 900 s are expected to need 8
+    lows = [running(f"low-{i}", 50, 4, started_at=NOW - 3600 + 100 * i, last_checkpoint_at=NOW - 3000 + 500 * i, declares_save_on_stop=True) for i in range(3)]
     history = [PastPreemption("p5", NOW - 600, 32)]
     snap = snapshot(16).running(*lows, running("crit", 1000, 4)).build()
     snap = replace(snap, preemption_history=tuple(history))
     # When planning with nothing pending
     decision = plan(snap, DEFAULT, NOW)
-    # Then the two jobs first in victim order (least at risk) are asked, for no job in particular
+    # Then the two jobs first in victim order are asked, for no job in particular
     assert [(c.job, c.for_job) for c in decision.checkpoint_requests] == [("low-2", None), ("low-1", None)]
     assert "expected to need 8.0 GPUs by preemption" in decision.checkpoint_requests[0].detail
     # and none when the history is older than the window, or the forecast is off

@@ -232,9 +232,17 @@ class PoolPlanner:
                 bucket.candidate_gpus += v.gpus
 
     @cached_property
+    def _victim_key(self) -> VictimKey:
+        """The discipline's victim order; ours' "little at risk" is the pool's fresh checkpoint."""
+        key_of = self.discipline.victim_key
+        if key_of is victim_key:
+            return partial(victim_key, fresh_s=self.knobs.checkpoint_max_age_s)
+        return key_of
+
+    @cached_property
     def cands(self) -> Candidates:
         """The candidate index, made on first use."""
-        borrowed, claimed, key_of, now = self.quotas.borrowed, self.claimed, self.discipline.victim_key, self.now
+        borrowed, claimed, key_of, now = self.quotas.borrowed, self.claimed, self._victim_key, self.now
 
         def order(v: RunningJob) -> tuple:
             return key_of(v, now, v.name in borrowed, claimed[v.name])
@@ -264,7 +272,7 @@ class PoolPlanner:
             self.forecast_gpus = recent * ahead.forecast_horizon_s / forecast
 
     def victim_order(self, v: RunningJob) -> tuple:
-        return self.discipline.victim_key(v, self.now, v.name in self.quotas.borrowed, self.claimed[v.name])
+        return self._victim_key(v, self.now, v.name in self.quotas.borrowed, self.claimed[v.name])
 
     # -- who may be stopped ---------------------------------------------------------------
     def may_reclaim(self, bucket: Bucket | None, gpus: int) -> bool:

@@ -69,8 +69,9 @@ CONTROLLER_TAG_PREFIX = "preemptor:"
 _INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
 
 # Upper bounds on what a request may declare. A number the scheduler computes with must be
-# finite and plausible: `restart_overhead_s=1e308` would make a job too costly to ever be a
-# victim. A year covers any training run; a week any restart.
+# finite and plausible: `restart_overhead_s=1e308` would make a job's stop too costly to ever
+# be preferred to waiting on another's checkpoint. A year covers any training run; a week
+# any restart.
 MAX_DURATION_S = 366 * 86_400
 MAX_RESTART_OVERHEAD_S = 7 * 86_400
 MAX_LABELS = 50
@@ -190,8 +191,8 @@ class JobRequest(BaseModel):
     sla_s: BoundedSeconds | None = None
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
     # Policy inputs (docs/policy.md): the job's whole work in seconds (near-completion
-    # protection), the seconds a relaunch loses before useful work resumes (victim
-    # choice), and whether it runs on spot capacity (the spot priority cap).
+    # protection), the seconds a relaunch loses before useful work resumes (the stop's
+    # cost), and whether it runs on spot capacity (the spot priority cap).
     expected_duration_s: BoundedSeconds | None = None
     restart_overhead_s: Annotated[float, Field(ge=0, le=MAX_RESTART_OVERHEAD_S, allow_inf_nan=False)] = 0.0
     spot: bool = False

@@ -33,21 +33,33 @@ _PROTECT = MaxPreemptionsAction.PROTECT  # read for every running job of a pool 
 
 # (victim, now, runs on borrowed quota, its claimed priority) -> sort key, smallest first
 VictimKey = Callable[[RunningJob, float, bool, int], tuple]
+# What ours' victim order counts as little at risk by default (`PoolPolicy.checkpoint_max_age_s`).
+FRESH_S = float(PoolPolicy.model_fields["checkpoint_max_age_s"].default)
 
 
-def victim_key(victim: RunningJob, now: float, borrowed: bool = False, priority: int | None = None) -> tuple:
+def victim_key(
+    victim: RunningJob, now: float, borrowed: bool = False, priority: int | None = None, fresh_s: float = FRESH_S
+) -> tuple:
     """Ours: the order in which eligible running jobs are offered as victims.
 
     1. work running on borrowed quota first;
     2. lowest (claimed) priority first;
-    3. least work lost: GPUs x (seconds since the last checkpoint + restart overhead);
-    4. most recently started first (least sunk cost besides the lost work);
+    3. little at risk first: a job whose stop throws away at most `fresh_s` seconds of work
+       (the pool's `checkpoint_max_age_s`: a fresh checkpoint, a run younger than that, or
+       a job seen to save on SIGTERM) before one whose stop would throw away more;
+    4. most recently started first (the least sunk cost, as Kueue orders them);
     5. name, unique, as the final tie-breaker.
+
+    It replaced an order by the stop's cost (GPUs x (work at risk + restart overhead + a
+    penalty per earlier preemption)) on 2026-12-02: on the busiest Philly week that order
+    took the cheapest victim of the moment, often a long job just after its checkpoint,
+    which then came back to hold GPUs for long again; this one made 18 % fewer preemptions
+    and lost 10 % less work, with shorter waits in every tier but medium (docs/policy.md).
     """
     return (
         not borrowed,
         victim.priority if priority is None else priority,
-        victim.stop_cost_gpu_seconds(now),
+        victim.work_at_risk_s(now) > fresh_s,
         -victim.started_at,
         victim.name,
     )
