@@ -51,10 +51,9 @@ def victim_key(
     5. name, unique, as the final tie-breaker.
 
     It replaced an order by the stop's cost (GPUs x (work at risk + restart overhead + a
-    penalty per earlier preemption)) on 2026-12-02: on the busiest Philly week that order
-    took the cheapest victim of the moment, often a long job just after its checkpoint,
-    which then came back to hold GPUs for long again; this one made 18 % fewer preemptions
-    and lost 10 % less work, with shorter waits in every tier but medium (docs/policy.md).
+    penalty per earlier preemption)) on 2026-12-02: on the busiest Philly week this one made
+    18 % fewer preemptions and lost 10 % less work, with shorter waits in every tier but
+    medium (docs/policy.md, step 6).
     """
     return (
         not borrowed,
