@@ -721,8 +721,9 @@ def _why(baseline: str, metric: str, summaries: dict[str, dict]) -> str:
         mine = ours["lost_gpu_hours"] / ours["preemptions"]
         other = theirs["lost_gpu_hours"] / theirs["preemptions"]
         reasons.append(
-            f"Ours picks the victims that lose the least work, sometimes more of them; each of its preemptions"
-            f" lost {mine:.2f} GPU-h against {other:.2f} for `{baseline}`."
+            f"Ours takes a victim with a fresh checkpoint before a more recently started one, so it stops other"
+            f" jobs than `{baseline}` does, which lose less: each of its preemptions lost {mine:.2f} GPU-h against"
+            f" {other:.2f} for `{baseline}`."
         )
     if metric == "utilisation" and ours.get("goodput", 0) > theirs.get("goodput", 0):
         reasons.append(
