@@ -64,7 +64,7 @@ from .model import (
     Verdict,
     WaitCut,
 )
-from .policy import MaxPreemptionsAction, Policy, PoolPolicy, PreemptionMode
+from .policy import MaxPreemptionsAction, Policy, PoolPolicy, PreemptionMode, escalation_lead_s
 from .quotas import Bucket, Freed, Quotas
 from .ranking import ClaimRules, RankedJob, Ranker, rank_key, rank_pool, team_usage
 from .victims import (
@@ -195,7 +195,7 @@ class PoolPlanner:
         self._ahead_keys: set[tuple] = set()
         self._pressure = ahead.on_queue_pressure
         # How long before the wait alarm escalates a job its likely victims are named.
-        self._escalation_lead = ahead.before_escalation_s if ahead.max_jobs else None
+        self._escalation_lead = escalation_lead_s(knobs)
         # Outcomes of jobs that could not fit, by what decides them; forgotten whenever
         # capacity, quotas or candidates change (`_changed`). Most of a long queue waits
         # for the same reason as the job before it.
@@ -1001,7 +1001,7 @@ def run(snapshot: Snapshot, policy: Policy, now: float, discipline: Discipline =
         waiting = pending_by_pool.get(pool.name, ())
         ranked = discipline.rank(waiting, knobs, policy, now, usage_cache[fair])
         escalated = any(map(_escalated, waiting))
-        lead = knobs.checkpoint_ahead.before_escalation_s if knobs.checkpoint_ahead.max_jobs else None
+        lead = escalation_lead_s(knobs)
         if not escalated and lead is not None:
             # A job near its escalation looks for the victims it will take once escalated.
             soon = now + lead

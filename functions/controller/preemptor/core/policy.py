@@ -300,6 +300,14 @@ class PoolPolicy(BaseModel):
 _POOL_KNOBS = tuple(PoolPolicy.model_fields)
 
 
+def escalation_lead_s(knobs: PoolPolicy) -> float | None:
+    """How long before the wait alarm escalates a waiting job its likely victims are asked
+    for a checkpoint (`checkpoint_ahead.before_escalation_s`); None when that is off, or no
+    checkpoint is asked ahead at all (`max_jobs` 0)."""
+    ahead = knobs.checkpoint_ahead
+    return ahead.before_escalation_s if ahead.max_jobs else None
+
+
 def history_window_s(knobs: PoolPolicy) -> float | None:
     """How far back the planner reads a pool's past preemptions (`Snapshot.preemption_history`):
     the budget's window and the checkpoint forecast's, the longer; None when it reads none."""

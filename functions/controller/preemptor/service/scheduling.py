@@ -27,7 +27,7 @@ from ..config import Mode, Settings
 from ..core.errors import ConflictError
 from ..core.jobs import JobRecord
 from ..core.model import Decision, JobState, PastPreemption, Pool, Reason, Snapshot, TeamUsage
-from ..core.policy import Policy, history_window_s
+from ..core.policy import Policy, escalation_lead_s, history_window_s
 from ..core.explain import explain_job
 from ..core.planner import plan
 from . import learning
@@ -228,7 +228,7 @@ def _next_wake_s(decision: Decision, by_name: dict[str, JobRecord], active: list
     or more, and the wait alarm escalates a job kept waiting by it."""
     policy = settings.policy
     knobs = policy.for_pool(pool)
-    lead = knobs.checkpoint_ahead.before_escalation_s if knobs.checkpoint_ahead.max_jobs else None
+    lead = escalation_lead_s(knobs)
     # The lowest priority the minimum runtime protects now (None: it protects nothing).
     young = [
         r.priority for r in active
