@@ -227,6 +227,26 @@ def test_pinned_clock_reports_the_pinned_time_in_this_thread_only() -> None:
     assert (inside, clock.now()) == (START + 40, START + 100)
 
 
+def test_an_advance_during_a_hold_is_parked_until_the_hold_ends() -> None:
+    # Given a held clock and another thread that wants 5 s to pass (a Wait state)
+    clock = SimClock(START)
+    done = threading.Event()
+    with clock.held():
+        waiter = threading.Thread(target=lambda: (clock.advance(5), done.set()))
+        waiter.start()
+        # Then that thread is parked and time stands still, however long the hold lasts
+        while clock.parked() == 0:
+            pass
+        assert not done.wait(0.05)
+        assert clock.now() == START and clock.parked() == 1
+        # (the holder itself may move time: its advance is never parked)
+        clock.advance(1)
+    # When the hold ends, the parked advance goes on, counted from where it was entered
+    waiter.join(5)
+    assert done.is_set() and clock.parked() == 0
+    assert clock.now() == START + 5
+
+
 def test_use_clock_replaces_the_process_clock() -> None:
     # Given the process clock
     sim = SimClock(START)

@@ -107,6 +107,11 @@ def test_spot_warning_checkpoints_stops_and_requeues_the_job():
         # So little work was lost: the checkpoint came within a minute of the warning,
         # not the 40 minutes since the last periodic one
         assert requeued["extra"]["lost_gpu_seconds"] <= 16 * 120
+        # And its GPUs went to the settle window's plan (a reclaim of several instances
+        # is planned as one), which the workflow started
+        assert states[-1] == "Schedule the pool"
+        schedules = env.executions("ScheduleStateMachine")
+        assert any(s["name"].startswith("settle-g5-") and s["startDate"] >= run["startDate"] for s in schedules)
         # And the job was relaunched from it on another instance
         env.advance(120)
         job = env.job("spotty")

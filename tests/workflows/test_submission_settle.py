@@ -1,4 +1,4 @@
-"""A burst of submissions is ranked as one: the settle window (SubmissionSettleSeconds).
+"""A burst of submissions is ranked as one: the settle window (SettleSeconds).
 
 Each submission's intake starts the schedule workflow of its pool for the end of the
 window the clock is in (one execution per pool and window, named after its end); the
@@ -8,6 +8,9 @@ preempted by it.
 """
 
 from __future__ import annotations
+
+import json
+import math
 
 from emulation import emulation
 from preemptor.config import Settings
@@ -53,8 +56,8 @@ def test_a_burst_is_planned_once_at_the_end_of_its_window_and_no_job_of_it_is_pr
 
 
 def test_the_same_burst_planned_job_by_job_launches_the_low_job_only_to_preempt_it():
-    # Given the settle window off (SubmissionSettleSeconds 0): each submission plans at once
-    with emulation(parameters={"SubmissionSettleSeconds": "0"}) as env:
+    # Given the settle window off (SettleSeconds 0): each submission plans at once
+    with emulation(parameters={"SettleSeconds": "0"}) as env:
         env.submit(name="a-sweep", team="research", priority=50, pool="p5", instances=8, duration=3600)
         env.submit(name="b-release", team="production", priority=500, pool="p5", instances=8, duration=3600)
         # Then the sweep was launched the moment it was submitted, and preempted for the
@@ -79,7 +82,7 @@ class _Starter:
 
 
 def _intake(settle_s: float, clock) -> tuple[Intake, _Starter]:
-    settings = Settings(jobs_table="jobs", pools=(), submission_settle_s=settle_s)
+    settings = Settings(jobs_table="jobs", pools=(), settle_s=settle_s)
     starter = _Starter()
     return Intake(store=None, workflows=starter, runners={}, settings=settings, clock=clock), starter
 
@@ -105,3 +108,94 @@ def test_without_a_window_each_submission_starts_its_own_execution_at_once():
     intake, starter = _intake(0.0, clock=lambda: 100.0)
     intake._settled("p5", "event-1", "accepted", "job-submitted", "a", now=100.0)
     assert starter.started == {"schedule-p5-event-1": {"pool": "p5"}}
+
+
+def _burst(env, *jobs: dict) -> None:
+    """Submit jobs in one moment, as AWS delivers a burst (see the first test)."""
+    with env.clock.held():
+        for job in jobs:
+            env.submit_nowait(**job)
+    env.stack.drain()
+
+
+def _jobs_ending_together_then_a_large_and_small_jobs_waiting(env) -> float:
+    """Eight one-instance jobs of the pool's top priority fill it and end together; a
+    four-instance job of that priority and four one-instance low jobs wait for them.
+    Returns the moment the eight end."""
+    _burst(env, *({"name": f"run-{i}", "team": "production", "priority": 500, "pool": "p5", "instances": 1, "duration": 1200} for i in range(8)))
+    assert {env.job(f"run-{i}").status for i in range(8)} == {JobState.RUNNING}
+    env.advance(600)
+    _burst(
+        env,
+        {"name": "large", "team": "production", "priority": 500, "pool": "p5", "instances": 4, "duration": 3600},
+        *({"name": f"small-{i}", "team": "research", "priority": 50, "pool": "p5", "instances": 1, "duration": 3600} for i in range(4)),
+    )
+    assert {env.job(j).status for j in ("large", "small-0")} == {JobState.PENDING}
+    env.advance(1200)
+    assert {env.job(f"run-{i}").status for i in range(8)} == {JobState.COMPLETED}
+    [end] = {e["at"] for i in range(8) for e in _history(env, f"run-{i}") if e["kind"] == "completed"}
+    return end
+
+
+def _launches(env, job: str) -> list[float]:
+    return [e["at"] for e in _history(env, job) if e["kind"] in ("launched", "relaunched")]
+
+
+def test_runs_ending_together_free_their_gpus_to_one_plan_and_no_small_job_is_launched_only_to_be_preempted():
+    with emulation() as env:
+        # Given eight runs ending in the same moment, a large job and small low ones waiting
+        end = _jobs_ending_together_then_a_large_and_small_jobs_waiting(env)
+        # Then every job-ended workflow asked for the settle window's schedule execution,
+        # and that one execution planned all 64 freed GPUs at the window's end
+        ended = [e for e in env.executions("JobEndedStateMachine") if e["status"] == "SUCCEEDED"]
+        assert len(ended) == 8
+        assert all(env.states_visited(e["executionArn"])[-1] == "Schedule the pool" for e in ended)
+        window = f"settle-p5-{round((math.floor(end / 3) + 1) * 3 * 1000)}"
+        assert window in {r["name"] for r in _schedules(env)}
+        # And the large job and all four small ones were launched then, once each;
+        # nothing was preempted
+        assert _launches(env, "large") == [(math.floor(end / 3) + 1) * 3]
+        assert all(_launches(env, f"small-{i}") == _launches(env, "large") for i in range(4))
+        assert not [e for e in env.store.all_history() if e["kind"] == "preemption-started"]
+
+
+def test_the_same_ends_planned_one_by_one_launch_small_jobs_only_to_preempt_them():
+    # Given the settle window off: each run's end plans the pool at once
+    with emulation(parameters={"SettleSeconds": "0"}) as env:
+        end = _jobs_ending_together_then_a_large_and_small_jobs_waiting(env)
+        # Then the first ends launched the small jobs into GPUs the large job was still
+        # short of, and a later end of the same moment preempted them for it, though the
+        # ends after it freed GPUs enough for all: each stopped one was relaunched at once,
+        # its first run lost. The churn the window prevents
+        assert all(_launches(env, f"small-{i}")[0] == end for i in range(4))
+        preempted = {e["job"] for e in env.store.all_history() if e["kind"] == "preemption-started"}
+        assert preempted and preempted <= {f"small-{i}" for i in range(4)}
+        assert _launches(env, "large") == [end]
+        assert all(len(_launches(env, job)) == 2 for job in preempted)
+
+
+def test_an_end_that_finds_the_window_started_with_another_wait_is_planned_by_it():
+    with emulation() as env:
+        env.submit(name="first", team="a", priority=200, pool="p5", instances=8, duration=600)
+        env.submit(name="second", team="b", priority=200, pool="p5", instances=8, duration=600)
+        # Given the schedule execution of the window the end will fall in, already started
+        # by a change of the window with another wait left (a submission earlier in it)
+        env.advance(300)
+        run = env.fleet.job("first")
+        end = env.clock.now() + run.duration_s - run.progress_s
+        env.advance(end - 1 - env.clock.now(), step=1)
+        window = f"settle-p5-{round((math.floor(end / 3) + 1) * 3 * 1000)}"
+        sfn = env.stack.client("stepfunctions")
+        sfn.start_execution(
+            stateMachineArn=env.stack.state_machines["ScheduleStateMachine"], name=window,
+            input=json.dumps({"pool": "p5", "settle_s": 4}),
+        )
+        # When the run ends in that window (its end reported at once: one-second steps)
+        env.advance(30, step=1)
+        # Then the job-ended workflow's start was refused by name, and it succeeded, leaving
+        # the plan to that execution, which launched the job waiting behind it
+        [ended] = env.executions("JobEndedStateMachine")
+        assert ended["status"] == "SUCCEEDED"
+        assert env.states_visited(ended["executionArn"])[-2:] == ["Schedule the pool", "Pool scheduled"]
+        assert env.job("second").status is JobState.RUNNING
+        assert [r["name"] for r in _schedules(env)].count(window) == 1

@@ -38,9 +38,9 @@ class Settings(BaseModel):
     wait_alarm_name: str = ""
     wait_alarm_tiers: tuple[str, ...] = ("critical", "high")
     wait_alarm_minutes: float = Field(default=10.0, gt=0)
-    # A submission is planned at the end of its settle window, with every job submitted
-    # within it (`service.intake`); 0: each at once.
-    submission_settle_s: float = Field(default=3.0, ge=0, le=60)
+    # A submission, or GPUs freed, is planned at the end of its settle window, with every
+    # change within it (`adapters.workflows.settled_schedule`); 0: each at once.
+    settle_s: float = Field(default=3.0, ge=0, le=60)
 
     def pool(self, name: str) -> PoolConfig | None:
         return next((p for p in self.pools if p.name == name), None)
@@ -59,7 +59,7 @@ class Settings(BaseModel):
             wait_alarm_name=env.get("WAIT_ALARM_NAME", ""),
             wait_alarm_tiers=tuple(t.strip() for t in env.get("WAIT_ALARM_TIERS", "critical,high").split(",") if t.strip()),
             wait_alarm_minutes=float(env.get("WAIT_ALARM_MINUTES") or 10),
-            submission_settle_s=float(env.get("SUBMISSION_SETTLE_S") or 3),
+            settle_s=float(env.get("SETTLE_S") or 3),
             workflow_arns={
                 key: env[var]
                 for key, var in (

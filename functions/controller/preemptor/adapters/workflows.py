@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -18,6 +19,26 @@ def execution_name(*parts: str) -> str:
     starts the same workflow again is refused by Step Functions instead of running twice."""
     name = "-".join(_NAME_UNSAFE.sub("_", p) for p in parts if p)
     return name[:80]
+
+
+def settled_schedule(pool: str, at: float, settle_s: float, name: str) -> dict:
+    """The schedule execution that plans a change of `pool` (a submission, GPUs freed) made
+    by `at`, together with every change within its settle window of `settle_s` seconds: one
+    execution per pool and window, named after the window's end (`settle-<pool>-<end in
+    ms>`), that waits until then (`settle_s` of its input). `at` must be read after the
+    change was written: the execution plans after the window's end, so it sees the change.
+    Every change of the window asks for that execution: Step Functions answers with it (same
+    name, same input) or refuses the name (another wait left), and it plans them all. With
+    the window off (0), the change's own execution (`name`) plans at once.
+
+    Returns {"name", "input"}, as the workflows' `states:startExecution` tasks take them."""
+    if settle_s <= 0:
+        return {"name": name, "input": {"pool": pool}}
+    end = (math.floor(at / settle_s) + 1) * settle_s
+    return {
+        "name": execution_name("settle", pool, f"{round(end * 1000)}"),
+        "input": {"pool": pool, "settle_s": math.ceil(end - at)},
+    }
 
 
 class WorkflowStarter:

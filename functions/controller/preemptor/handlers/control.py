@@ -4,6 +4,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from .. import clock
+from ..adapters.workflows import execution_name, settled_schedule
 from ..service import actions
 from .observability import emit, logger, metrics, tracer
 from .steps import ControlStep, Finish, Interrupt, Launch, Requeue, RunState, Spare, Stop, step_input
@@ -43,7 +44,7 @@ def handler(step, context: LambdaContext) -> dict:
             result = actions.requeue(**common, policy=d.settings.policy, fresh=fresh, phase=phase, now=now, alerts=d.alerts)
             if result.get("requeued"):
                 emit("LostGpuSeconds", result["lost_gpu_seconds"], Pool=result["pool"])
-            return result
+            return _with_schedule(result, step, d.settings.settle_s)
         case Interrupt(reason=reason):
             return actions.interrupt(**common, reason=reason, now=now)
         case Spare(why=why):
@@ -52,4 +53,17 @@ def handler(step, context: LambdaContext) -> dict:
             result = actions.finish(**common, policy=d.settings.policy, outcome=outcome, reason=reason, now=now, alerts=d.alerts)
             if result.get("reason") == "no-capacity":
                 emit("CapacityWaits", 1, Pool=result["pool"])
-            return result
+            return _with_schedule(result, step, d.settings.settle_s)
+
+
+def _with_schedule(result: dict, step: Finish | Requeue, settle_s: float) -> dict:
+    """The schedule execution that plans the pool after the step (`result["schedule"]`,
+    which the workflow starts when GPUs were freed): the one of the settle window the clock
+    is in now that the release is written, so runs that end together (jobs of one length, a
+    spot reclaim of several instances) are planned as one. Planned one by one, the first
+    plans relaunch small jobs into GPUs a large one is still short of, and a later plan of
+    the same moment preempts them for it."""
+    if result.get("pool"):
+        own = execution_name("released", result["pool"], step.job, str(step.incarnation))
+        result["schedule"] = settled_schedule(result["pool"], clock.CLOCK.now(), settle_s, own)
+    return result

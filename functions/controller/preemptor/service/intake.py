@@ -15,7 +15,6 @@ starts with a stable code (a `Refusal`), which the handler logs and counts.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,7 +23,7 @@ from ..adapters.checkpoints import CONTROL_DIR
 from ..adapters.instances import InstanceResolver
 from ..adapters.runners import Runner
 from ..adapters.store import JobsStore
-from ..adapters.workflows import WorkflowStarter, execution_name
+from ..adapters.workflows import WorkflowStarter, execution_name, settled_schedule
 from ..config import Settings
 from ..core import events as ev
 from ..core.jobs import JobRecord
@@ -472,24 +471,11 @@ class Intake:
         return IntakeResult("accepted", "checkpoint-written", job)
 
     def _settled(self, pool: str, event_id: str, outcome: str, reason: str, job: str, now: float) -> IntakeResult:
-        """Plan a submission at the end of its settle window (`submission_settle_s`), with
-        every job submitted within it: one schedule execution per pool and window, named
-        after the window's end, waits until then (`settle_s`, the schedule workflow's first
-        wait), so a burst is ranked as one and no job is launched only to be preempted by
-        one submitted a second later. The window is the one the clock is in after the
-        record was written: the execution reads the pending jobs after its end, so it sees
-        this one. A later submission of the window finds the execution started: Step
-        Functions answers with it (the same input) or refuses the name (another wait left),
-        and the execution plans that job too."""
-        settle = self.settings.submission_settle_s
-        if settle <= 0:
-            return self._schedule(pool, event_id, outcome, reason, job)
+        """Plan a submission at the end of its settle window (`settle_s`), with every job
+        submitted (and every GPU freed) within it, so a burst is ranked as one and no job is
+        launched only to be preempted by one submitted a second later (`settled_schedule`).
+        The window is the one the clock is in after the record was written."""
         at = self.clock() if self.clock is not None else now
-        end = (math.floor(at / settle) + 1) * settle
-        name = execution_name("settle", pool, f"{round(end * 1000)}")
-        arn = self.workflows.start("schedule", name, {"pool": pool, "settle_s": math.ceil(end - at)})
-        return IntakeResult(outcome, reason, job, arn)
-
-    def _schedule(self, pool: str, event_id: str, outcome: str, reason: str, job: str | None) -> IntakeResult:
-        arn = self.workflows.start("schedule", execution_name("schedule", pool, event_id), {"pool": pool})
+        start = settled_schedule(pool, at, self.settings.settle_s, execution_name("schedule", pool, event_id))
+        arn = self.workflows.start("schedule", start["name"], start["input"])
         return IntakeResult(outcome, reason, job, arn)

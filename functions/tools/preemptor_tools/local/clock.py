@@ -8,8 +8,9 @@ that may itself advance the clock (e.g. wait for a Step Functions execution that
 
 While a thread holds the clock (`held`), time stands still for every other thread: an
 advance from another thread (a Wait state, a Retry interval) blocks until the hold ends.
-The demo driver holds it while it delivers a burst of submissions, so each workflow they
-start waits where AWS would let it wait, not in the middle of the burst.
+The emulated stack holds it while it delivers the events of one moment (a burst of
+submissions, runs that end together), so each workflow they start waits where AWS would let
+it wait, not in the middle of the burst.
 
 While a listener processes something that happened at an earlier simulated time than the
 new time (a checkpoint written at t=130 during an advance to t=3600), it runs that code inside
@@ -35,6 +36,7 @@ class SimClock:
         self._listeners: list[AdvanceListener] = []
         self._pins = threading.local()
         self._holder: int | None = None  # the thread holding the clock (`held`)
+        self._parked = 0  # threads whose advance waits for the hold to end
         self._released = threading.Condition(self._lock)
 
     def now(self) -> float:
@@ -68,7 +70,16 @@ class SimClock:
     def _wait_for_release(self) -> None:
         """Block (the lock held, released while waiting) while another thread holds the clock."""
         while self._holder is not None and self._holder != threading.get_ident():
-            self._released.wait()
+            self._parked += 1
+            try:
+                self._released.wait()
+            finally:
+                self._parked -= 1
+
+    def parked(self) -> int:
+        """How many threads wait, in an advance, for the hold to end."""
+        with self._lock:
+            return self._parked
 
     def on_advance(self, callback: AdvanceListener) -> Callable[[], None]:
         """Register `callback(old, new)`; returns a function that unregisters it."""

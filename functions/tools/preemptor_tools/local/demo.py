@@ -187,27 +187,20 @@ def _replay(
     changed = True
     while True:
         elapsed = clock.now() - START
-        burst: list[dict] = []  # submissions to the bus due now, delivered together
         while submissions and submissions[0].submit_at <= elapsed:
             job = submissions.pop(0)
-            if job.launched_by == "controller" and stack.hostile is None:
-                burst.append(submission_event(job, scenario.pool(job.pool), bucket, clock.now(), stack.region))
-                changed = True
-                continue
-            _deliver_burst(stack, clock, burst, on_event)
             if job.launched_by == "team":
                 # Outside the controller: the team creates its run itself; the fleet's
                 # events tell the controller, which adopts it.
+                stack.pump(on_event)  # the submissions before it first
                 stack.client("sagemaker").create_training_job(**team_launch_request(job, scenario.pool(job.pool), bucket))
                 result.timeline.append(TimelineEntry(elapsed, "workload", job.name, "launched by its team", "CreateTrainingJob outside the controller"))
-                stack.pump(on_event)
-                changed = True
-                continue
-            # In a hostile world: duplicated and delayed like any other event.
-            stack.emit(submission_event(job, scenario.pool(job.pool), bucket, clock.now(), stack.region))
-            stack.pump(on_event)
+            else:
+                # Every submission due now reaches the bus at this moment (in a hostile
+                # world, duplicated and delayed like any other event): `pump` routes them together.
+                stack.emit(submission_event(job, scenario.pool(job.pool), bucket, clock.now(), stack.region))
             changed = True
-        _deliver_burst(stack, clock, burst, on_event)
+        stack.pump(on_event)
         while by_hand and by_hand[0].at <= elapsed:
             fault = by_hand.pop(0)
             stopped = _stop_by_hand(stack, store.get(fault.job))
@@ -241,21 +234,6 @@ def _replay(
             # The level-triggered safety net (reconcile every few minutes) is what repairs
             # what a hostile world breaks; a calm demo reads better without its noise.
             changed = stack.fire_schedules(on_event) > 0 or changed
-
-
-def _deliver_burst(stack: EmulatedStack, clock: SimClock, burst: list[dict], on_event: Callable[[RoutedEvent], None]) -> None:
-    """Deliver the submissions due at one moment as AWS would: every intake runs before
-    any workflow they start goes past its first wait (the clock is held meanwhile), then
-    the workflows run. Delivered one by one with a drain between them, each job would be
-    planned alone, in name order: a low job launched a moment before a high one that
-    preempts it."""
-    if not burst:
-        return
-    with clock.held():
-        for event in burst:
-            on_event(stack.put_event(event))
-    burst.clear()
-    stack.drain()
 
 
 def _stop_by_hand(stack: EmulatedStack, record) -> str | None:

@@ -531,21 +531,40 @@ class EmulatedStack:
         self.outbox.append(event)
 
     def pump(self, on_event: Callable[[RoutedEvent], None] | None = None) -> int:
-        """Route queued events one by one, letting the workflows each one starts finish
-        before the next (the fleet queues new events meanwhile); returns how many."""
+        """Route the queued events, all of one moment together, as AWS delivers them: the
+        clock stands still while they are routed one by one, each after the workflows the
+        ones before it started have gone as far as they can without time passing (to their
+        first wait: a settle window, a checkpoint poll, a retry's interval). Then time runs
+        again and the workflows finish; the events the fleet queued meanwhile are the next
+        moment's. Routed with a drain between them, the runs that ended together would be
+        planned one by one, each plan's wait moving time past the others' events. Returns
+        how many events were routed."""
         handled = 0
         if self.hostile is not None:
             self.outbox.extend(self.hostile.release_held())
         while self.outbox:
-            event = self.outbox.popleft()
-            if self.hostile is not None and not self.hostile.deliver(event):
-                continue  # held back: delivered late, after the next round's events
-            routed = self.put_event(event)
+            with self.clock.held():
+                while self.outbox:
+                    event = self.outbox.popleft()
+                    if self.hostile is not None and not self.hostile.deliver(event):
+                        continue  # held back: delivered late, after the next round's events
+                    routed = self.put_event(event)
+                    self._until_parked()
+                    handled += 1
+                    if on_event:
+                        on_event(routed)
             self.drain()
-            handled += 1
-            if on_event:
-                on_event(routed)
         return handled
+
+    def _until_parked(self, timeout_s: float = 120.0) -> None:
+        """While this thread holds the clock: wait until every running workflow execution
+        waits for time to pass (its threads parked in an advance). A Map's items may park
+        more threads than their execution; that counts it parked a little early, never late."""
+        deadline = time.monotonic() + timeout_s
+        while len(running := self._running_executions()) > self.clock.parked():
+            if time.monotonic() >= deadline:
+                raise ExecutionStillRunning(f"{running[0]} still going after {timeout_s:g} real seconds of a held clock")
+            time.sleep(_DRAIN_POLL_S)
 
     def _end_executions(self, timeout_s: float = 30.0) -> None:
         """No workflow outlives the stack: let the running ones finish, and stop those that
