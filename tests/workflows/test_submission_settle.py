@@ -13,6 +13,7 @@ import json
 import math
 
 from emulation import emulation
+from preemptor.adapters.workflows import execution_name, settled_schedule
 from preemptor.config import Settings
 from preemptor.core.model import JobState
 from preemptor.service.intake import Intake
@@ -199,3 +200,15 @@ def test_an_end_that_finds_the_window_started_with_another_wait_is_planned_by_it
         assert env.states_visited(ended["executionArn"])[-2:] == ["Schedule the pool", "Pool scheduled"]
         assert env.job("second").status is JobState.RUNNING
         assert [r["name"] for r in _schedules(env)].count(window) == 1
+
+
+def test_execution_names_past_the_limit_stay_distinct():
+    # Given a pool whose name alone nearly fills Step Functions' 80 characters
+    pool = "p" * 75
+    # Then two windows of it, and two jobs' releases, get two valid names, not one cut short
+    first = settled_schedule(pool, 100.0, 3.0, "unused")["name"]
+    second = settled_schedule(pool, 103.0, 3.0, "unused")["name"]
+    assert first != second and len(first) == len(second) == 80
+    assert execution_name("released", "a" * 80, "1") != execution_name("released", "a" * 80, "2")
+    # And a name within the limit is kept as it is
+    assert execution_name("settle", "p5", "105000") == "settle-p5-105000"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -12,13 +13,19 @@ from botocore.exceptions import ClientError
 from .errors import ErrorKind, classify, translate
 
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+_NAME_MAX = 80  # Step Functions' limit on an execution name
 
 
 def execution_name(*parts: str) -> str:
     """A valid, deterministic execution name (<= 80 chars), so a redelivered event that
-    starts the same workflow again is refused by Step Functions instead of running twice."""
+    starts the same workflow again is refused by Step Functions instead of running twice.
+    A longer one (a long pool name) keeps its first 63 characters and ends with a digest of
+    the whole: cut short, the names of two windows, or two jobs, would be one, and the
+    second start refused as a repeat."""
     name = "-".join(_NAME_UNSAFE.sub("_", p) for p in parts if p)
-    return name[:80]
+    if len(name) <= _NAME_MAX:
+        return name
+    return f"{name[:_NAME_MAX - 17]}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
 
 
 def settled_schedule(pool: str, at: float, settle_s: float, name: str) -> dict:

@@ -64,6 +64,6 @@ def _with_schedule(result: dict, step: Finish | Requeue, settle_s: float) -> dic
     plans relaunch small jobs into GPUs a large one is still short of, and a later plan of
     the same moment preempts them for it."""
     if result.get("pool"):
-        own = execution_name("released", result["pool"], step.job, str(step.incarnation))
+        own = execution_name("released", step.job, str(step.incarnation))
         result["schedule"] = settled_schedule(result["pool"], clock.CLOCK.now(), settle_s, own)
     return result
