@@ -60,9 +60,29 @@ def test_a_duplicate_end_event_frees_nothing_twice():
             input=json.dumps({"job": "only", "incarnation": 1, "outcome": "completed", "reason": "dup", "pool": "p5"}),
         )["executionArn"]
         env.stack.drain()
-        # Then the workflow stops at "Nothing freed" and usage stays at zero
-        assert env.states_visited(arn)[-1] == "Nothing freed"
+        # Then nothing is freed twice: usage stays at zero and the record as it was
         assert env.store.pool("p5")["used_gpus"] == 0
+        assert env.job("only").status is JobState.COMPLETED and env.kinds("only").count("completed") == 1
+        # And the pool is planned again all the same: a step retried after its first
+        # attempt recorded the end (its answer lost) finds the end recorded, and the plan
+        # that attempt's workflow never started is not lost
+        assert env.states_visited(arn)[-2:] == ["Were GPUs freed?", "Schedule the pool"]
+
+
+def test_a_stale_end_event_frees_nothing_and_plans_nothing():
+    with emulation() as env:
+        env.submit(name="only", team="a", priority=200, pool="p5", instances=8, duration=600)
+        # When the end of an incarnation the job never had is reported
+        sfn = env.stack.client("stepfunctions")
+        arn = sfn.start_execution(
+            stateMachineArn=env.stack.state_machines["JobEndedStateMachine"],
+            name="stale-end",
+            input=json.dumps({"job": "only", "incarnation": 7, "outcome": "completed", "reason": "stale", "pool": "p5"}),
+        )["executionArn"]
+        env.stack.drain()
+        # Then the workflow stops at "Nothing freed": the running job keeps its GPUs
+        assert env.states_visited(arn)[-1] == "Nothing freed"
+        assert env.job("only").status is JobState.RUNNING and env.store.pool("p5")["used_gpus"] == 64
 
 
 def test_failed_run_is_alerted():

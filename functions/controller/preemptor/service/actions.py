@@ -583,6 +583,12 @@ def finish(
     """Record that a run ended for good; free its GPUs once. A run that met no capacity
     (`capacity-error`) sends its job back to wait for capacity instead."""
     record = _current(store, job, incarnation)
+    if record is not None and record.status is OUTCOMES.get(outcome):
+        # This run's end is recorded already: a retried step whose first attempt wrote it
+        # and lost its answer, or the same end reported again. Its GPUs were freed then;
+        # the pool is planned again (`replan`), as the first attempt's workflow may never
+        # have got to start that plan.
+        return {"released": False, "pool": record.pool, "reason": "already-recorded", "replan": True}
     if record is None or not record.status.holds_capacity:
         return {"released": False, "pool": None, "reason": "not-holding-capacity"}
     if outcome == "interrupted":
