@@ -561,6 +561,25 @@ def test_bench_compares_ours_with_baselines_only_and_explains_repeated_preemptio
     assert bench._thrash({"preemptor": fake(31), "kueue": fake(30)}) == ""
 
 
+def test_a_lower_fairness_index_is_told_by_the_teams_slowdowns():
+    from preemptor_tools import bench
+
+    def run(**slowdowns: float) -> dict:
+        return {"fairness": {"by_team": {t: {"mean_bounded_slowdown": s} for t, s in slowdowns.items()}}}
+
+    # Given every team faster under ours, one of them barely
+    why = bench._fairness_gap(run(a=0.5, b=9.9), run(a=4.0, b=10.0), "kueue")
+    # Then the reason says no team is slower, and which one gains least
+    assert why.startswith("No team is slower under ours: each of the 2 teams'")
+    assert "from 0.12x (a) to 0.99x (b, 9.90 vs 10.00)" in why
+    # And where a team is slower, it is named with both figures
+    assert bench._fairness_gap(run(a=0.5, b=12.0), run(a=4.0, b=10.0), "slurm") == (
+        "1 of 2 teams has a higher mean bounded slowdown under ours than under `slurm`: b (12.00 vs 10.00)."
+    )
+    # And with no team figures there is nothing to tell
+    assert bench._fairness_gap({}, {}, "fifo") == ""
+
+
 def test_bench_lists_the_figures_that_moved_more_than_5_percent_since_the_previous_run(tmp_path):
     from preemptor_tools import bench
 

@@ -736,10 +736,35 @@ def _why(baseline: str, metric: str, summaries: dict[str, dict]) -> str:
             f" more than the window's {ours.get('model', {}).get('pending_window', 200)} higher-tier pending jobs"
             " is not seen by the planner, and aging cannot lift it."
         )
+    if metric == "team fairness (Jain)":
+        reasons.append(_fairness_gap(ours, theirs, baseline))
     thrash = _thrash(summaries)
     if thrash and not ("critical" in metric or "high" in metric):
         reasons.append(thrash)
     return (" " + " ".join(reasons)) if reasons else ""
+
+
+def _fairness_gap(ours: dict, theirs: dict, baseline: str) -> str:
+    """What a lower Jain index means in this run: the teams slower under ours than under
+    `baseline` (mean bounded slowdown), or, when none is, how uneven the gains are. The
+    index measures only how equal the teams' slowdowns are, not how large they are."""
+    mine = {t: s["mean_bounded_slowdown"] for t, s in ours.get("fairness", {}).get("by_team", {}).items()}
+    other = {t: s["mean_bounded_slowdown"] for t, s in theirs.get("fairness", {}).get("by_team", {}).items()}
+    teams = sorted(t for t in mine.keys() & other.keys() if other[t] > 0)
+    if not teams:
+        return ""
+    slower = [t for t in teams if mine[t] > other[t]]
+    if slower:
+        named = ", ".join(f"{t} ({mine[t]:.2f} vs {other[t]:.2f})" for t in slower)
+        return f"{len(slower)} of {len(teams)} teams {'has' if len(slower) == 1 else 'have'} a higher mean bounded slowdown under ours than under `{baseline}`: {named}."
+    share = {t: mine[t] / other[t] for t in teams}
+    best, least = min(teams, key=share.get), max(teams, key=share.get)
+    return (
+        f"No team is slower under ours: each of the {len(teams)} teams' mean bounded slowdown is lower than under"
+        f" `{baseline}`, from {share[best]:.2f}x ({best}) to {share[least]:.2f}x ({least}, {mine[least]:.2f} vs"
+        f" {other[least]:.2f}). The index is lower because the gains are uneven: it measures how equal the"
+        " teams' slowdowns are, not how large."
+    )
 
 
 def _thrash(summaries: dict[str, dict]) -> str:
