@@ -29,6 +29,16 @@ def _batch_queue(env, *queues: str) -> None:
     )
 
 
+def _end_reported(env, name: str, **end) -> str:
+    """Run the job-ended workflow by hand on `end` (job, incarnation, outcome, reason), as
+    the intake starts it for a run's end; returns the execution once it is over."""
+    arn = env.stack.client("stepfunctions").start_execution(
+        stateMachineArn=env.stack.state_machines["JobEndedStateMachine"], name=name, input=json.dumps({"pool": "p5", **end})
+    )["executionArn"]
+    env.stack.drain()
+    return arn
+
+
 def test_completion_frees_capacity_and_schedules_the_next_job():
     with emulation() as env:
         # Given a job holding the whole pool and one waiting behind it (equal priority)
@@ -52,14 +62,7 @@ def test_a_duplicate_end_event_frees_nothing_twice():
         env.advance(900)
         assert env.job("only").status is JobState.COMPLETED
         # When the same run's end is reported again under a new event id (EventBridge redelivery)
-        start = env.stack.state_machines["JobEndedStateMachine"]
-        sfn = env.stack.client("stepfunctions")
-        arn = sfn.start_execution(
-            stateMachineArn=start,
-            name="duplicate-end",
-            input=json.dumps({"job": "only", "incarnation": 1, "outcome": "completed", "reason": "dup", "pool": "p5"}),
-        )["executionArn"]
-        env.stack.drain()
+        arn = _end_reported(env, "duplicate-end", job="only", incarnation=1, outcome="completed", reason="dup")
         # Then nothing is freed twice: usage stays at zero and the record as it was
         assert env.store.pool("p5")["used_gpus"] == 0
         assert env.job("only").status is JobState.COMPLETED and env.kinds("only").count("completed") == 1
@@ -73,13 +76,7 @@ def test_a_stale_end_event_frees_nothing_and_plans_nothing():
     with emulation() as env:
         env.submit(name="only", team="a", priority=200, pool="p5", instances=8, duration=600)
         # When the end of an incarnation the job never had is reported
-        sfn = env.stack.client("stepfunctions")
-        arn = sfn.start_execution(
-            stateMachineArn=env.stack.state_machines["JobEndedStateMachine"],
-            name="stale-end",
-            input=json.dumps({"job": "only", "incarnation": 7, "outcome": "completed", "reason": "stale", "pool": "p5"}),
-        )["executionArn"]
-        env.stack.drain()
+        arn = _end_reported(env, "stale-end", job="only", incarnation=7, outcome="completed", reason="stale")
         # Then the workflow stops at "Nothing freed": the running job keeps its GPUs
         assert env.states_visited(arn)[-1] == "Nothing freed"
         assert env.job("only").status is JobState.RUNNING and env.store.pool("p5")["used_gpus"] == 64
@@ -88,15 +85,7 @@ def test_a_stale_end_event_frees_nothing_and_plans_nothing():
 def test_failed_run_is_alerted():
     with emulation() as env:
         env.submit(name="doomed", team="a", priority=200, pool="p5", instances=2, duration=600)
-        sfn = env.stack.client("stepfunctions")
-        arn = sfn.start_execution(
-            stateMachineArn=env.stack.state_machines["JobEndedStateMachine"],
-            name="failed-run",
-            input=json.dumps(
-                {"job": "doomed", "incarnation": 1, "outcome": "failed", "reason": "CapacityError: Unable to provision", "pool": "p5"}
-            ),
-        )["executionArn"]
-        env.stack.drain()
+        _end_reported(env, "failed-run", job="doomed", incarnation=1, outcome="failed", reason="CapacityError: Unable to provision")
         assert env.job("doomed").status is JobState.FAILED
         # And its team was told once (the attributes a team filters on: tests/workflows/test_notices.py)
         [notice] = [json.loads(a) for a in env.stack.alerts() if "CapacityError" in a]

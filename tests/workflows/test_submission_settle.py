@@ -138,6 +138,11 @@ def _jobs_ending_together_then_a_large_and_small_jobs_waiting(env) -> float:
     return end
 
 
+def _window_end(at: float, settle_s: float = 3.0) -> float:
+    """The end of the settle window the moment `at` falls in."""
+    return (math.floor(at / settle_s) + 1) * settle_s
+
+
 def _launches(env, job: str) -> list[float]:
     return [e["at"] for e in _history(env, job) if e["kind"] in ("launched", "relaunched")]
 
@@ -151,11 +156,11 @@ def test_runs_ending_together_free_their_gpus_to_one_plan_and_no_small_job_is_la
         ended = [e for e in env.executions("JobEndedStateMachine") if e["status"] == "SUCCEEDED"]
         assert len(ended) == 8
         assert all(env.states_visited(e["executionArn"])[-1] == "Schedule the pool" for e in ended)
-        window = f"settle-p5-{round((math.floor(end / 3) + 1) * 3 * 1000)}"
+        window = f"settle-p5-{round(_window_end(end) * 1000)}"
         assert window in {r["name"] for r in _schedules(env)}
         # And the large job and all four small ones were launched then, once each;
         # nothing was preempted
-        assert _launches(env, "large") == [(math.floor(end / 3) + 1) * 3]
+        assert _launches(env, "large") == [_window_end(end)]
         assert all(_launches(env, f"small-{i}") == _launches(env, "large") for i in range(4))
         assert not [e for e in env.store.all_history() if e["kind"] == "preemption-started"]
 
@@ -185,7 +190,7 @@ def test_an_end_that_finds_the_window_started_with_another_wait_is_planned_by_it
         run = env.fleet.job("first")
         end = env.clock.now() + run.duration_s - run.progress_s
         env.advance(end - 1 - env.clock.now(), step=1)
-        window = f"settle-p5-{round((math.floor(end / 3) + 1) * 3 * 1000)}"
+        window = f"settle-p5-{round(_window_end(end) * 1000)}"
         sfn = env.stack.client("stepfunctions")
         sfn.start_execution(
             stateMachineArn=env.stack.state_machines["ScheduleStateMachine"], name=window,
