@@ -344,45 +344,72 @@ class PoolPlanner:
             fill_back=self.discipline.fill_back,
         )
 
-    # -- one pending job --------------------------------------------------------------------
+    # -- the queue ---------------------------------------------------------------------------
     def place(self, r: RankedJob) -> None:
-        job, claimed = r.job, r.claimed
-        # Caps change what a job may preempt, so they get a line of their own; aging only
-        # reorders the queue and is told in `explain` and the rank trace.
-        if r.notes:
-            for reason, detail in r.notes:
-                self.lines.append(Explanation(job.name, _RANK, reason, detail))
-        quotas, bucket = self.quotas, None
-        if quotas.on:  # `quotas.bucket_for`, its look-up inline: this runs for every job
-            bucket = quotas.by_claim.get((job.team, claimed))
-            if bucket is None:
-                bucket = quotas.bucket_for(job.team, claimed)
-        # What decides the outcome of a job that does not fit, besides the pool's state.
-        waited = self.waited_enough(r) if self._rate_limited else True
-        # A job near its escalation names other victims (`_note_escalation`) than one that is not.
-        nearing = job.escalates_at is not None and self.nears_escalation(job)
-        key = (bucket, claimed, job.team, job.gpus, job.escalated, waited, nearing)
-        by_submission = self._by_submission
-        no_fit = self._no_fit
-        if no_fit and self._fail_at is None:
-            # A job alike one that could not fit, since nothing changed: the same outcome
-            # (it does not fit the free GPUs either, so it is not admitted).
-            after = self._starving_after
-            starving = after is not None and self.now - job.submitted_at >= after  # `starving`, inline
-            # Under LowerOrNewerEqualPriority, in one pool state, jobs alike but for their
-            # submission time are all decided by a walk (remembered with the submission
-            # time) or all without one (remembered without, `_remember`): the key without
-            # is looked up first, as most of a long queue waits without a walk. A
-            # starving job takes only a walk's outcome.
-            cached = None if by_submission and starving else no_fit.get(key)
-            if cached is None and by_submission:
-                cached = no_fit.get(key + (job.submitted_at,))
-            if cached is not None and job.gpus <= self.pool.gpus:
-                if starving:
-                    self._reserve(r, bucket)  # it cannot fit either: it reserves what is left
-                else:
-                    self.lines.append(Explanation(job.name, _WAIT, cached[0], cached[1]))
-                return
+        """Place one pending job (`place_all` of it alone)."""
+        self.place_all((r,))
+
+    def place_all(self, ranked: Iterable[RankedJob]) -> None:
+        """Place the pending jobs in rank order: admit, nominate, or give a job alike one
+        that could not fit its outcome again (`_no_fit`).
+
+        Most of a long queue is served by that look-up, so what it reads of the pool is
+        bound once for the queue, not once per job; none of it changes during the plan
+        (the cache is cleared in place, `_changed`).
+        """
+        quotas, no_fit, now = self.quotas, self._no_fit, self.now
+        append, on, by_claim = self.lines.append, quotas.on, quotas.by_claim
+        rate_limited, pool_delay = self._rate_limited, self._pool_delay
+        by_submission, after, pool_gpus = self._by_submission, self._starving_after, self.pool.gpus
+        cacheable = self._fail_at is None  # a job at max_preemptions (fail) is judged on its own
+        for r in ranked:
+            job, claimed = r.job, r.claimed
+            # Caps change what a job may preempt, so they get a line of their own; aging
+            # only reorders the queue and is told in `explain` and the rank trace.
+            if r.notes:
+                for reason, detail in r.notes:
+                    append(Explanation(job.name, _RANK, reason, detail))
+            bucket = None
+            if on:  # `quotas.bucket_for`, its look-up inline
+                bucket = by_claim.get((job.team, claimed))
+                if bucket is None:
+                    bucket = quotas.bucket_for(job.team, claimed)
+            # What decides the outcome of a job that does not fit, besides the pool's state.
+            if not rate_limited or job.escalated:
+                waited = True
+            elif pool_delay is not None:  # `waited_enough`, inline
+                since = job.pending_since
+                waited = now - (job.submitted_at if since is None else since) >= pool_delay
+            else:
+                waited = self.waited_enough(r)
+            # A job near its escalation names other victims (`_note_escalation`) than one that is not.
+            nearing = job.escalates_at is not None and self.nears_escalation(job)
+            key = (bucket, claimed, job.team, job.gpus, job.escalated, waited, nearing)
+            if no_fit and cacheable and job.gpus <= pool_gpus:
+                # A job alike one that could not fit, since nothing changed: the same
+                # outcome (it does not fit the free GPUs either, so it is not admitted).
+                starving = after is not None and now - job.submitted_at >= after  # `starving`, inline
+                # Under LowerOrNewerEqualPriority, in one pool state, jobs alike but for
+                # their submission time are all decided by a walk (remembered with the
+                # submission time) or all without one (remembered without, `_remember`):
+                # the key without is looked up first, as most of a long queue waits without
+                # a walk. A starving job takes only a walk's outcome.
+                cached = None if by_submission and starving else no_fit.get(key)
+                if cached is None and by_submission:
+                    cached = no_fit.get(key + (job.submitted_at,))
+                if cached is not None:
+                    if starving:
+                        self._reserve(r, bucket)  # it cannot fit either: it reserves what is left
+                    else:
+                        append(Explanation(job.name, _WAIT, cached[0], cached[1]))
+                    continue
+            self._place_anew(r, bucket, key + (job.submitted_at,) if by_submission else key)
+
+    def _place_anew(self, r: RankedJob, bucket: Bucket | None, key: tuple) -> None:
+        """Place a job no remembered outcome decides: fail it at its max_preemptions, skip
+        it when larger than the pool, admit it when it fits, else nominate it (`key`: what
+        its outcome is remembered by)."""
+        job = r.job
         if self._fail_at is not None and job.preemptions >= self._fail_at:
             k = self.knobs
             detail = f"preempted {job.preemptions} times; max_preemptions is {k.max_preemptions} (on_max_preemptions: fail)"
@@ -396,7 +423,7 @@ class PoolPlanner:
         if self.quotas.fits(bucket, job.gpus, self.free, NOTHING_FREED)[0]:
             self._admit(r, bucket)
         else:
-            self._nominate(r, bucket, key + (job.submitted_at,) if by_submission else key)
+            self._nominate(r, bucket, key)
 
     def _remember(self, key: tuple, outcome: tuple[Reason, str], choice: Choice | None) -> None:
         """Remember the outcome of a job that could not fit for the jobs alike (`place`).
@@ -1010,9 +1037,7 @@ def run(snapshot: Snapshot, policy: Policy, now: float, discipline: Discipline =
             pool, knobs, policy, now, running_by_pool.get(pool.name, []), snapshot.preemption_history, discipline, escalated
         )
         if observe is None:
-            place = planner.place
-            for r in ranked:
-                place(r)
+            planner.place_all(ranked)
         else:
             for position, r in enumerate(ranked, start=1):
                 observe(planner, ranked, position, r)
