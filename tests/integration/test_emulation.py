@@ -26,6 +26,7 @@ from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from preemptor import clock as clock_module
+from preemptor.adapters.runners import SageMakerRunner
 from preemptor_tools.local import moto_patches
 from preemptor_tools.local.clock import SimClock
 from preemptor_tools.local.executions import wait_for_execution
@@ -575,6 +576,9 @@ def test_stop_training_job_works_through_boto3(emulation: Emulation) -> None:
     assert second_stop.value.response["Error"]["Code"] == "ValidationException"
     tags = sagemaker.list_tags(ResourceArn=arn)["Tags"]
     assert tags == [{"Key": "preemptor:team", "Value": "vision"}]
+    # And the controller's runner takes that refusal for what it is, a stop already under
+    # way (a retried stop step meets it): no error
+    SageMakerRunner(sagemaker).stop("train-a", "preemptor: preempted")
 
 
 def test_a_second_training_job_of_the_same_name_is_resource_in_use(emulation: Emulation) -> None:

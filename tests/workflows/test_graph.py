@@ -60,3 +60,15 @@ def test_state_names_are_plain_english(path):
     for _, graph in _graphs(json.loads(path.read_text())):
         for name in graph["States"]:
             assert re.fullmatch(r"[A-Z][a-z]+( [a-z]+| [A-Z][A-Za-z]*)*\??", name.replace("'", "")), name
+
+
+@pytest.mark.parametrize("path", MACHINES, ids=lambda p: p.name)
+def test_every_lambda_step_is_retried_a_bounded_number_of_times_after_a_crash(path):
+    # A Lambda that dies after its work (Lambda.Unknown: out of memory, a timeout) is
+    # retried: every step is idempotent and answers its retry as the first attempt would
+    # (tests/workflows/test_crashed_steps.py); twice at most, then the Catch reports it.
+    for where, graph in _graphs(json.loads(path.read_text())):
+        for name, state in graph["States"].items():
+            if state["Type"] == "Task" and state["Resource"].endswith("FunctionArn}"):
+                crashes = [r for r in state["Retry"] if "Lambda.Unknown" in r["ErrorEquals"]]
+                assert len(crashes) == 1 and 1 <= crashes[0]["MaxAttempts"] <= 2, f"{path.name}{where}: {name}"

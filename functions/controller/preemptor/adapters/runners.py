@@ -143,8 +143,10 @@ class SageMakerRunner:
         except ClientError as e:
             if is_sagemaker_not_found(e):
                 raise ServiceJobNotFound(f"StopTrainingJob {run_id}: no such training job") from e
-            if code_of(e) == "ValidationException" and self.state(run_id).phase != "running":
-                return  # already stopping or ended (SageMaker refuses a stop in those states)
+            if code_of(e) == "ValidationException":
+                state = self.state(run_id)
+                if state.service_status == "Stopping" or state.phase != "running":
+                    return  # already stopping or ended (SageMaker refuses a stop in those states)
             raise translate(e, f"StopTrainingJob {run_id}") from e
 
     def state(self, run_id: str) -> RunState:

@@ -66,7 +66,8 @@ class JobRecord:
     # controller stop only tagged runs, so it holds capacity but is never a victim.
     stoppable: bool = True
     # The scheduling cycle (execution name and cycle number) that admitted it or chose it
-    # as a victim: a retried plan step returns what it already reserved.
+    # as a victim, or the spot execution that took it for its instance: a retried step
+    # returns what it already did.
     decided_by: str | None = None
     # Optimistic concurrency: bumped by every transition and cancel request; a transition
     # is written only if the stored version is still the one it was decided on.

@@ -45,8 +45,8 @@ def handler(step, context: LambdaContext) -> dict:
             if result.get("requeued"):
                 emit("LostGpuSeconds", result["lost_gpu_seconds"], Pool=result["pool"])
             return _with_schedule(result, step, d.settings.settle_s)
-        case Interrupt(reason=reason):
-            return actions.interrupt(**common, reason=reason, now=now)
+        case Interrupt(reason=reason, execution=execution):
+            return actions.interrupt(**common, reason=reason, now=now, execution=execution)
         case Spare(why=why):
             return actions.spare(**common, policy=d.settings.policy, why=why, now=now)
         case Finish(outcome=outcome, reason=reason):

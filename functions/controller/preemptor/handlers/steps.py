@@ -53,6 +53,7 @@ class Requeue(_JobStep):
 class Interrupt(_JobStep):
     action: Literal["interrupt"]
     reason: Reason
+    execution: Name | None = None  # the spot workflow's execution: a retried step knows its own mark
 
 
 class Spare(_JobStep):

@@ -137,6 +137,11 @@ def stop(*, store: JobsStore, runners: dict[str, Runner], job: str, incarnation:
         # Raised for the workflow to give up loudly; reconcile repairs the preemption.
         store.log(job, now, "stop-refused", "access-denied", str(e))
         raise
+    if record.stop_signal_at is not None:
+        # A retried step (the first attempt's Lambda died after the stop was recorded): the
+        # stop went out again, harmlessly; the signal's time, which decides whether a
+        # checkpoint came during the grace, stays the first.
+        return {"stopping": True, "again": True}
     detail = why + ("" if fresh else "; WITHOUT a fresh checkpoint: work since the last one is lost")
     # Why it goes now: its checkpoint is fresh; the plan said not to wait (issue 10); or the wait ran out.
     reason = "fresh-checkpoint" if fresh else "stop-at-once" if record.stop_at_once else "checkpoint-timeout"
@@ -243,15 +248,25 @@ def _back_to_queue(
     return {"requeued": True, "pool": record.pool, "lost_gpu_seconds": lost, "fresh": fresh, "released": True}
 
 
-def interrupt(*, store: JobsStore, job: str, incarnation: int, reason: str, now: float) -> dict:
-    """Mark a running job as going away (spot interruption), so it is stopped and requeued once."""
+def interrupt(*, store: JobsStore, job: str, incarnation: int, reason: str, now: float, execution: str | None = None) -> dict:
+    """Mark a running job as going away (spot interruption), so it is stopped and requeued once.
+
+    `execution` is the spot workflow's execution, kept on the job (`decided_by`): when the
+    step is retried after its mark was written (the Lambda died before it answered), the
+    same execution is told it took the job and goes on to stop it. Any other execution
+    (another instance's notice of the same run) is told the job is handled already.
+    """
     record = _current(store, job, incarnation)
-    if record is None or record.status is not JobState.RUNNING:
+    if record is None:
+        return {"interrupting": False}
+    if execution is not None and record.status is JobState.PREEMPTING and record.decided_by == execution:
+        return {"interrupting": True, "again": True}
+    if record.status is not JobState.RUNNING:
         return {"interrupting": False}
     try:
         store.transition(
             record,
-            record.with_changes(status=JobState.PREEMPTING, preempted_by=reason, preempting_since=now),
+            record.with_changes(status=JobState.PREEMPTING, preempted_by=reason, preempting_since=now, decided_by=execution),
             expect=[JobState.RUNNING],
         )
     except ConflictError:

@@ -1,0 +1,169 @@
+"""A workflow step whose Lambda dies after its work, before it answers (an out-of-memory
+kill, a timeout: Step Functions sees `Lambda.Unknown`), is retried, and the retry finds the
+work done and answers as the first attempt would have: nothing is done twice, and the
+workflow goes on instead of alerting and leaving the pool to the reconcile.
+
+Executed on moto through the real state machines; the hostile world kills the Lambda of
+the first step that matches, once."""
+
+from __future__ import annotations
+
+import json
+
+from emulation import START, emulation
+from test_job_ended_and_spot import G5, _batch_queue
+
+from preemptor.core.model import JobState
+from preemptor_tools.local.hostile import HostileWorld
+
+
+def _hostile(clock) -> HostileWorld:
+    return HostileWorld(clock, START)
+
+
+def crash_once(env, action: str | None = None, function: str | None = None) -> list[dict]:
+    """The first workflow step of `action` (a control or checkpoint step) or of `function`
+    (a Lambda's name contains it) dies after its work; returns the events it crashed on."""
+    crashed: list[dict] = []
+
+    def crash(function_name: str, event) -> bool:
+        hit = (action is None or (isinstance(event, dict) and event.get("action") == action)) and (
+            function is None or function in function_name
+        )
+        if hit and not crashed:
+            crashed.append(event)
+            return True
+        return False
+
+    env.stack.hostile.crash_after_step = crash
+    return crashed
+
+
+def test_a_launch_whose_lambda_died_after_creating_the_run_launches_it_once():
+    with emulation(hostile=_hostile) as env:
+        # Given the launch step's Lambda dies right after the training job was created
+        crashed = crash_once(env, action="launch")
+        # When a job is submitted into the empty pool
+        env.submit(name="train", team="a", priority=200, pool="p5", instances=2, duration=1200)
+        # Then the retried step found the run its first attempt created, and took it
+        assert crashed and crashed[0]["job"] == "train"
+        job = env.job("train")
+        assert job.status is JobState.RUNNING and job.run_name == "train"
+        names = [j["TrainingJobName"] for j in env.stack.client("sagemaker").list_training_jobs()["TrainingJobSummaries"]]
+        assert names == ["train"]
+        assert env.kinds("train").count("launched") == 1
+        # And the cycle ended as any other: no "launch failed" alert, nothing left to reconcile
+        [schedule] = [e for e in env.executions("ScheduleStateMachine") if e["status"] != "RUNNING"]
+        assert schedule["status"] == "SUCCEEDED"
+        assert "Launch failed" not in env.states_visited(schedule["executionArn"])
+
+
+def test_a_plan_whose_lambda_died_after_reserving_returns_its_reservations_and_they_launch():
+    with emulation(hostile=_hostile) as env:
+        # Given the plan step's Lambda dies right after it reserved the pool for a job
+        crashed = crash_once(env, function="Plan")
+        env.submit(name="train", team="a", priority=200, pool="p5", instances=2, duration=1200)
+        # Then the retried step of the same cycle returned what the first one reserved,
+        # and the job was launched by that cycle
+        assert crashed and "owner" in crashed[0]
+        job = env.job("train")
+        assert job.status is JobState.RUNNING
+        assert env.store.pool("p5")["used_gpus"] == 16
+        assert env.kinds("train").count("launched") == 1
+
+
+def test_a_stop_whose_lambda_died_after_the_signal_is_recorded_once():
+    with emulation(hostile=_hostile) as env:
+        # Given a low job on the whole pool with a fresh checkpoint, and the stop step's
+        # Lambda dying right after the stop went out
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
+        env.advance(900)
+        crashed = crash_once(env, action="stop")
+        # When a critical job needs the pool
+        env.submit(name="incident", team="production", priority="critical", pool="p5", instances=8, duration=600)
+        env.advance(600)
+        # Then the retried step sent the stop again (harmless) but recorded it once: the
+        # signal's time, which tells whether a checkpoint came in the grace, is the first
+        assert crashed and crashed[0]["job"] == "sweep"
+        history = env.store.history("sweep")
+        assert [e["kind"] for e in history].count("stop-requested") == 1
+        assert [e["kind"] for e in history].count("requeued") == 1
+        # And the preemption went through: the critical job runs, the sweep waits its turn
+        assert env.job("incident").status is JobState.RUNNING
+        assert env.job("sweep").status is JobState.PENDING and env.job("sweep").incarnation == 2
+        [preemption] = env.executions("PreemptStateMachine")
+        assert preemption["status"] == "SUCCEEDED"
+
+
+def test_a_finish_whose_lambda_died_after_recording_the_end_still_plans_the_pool():
+    with emulation(hostile=_hostile) as env:
+        # Given a job on the whole pool, one waiting behind it, and the finish step's
+        # Lambda dying right after it recorded the end
+        env.submit(name="first", team="a", priority=200, pool="p5", instances=8, duration=1200)
+        env.submit(name="second", team="b", priority=200, pool="p5", instances=8, duration=1200)
+        crashed = crash_once(env, action="finish")
+        # When the first completes
+        env.advance(1500)
+        # Then the retried step found the end recorded and the workflow planned the freed
+        # GPUs: the second job runs, without the reconcile or a failure report
+        assert crashed and crashed[0]["job"] == "first"
+        assert env.job("first").status is JobState.COMPLETED and env.kinds("first").count("completed") == 1
+        assert env.job("second").status is JobState.RUNNING
+        [ended] = env.executions("JobEndedStateMachine")
+        states = env.states_visited(ended["executionArn"])
+        assert states[-1] == "Schedule the pool" and "Report the failure" not in states
+
+
+def test_a_spot_interruption_whose_mark_step_died_goes_on_to_stop_and_requeue():
+    with emulation(pools=[G5], hostile=_hostile) as env:
+        _batch_queue(env)
+        env.submit(name="spotty", team="a", priority=200, pool="g5", gpus=16, duration=7200, checkpoint_every=1800)
+        env.advance(2400)
+        # Given the step that marks the job interrupted dies right after its mark
+        crashed = crash_once(env, action="interrupt")
+        # When EC2 warns that the instance will be reclaimed
+        env.fleet.spot_interrupt("spotty")
+        env.stack.pump()
+        # Then the retried step knew its own execution's mark: the workflow went on to
+        # checkpoint, stop and requeue the job, not to "Already handled"
+        assert crashed and crashed[0]["execution"]
+        [run] = env.executions("SpotInterruptionStateMachine")
+        states = env.states_visited(run["executionArn"])
+        assert "Already handled" not in states
+        assert states.index("Stop the run") < states.index("Requeue the job")
+        assert env.kinds("spotty").count("interruption") == 1
+        # And a second notice of the same run (another instance of the job, another event)
+        # is still told the job is handled
+        sfn = env.stack.client("stepfunctions")
+        second = sfn.start_execution(
+            stateMachineArn=env.stack.state_machines["SpotInterruptionStateMachine"],
+            name="second-notice",
+            input=sfn.describe_execution(executionArn=run["executionArn"])["input"],
+        )["executionArn"]
+        env.stack.drain()
+        assert env.states_visited(second)[-1] == "Already handled"
+        env.advance(120)
+        job = env.job("spotty")
+        assert job.incarnation == 2 and job.status is JobState.RUNNING
+
+
+def test_the_retry_is_bounded_a_step_that_always_dies_is_reported():
+    with emulation(hostile=_hostile) as env:
+        # Given a finish step whose Lambda dies on every attempt (a function that runs out
+        # of memory on this input, say)
+        dead: list[dict] = []
+
+        def always(function_name: str, event) -> bool:
+            if isinstance(event, dict) and event.get("action") == "finish":
+                dead.append(event)
+                return True
+            return False
+
+        env.stack.hostile.crash_after_step = always
+        env.submit(name="first", team="a", priority=200, pool="p5", instances=8, duration=600)
+        env.advance(900)
+        # Then it was tried three times (two retries), and the failure was reported
+        assert len(dead) == 3
+        [ended] = env.executions("JobEndedStateMachine")
+        assert env.states_visited(ended["executionArn"])[-2:] == ["Report the failure", "Recording failed"]
+        assert any("Lambda.Unknown" in a for a in env.stack.alerts()), [json.loads(a).get("kind") for a in env.stack.alerts()]
