@@ -118,6 +118,9 @@ def test_a_victim_whose_stop_never_takes_effect_is_spared_by_reconcile_past_its_
         assert {"job": "sweep", "pool": "p5", "repair": "stuck-preemption-spared", "preemptor": "prod"} in repairs
         sweep = env.job("sweep")
         assert sweep.status is JobState.RUNNING and sweep.spared_until > env.clock.now()
+        # And the stop it was sent belongs to the abandoned preemption: a later one starts
+        # with no signal sent (it is sent, logged and learned from again)
+        assert sweep.stop_signal_at is None and not sweep.stop_at_once
         assert "preemption-abandoned" in env.kinds("sweep")
         assert "victim-not-stopped" in env.kinds("prod")
         assert env.job("prod").status is JobState.PENDING

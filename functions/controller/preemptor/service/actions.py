@@ -137,10 +137,10 @@ def stop(*, store: JobsStore, runners: dict[str, Runner], job: str, incarnation:
         # Raised for the workflow to give up loudly; reconcile repairs the preemption.
         store.log(job, now, "stop-refused", "access-denied", str(e))
         raise
-    if record.stop_signal_at is not None:
-        # A retried step (the first attempt's Lambda died after the stop was recorded): the
-        # stop went out again, harmlessly; the signal's time, which decides whether a
-        # checkpoint came during the grace, stays the first.
+    if record.stop_signal_at is not None and record.stop_signal_at >= (record.preempting_since or 0.0):
+        # A retried step (the first attempt's Lambda died after this preemption's stop was
+        # recorded): the stop went out again, harmlessly; the signal's time, which decides
+        # whether a checkpoint came during the grace, stays the first.
         return {"stopping": True, "again": True}
     detail = why + ("" if fresh else "; WITHOUT a fresh checkpoint: work since the last one is lost")
     # Why it goes now: its checkpoint is fresh; the plan said not to wait (issue 10); or the wait ran out.

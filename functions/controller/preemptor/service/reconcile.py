@@ -285,7 +285,12 @@ def _spare_stuck_victim(store: JobsStore, settings: Settings, record, now: float
     try:
         store.transition(
             record,
-            record.with_changes(status=JobState.RUNNING, preempted_by=None, preempting_since=None, spared_until=now + protect_s),
+            # The stop it may have been sent belongs to this preemption, which is over: a
+            # later one starts with no signal sent and no "stop at once".
+            record.with_changes(
+                status=JobState.RUNNING, preempted_by=None, preempting_since=None, spared_until=now + protect_s,
+                stop_signal_at=None, stop_at_once=False, stop_reason=None,
+            ),
             expect=[JobState.PREEMPTING],
         )
     except ConflictError:
