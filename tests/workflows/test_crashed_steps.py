@@ -58,6 +58,27 @@ def test_a_launch_whose_lambda_died_after_creating_the_run_launches_it_once():
         assert "Launch failed" not in env.states_visited(schedule["executionArn"])
 
 
+def test_a_batch_launch_whose_lambda_died_after_submitting_submits_once():
+    with emulation(pools=[G5], hostile=_hostile) as env:
+        _batch_queue(env)
+        # Given the launch step's Lambda dies right after SubmitJob (Batch job names are not
+        # unique: only the retry's own look-up keeps a second job from being submitted)
+        crashed = crash_once(env, action="launch")
+        env.submit(name="train", team="a", priority=200, pool="g5", gpus=16, duration=1200)
+        # Then the retried step found the live job of that name with this incarnation's
+        # tags and took it: one job in the queue, the record on its id
+        assert crashed and crashed[0]["job"] == "train"
+        batch = env.stack.client("batch")
+        jobs = [
+            j for status in ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING")
+            for j in batch.list_jobs(jobQueue="g5-queue", jobStatus=status)["jobSummaryList"]
+        ]
+        assert [j["jobName"] for j in jobs] == ["train"]
+        job = env.job("train")
+        assert job.status is JobState.RUNNING and job.run_id == jobs[0]["jobId"]
+        assert env.kinds("train").count("launched") == 1
+
+
 def test_a_plan_whose_lambda_died_after_reserving_returns_its_reservations_and_they_launch():
     with emulation(hostile=_hostile) as env:
         # Given the plan step's Lambda dies right after it reserved the pool for a job
