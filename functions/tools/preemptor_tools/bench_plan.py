@@ -184,7 +184,6 @@ def measure(pending: int = 10_000, running: int = 2_000, pools: int = 4, runs: i
         )
     return {
         "benchmark": "plan() on one snapshot with full pools",
-        "process": "python -m preemptor_tools.bench_plan: the schedule handler's modules imported, nothing else held",
         "pending": pending,
         "running": running,
         "pools": pools,
@@ -218,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = measure(args.pending, args.running, args.pools, args.runs, args.seed)
     result["command"] = " ".join(["python -m preemptor_tools.bench_plan", *(argv if argv is not None else sys.argv[1:])]).strip()
+    result["process"] = "its own: the schedule handler's modules imported, the snapshot, nothing else held"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"written to {args.out}")
