@@ -170,30 +170,12 @@ class ClaimRules:
             claimed = self.spot_cap
         return claimed, notes
 
-    def aged(self, claimed: int, waited_s: float) -> int:
-        """Claimed priority plus aging: `rate_per_hour` whole points per hour waited, capped
-        at `cap_for` (cached: this runs for every job of the queue), uncapped once starving."""
-        rate = self.aging.rate_per_hour
-        if rate <= 0 or waited_s <= 0:
-            return claimed
-        after = self.starving_after
-        if after is not None and waited_s >= after:  # `starving`, inline: this runs for every job
-            cap = MAX_PRIORITY
-        else:
-            cap = self._caps.get(claimed)
-            if cap is None:
-                cap = self._caps[claimed] = self.cap_for(max(0, min(MAX_PRIORITY, claimed)))
-        aged = claimed + math.floor(rate * waited_s / 3600.0 + 1e-9)
-        # max(claimed, min(cap, aged)), without the builtins' cost on every job of the queue
-        aged = aged if aged < cap else cap
-        return aged if aged > claimed else claimed
-
     def starving(self, waited_s: float) -> bool:
         """Whether a job that waited `waited_s` is starving (`aging.starving_after_s`)."""
         return self.starving_after is not None and waited_s >= self.starving_after
 
     def aging_note(self, claimed: int, effective: int, waited_s: float) -> str:
-        """How aging raised a job from `claimed` to `effective` (`aged`), for `explain`."""
+        """How aging raised a job from `claimed` to `effective` (`rank_pool`), for `explain`."""
         why = "starving: uncapped" if self.starving(waited_s) else f"capped at {self.cap_for(max(0, min(MAX_PRIORITY, claimed)))}"
         return f"waited {waited_s:.0f} s at {self.aging.rate_per_hour:g}/h: {claimed} -> {effective} ({why})"
 
@@ -232,6 +214,7 @@ def rank_pool(pending: Iterable[PendingJob], knobs: PoolPolicy, policy: Policy, 
     fair, caps, ages = knobs.fair_share.enabled, rules.caps, rules.ages
     window = handover_window_s(knobs)
     gated = bool(rules.gated)
+    rate, starving_after, age_caps = rules.aging.rate_per_hour, rules.starving_after, rules._caps
     claims: dict[tuple, tuple[int, tuple[tuple[Reason, str], ...]]] = {}
     groups: dict[tuple[int, bool, float], list[RankedJob]] = {}
     ties, last = False, None  # whether two jobs share a submission time (adjacent once sorted)
@@ -250,10 +233,23 @@ def rank_pool(pending: Iterable[PendingJob], knobs: PoolPolicy, policy: Policy, 
             claimed, notes = hit
         effective, aged_by, waited = claimed, None, 0.0
         if ages:
+            # Aging: `rate_per_hour` whole points per hour waited, capped at `cap_for` (cached
+            # per claimed priority), uncapped once starving; inline, as it runs for every job.
             waited = now - submitted
-            effective = rules.aged(claimed, waited)
-            if effective != claimed:
-                aged_by = rules
+            if waited > 0:
+                if starving_after is not None and waited >= starving_after:
+                    cap = MAX_PRIORITY
+                else:
+                    cap = age_caps.get(claimed)
+                    if cap is None:
+                        cap = age_caps[claimed] = rules.cap_for(max(0, min(MAX_PRIORITY, claimed)))
+                effective = claimed + math.floor(rate * waited / 3600.0 + 1e-9)
+                if effective > cap:
+                    effective = cap
+                if effective > claimed:
+                    aged_by = rules
+                else:
+                    effective = claimed
         handover = job.nominated_at is not None and 0 <= now - job.nominated_at <= window
         order = effective
         if handover:
