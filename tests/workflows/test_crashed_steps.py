@@ -21,16 +21,17 @@ def _hostile(clock) -> HostileWorld:
     return HostileWorld(clock, START)
 
 
-def crash_once(env, action: str | None = None, function: str | None = None) -> list[dict]:
-    """The first workflow step of `action` (a control or checkpoint step) or of `function`
-    (a Lambda's name contains it) dies after its work; returns the events it crashed on."""
+def kill_after_work(env, action: str | None = None, function: str | None = None, times: int | None = 1) -> list[dict]:
+    """The first `times` workflow steps (None: every one) of `action` (a control or
+    checkpoint step) or of `function` (a Lambda's name contains it) die after their work;
+    returns the events they crashed on."""
     crashed: list[dict] = []
 
     def crash(function_name: str, event) -> bool:
         hit = (action is None or (isinstance(event, dict) and event.get("action") == action)) and (
             function is None or function in function_name
         )
-        if hit and not crashed:
+        if hit and (times is None or len(crashed) < times):
             crashed.append(event)
             return True
         return False
@@ -42,7 +43,7 @@ def crash_once(env, action: str | None = None, function: str | None = None) -> l
 def test_a_launch_whose_lambda_died_after_creating_the_run_launches_it_once():
     with emulation(hostile=_hostile) as env:
         # Given the launch step's Lambda dies right after the training job was created
-        crashed = crash_once(env, action="launch")
+        crashed = kill_after_work(env, action="launch")
         # When a job is submitted into the empty pool
         env.submit(name="train", team="a", priority=200, pool="p5", instances=2, duration=1200)
         # Then the retried step found the run its first attempt created, and took it
@@ -63,7 +64,7 @@ def test_a_batch_launch_whose_lambda_died_after_submitting_submits_once():
         _batch_queue(env)
         # Given the launch step's Lambda dies right after SubmitJob (Batch job names are not
         # unique: only the retry's own look-up keeps a second job from being submitted)
-        crashed = crash_once(env, action="launch")
+        crashed = kill_after_work(env, action="launch")
         env.submit(name="train", team="a", priority=200, pool="g5", gpus=16, duration=1200)
         # Then the retried step found the live job of that name with this incarnation's
         # tags and took it: one job in the queue, the record on its id
@@ -82,7 +83,7 @@ def test_a_batch_launch_whose_lambda_died_after_submitting_submits_once():
 def test_a_plan_whose_lambda_died_after_reserving_returns_its_reservations_and_they_launch():
     with emulation(hostile=_hostile) as env:
         # Given the plan step's Lambda dies right after it reserved the pool for a job
-        crashed = crash_once(env, function="Plan")
+        crashed = kill_after_work(env, function="Plan")
         env.submit(name="train", team="a", priority=200, pool="p5", instances=2, duration=1200)
         # Then the retried step of the same cycle returned what the first one reserved,
         # and the job was launched by that cycle
@@ -99,7 +100,7 @@ def test_a_stop_whose_lambda_died_after_the_signal_is_recorded_once():
         # Lambda dying right after the stop went out
         env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
         env.advance(900)
-        crashed = crash_once(env, action="stop")
+        crashed = kill_after_work(env, action="stop")
         # When a critical job needs the pool
         env.submit(name="incident", team="production", priority="critical", pool="p5", instances=8, duration=600)
         env.advance(600)
@@ -122,7 +123,7 @@ def test_a_finish_whose_lambda_died_after_recording_the_end_still_plans_the_pool
         # Lambda dying right after it recorded the end
         env.submit(name="first", team="a", priority=200, pool="p5", instances=8, duration=1200)
         env.submit(name="second", team="b", priority=200, pool="p5", instances=8, duration=1200)
-        crashed = crash_once(env, action="finish")
+        crashed = kill_after_work(env, action="finish")
         # When the first completes
         env.advance(1500)
         # Then the retried step found the end recorded and the workflow planned the freed
@@ -141,7 +142,7 @@ def test_a_spot_interruption_whose_mark_step_died_goes_on_to_stop_and_requeue():
         env.submit(name="spotty", team="a", priority=200, pool="g5", gpus=16, duration=7200, checkpoint_every=1800)
         env.advance(2400)
         # Given the step that marks the job interrupted dies right after its mark
-        crashed = crash_once(env, action="interrupt")
+        crashed = kill_after_work(env, action="interrupt")
         # When EC2 warns that the instance will be reclaimed
         env.fleet.spot_interrupt("spotty")
         env.stack.pump()
@@ -172,15 +173,7 @@ def test_the_retry_is_bounded_a_step_that_always_dies_is_reported():
     with emulation(hostile=_hostile) as env:
         # Given a finish step whose Lambda dies on every attempt (a function that runs out
         # of memory on this input, say)
-        dead: list[dict] = []
-
-        def always(function_name: str, event) -> bool:
-            if isinstance(event, dict) and event.get("action") == "finish":
-                dead.append(event)
-                return True
-            return False
-
-        env.stack.hostile.crash_after_step = always
+        dead = kill_after_work(env, action="finish", times=None)
         env.submit(name="first", team="a", priority=200, pool="p5", instances=8, duration=600)
         env.advance(900)
         # Then it was tried three times (two retries), and the failure was reported
