@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 from . import progress as _progress
 
@@ -432,11 +433,14 @@ class Failure:
     detail: str
 
 
-@dataclass(frozen=True, slots=True, init=False)
-class Explanation:
+class Explanation(NamedTuple):
     """One line of the decision's audit trail: a candidate and the rule applied to it.
 
     `for_job` names the pending job a running job was considered for as a victim.
+
+    A named tuple, not a dataclass: a plan writes a line for every pending job (10,000 of a
+    long queue), and a tuple is built in one call where even `_fast_init` sets five slots
+    one by one (0.23 against 0.37 us on the bench machine). Immutable all the same.
     """
 
     job: str
@@ -444,10 +448,6 @@ class Explanation:
     reason: Reason
     detail: str
     for_job: str | None = None
-
-
-
-_fast_init(Explanation)  # a plan writes a line for every pending job
 
 
 @dataclass(frozen=True, slots=True)

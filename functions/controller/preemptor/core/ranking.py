@@ -131,7 +131,6 @@ class ClaimRules:
         self.caps = bool(self.gated) or self.spot_cap is not None  # some job may claim less than it asks
         self.ages = knobs.aging.rate_per_hour > 0
         self.starving_after = knobs.aging.starving_after_s
-        self._caps: dict[int, int] = {}  # aging's cap by claimed priority (`cap_for`)
 
     def tier_ceiling(self, claimed: int) -> int:
         """One below the next tier above `claimed` (the maximum priority in the top tier)."""
@@ -214,38 +213,33 @@ def rank_pool(pending: Iterable[PendingJob], knobs: PoolPolicy, policy: Policy, 
     fair, caps, ages = knobs.fair_share.enabled, rules.caps, rules.ages
     window = handover_window_s(knobs)
     gated = bool(rules.gated)
-    rate, starving_after, age_caps = rules.aging.rate_per_hour, rules.starving_after, rules._caps
-    claims: dict[tuple, tuple[int, tuple[tuple[Reason, str], ...]]] = {}
+    rate, starving_after, floor = rules.aging.rate_per_hour, rules.starving_after, math.floor
+    # What a job claims, its cap notes and aging's cap on it, by what decides them: the
+    # (priority, SLA, spot) of a job a cost rule may apply to, else its priority alone.
+    claims: dict[object, tuple[int, tuple[tuple[Reason, str], ...], int]] = {}
     groups: dict[tuple[int, bool, float], list[RankedJob]] = {}
-    ties, last = False, None  # whether two jobs share a submission time (adjacent once sorted)
-    for job in sorted(pending, key=_submitted):
+    ordered = sorted(pending, key=_submitted)
+    ties = len(set(map(_submitted, ordered))) < len(ordered)  # two jobs share a submission time
+    for job in ordered:
         submitted = job.submitted_at
-        if submitted == last:
-            ties = True
-        last = submitted
-        claimed, notes = job.priority, ()
-        if caps and (gated or job.spot):  # otherwise no cost rule applies (`ClaimRules.claim`)
-            ck = (claimed, job.sla_s, job.spot)
-            hit = claims.get(ck)
-            if hit is None:
-                capped, why = rules.claim(claimed, job.sla_s, job.spot)
-                hit = claims[ck] = (capped, tuple(why))
-            claimed, notes = hit
+        costly = caps and (gated or job.spot)  # otherwise no cost rule applies (`ClaimRules.claim`)
+        ck = (job.priority, job.sla_s, job.spot) if costly else job.priority
+        hit = claims.get(ck)
+        if hit is None:
+            claimed, why = rules.claim(job.priority, job.sla_s, job.spot) if costly else (job.priority, ())
+            hit = claims[ck] = (claimed, tuple(why), rules.cap_for(max(0, min(MAX_PRIORITY, claimed))))
+        claimed, notes, cap = hit
         effective, aged_by, waited = claimed, None, 0.0
         if ages:
-            # Aging: `rate_per_hour` whole points per hour waited, capped at `cap_for` (cached
-            # per claimed priority), uncapped once starving; inline, as it runs for every job.
+            # Aging: `rate_per_hour` whole points per hour waited, capped at `cap_for`,
+            # uncapped once starving; inline, as it runs for every job.
             waited = now - submitted
             if waited > 0:
-                if starving_after is not None and waited >= starving_after:
-                    cap = MAX_PRIORITY
-                else:
-                    cap = age_caps.get(claimed)
-                    if cap is None:
-                        cap = age_caps[claimed] = rules.cap_for(max(0, min(MAX_PRIORITY, claimed)))
-                effective = claimed + math.floor(rate * waited / 3600.0 + 1e-9)
-                if effective > cap:
+                effective = claimed + floor(rate * waited / 3600.0 + 1e-9)
+                if effective > cap and (starving_after is None or waited < starving_after):
                     effective = cap
+                elif effective > MAX_PRIORITY:
+                    effective = MAX_PRIORITY
                 if effective > claimed:
                     aged_by = rules
                 else:
