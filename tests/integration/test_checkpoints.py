@@ -1,8 +1,13 @@
-"""Checkpoint freshness read from S3, as the training helper writes checkpoints."""
+"""Checkpoint freshness read from S3, as the training helper writes checkpoints; a request
+asked, and a spot interruption marked, once however often their step is retried."""
 
 from __future__ import annotations
 
+import json
+
 from emulation import emulation
+
+from preemptor.service import actions
 
 
 def _put(env, key: str) -> float:
@@ -43,3 +48,95 @@ def test_a_location_without_manifests_counts_its_newest_object():
         env.clock.advance(60)
         _put(env, "research/plain/_preemptor/checkpoint-request.json")
         assert checkpoints.newest(f"s3://{bucket}/research/plain") == newest
+
+
+class _DiesBeforeItsLine:
+    """The jobs store of a step whose Lambda dies on its first decision-log write: what
+    came before (the marker, the record) is done, the line is not."""
+
+    def __init__(self, store):
+        self._store, self.died = store, False
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def log(self, *args, **kwargs):
+        if not self.died:
+            self.died = True
+            raise RuntimeError("Lambda.Unknown: the runtime was killed")
+        return self._store.log(*args, **kwargs)
+
+
+def test_a_retried_checkpoint_request_answers_with_its_first_attempt_and_writes_its_line_once():
+    with emulation() as env:
+        d = env.stack.deps()
+        s3, bucket = env.stack.client("s3"), env.stack.parameters["CheckpointBucketName"]
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=14400, checkpoint_every=7200)
+        env.advance(300)
+        key = "research/sweep/_preemptor/checkpoint-request.json"
+
+        def request(store, execution):
+            return actions.request_checkpoint(
+                store=store, checkpoints=d.checkpoints, job="sweep", reason="preemption", now=env.clock.now(), execution=execution
+            )
+
+        def lines():
+            return [e for e in d.store.history("sweep") if e["kind"] == "checkpoint-requested"]
+
+        # Given a request step whose Lambda died after the marker and the record, before its line
+        dying = _DiesBeforeItsLine(d.store)
+        try:
+            request(dying, "preempt-sweep-1")
+        except RuntimeError:
+            pass
+        assert dying.died and lines() == []
+        first_at = env.job("sweep").checkpoint_requested_at
+        # When Step Functions retries it, 5 s later
+        env.clock.advance(5)
+        again = request(d.store, "preempt-sweep-1")
+        # Then it answers with the first attempt's request and writes no second marker (the
+        # helper would save again for a later request), and the line is written, once
+        assert again == {"requested_at": first_at, "marker": f"s3://{bucket}/{key}", "again": True}
+        assert json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())["requested_at"] == first_at
+        [line] = lines()
+        assert line["at"] == first_at
+        # And a retry after the line was written leaves one line still
+        env.clock.advance(10)
+        assert request(d.store, "preempt-sweep-1")["again"] is True
+        assert len(lines()) == 1
+        # And another workflow's request is a new one: a new marker, a new line
+        env.clock.advance(60)
+        other = request(d.store, "spot-sweep-1")
+        assert "again" not in other and other["requested_at"] == env.clock.now() > first_at
+        assert json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())["requested_at"] == other["requested_at"]
+        assert len(lines()) == 2
+
+
+def test_a_retried_interruption_mark_writes_its_line_if_the_first_attempt_died_before_it():
+    with emulation() as env:
+        d = env.stack.deps()
+        env.submit(name="spotty", team="a", priority=200, pool="p5", instances=1, duration=7200)
+        env.advance(300)
+        record = env.job("spotty")
+
+        def interrupt(store):
+            return actions.interrupt(
+                store=store, job="spotty", incarnation=record.incarnation, reason="spot-interruption", now=env.clock.now(), execution="spot-1"
+            )
+
+        # Given the mark step's Lambda dying between its mark and its line
+        dying = _DiesBeforeItsLine(d.store)
+        try:
+            interrupt(dying)
+        except RuntimeError:
+            pass
+        marked_at = env.job("spotty").preempting_since
+        assert dying.died and "interruption" not in env.kinds("spotty")
+        # When it is retried, and retried again after it answered
+        env.clock.advance(5)
+        assert interrupt(d.store) == {"interrupting": True, "again": True}
+        env.clock.advance(10)
+        assert interrupt(d.store)["again"] is True
+        # Then the job was marked once, and its line is written once, at the mark's time
+        [line] = [e for e in d.store.history("spotty") if e["kind"] == "interruption"]
+        assert line["at"] == marked_at

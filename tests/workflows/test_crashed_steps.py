@@ -117,6 +117,35 @@ def test_a_stop_whose_lambda_died_after_the_signal_is_recorded_once():
         assert preemption["status"] == "SUCCEEDED"
 
 
+def test_a_checkpoint_request_whose_lambda_died_after_asking_is_asked_once():
+    with emulation(hostile=_hostile) as env:
+        # Given a low sweep on the whole pool whose checkpoint is 30 minutes old (it writes
+        # one every 2 hours), a bucket that keeps every version of the request marker, and
+        # the request step's Lambda dying right after it asked
+        s3, bucket = env.stack.client("s3"), env.stack.parameters["CheckpointBucketName"]
+        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=14400, checkpoint_every=7200)
+        env.advance(1800)
+        crashed = kill_after_work(env, action="request")
+        # When a medium job needs half the pool (the work at risk outweighs its wait)
+        env.submit(name="tuning", team="ml", priority="medium", pool="p5", instances=4, duration=1800, checkpoint_every=300)
+        env.advance(900)
+        # Then the retried step answered with its first attempt's request: one marker
+        # written, one line, the time the wait counts from the first
+        assert crashed and crashed[0]["job"] == "sweep" and crashed[0]["execution"]
+        key = "research/sweep/_preemptor/checkpoint-request.json"
+        versions = s3.list_object_versions(Bucket=bucket, Prefix=key).get("Versions", [])
+        assert len(versions) == 1
+        marker = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        [asked] = [e for e in env.store.history("sweep") if e["kind"] == "checkpoint-requested"]
+        assert marker["requested_at"] == asked["at"] == env.job("sweep").checkpoint_requested_at
+        # And the preemption went on: the sweep was stopped and requeued, the medium job runs
+        assert env.job("tuning").status is JobState.RUNNING
+        assert env.job("sweep").incarnation == 2 and env.kinds("sweep").count("requeued") == 1
+        [preemption] = env.executions("PreemptStateMachine")
+        assert preemption["status"] == "SUCCEEDED"
+
+
 def test_a_finish_whose_lambda_died_after_recording_the_end_still_plans_the_pool():
     with emulation(hostile=_hostile) as env:
         # Given a job on the whole pool, one waiting behind it, and the finish step's

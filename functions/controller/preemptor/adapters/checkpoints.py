@@ -77,6 +77,12 @@ class CheckpointStore:
         return f"s3://{location.bucket}/{key}"
 
 
+def request_uri(uri: str) -> str:
+    """Where `CheckpointStore.request` writes the marker of the checkpoint location `uri`."""
+    location = _parse(uri)
+    return f"s3://{location.bucket}/{location.key(REQUEST_KEY)}"
+
+
 def _parse(uri: str) -> S3Uri:
     try:
         return S3Uri.parse(uri)

@@ -826,12 +826,18 @@ class JobsStore:
         )
 
     # -- decision log ---------------------------------------------------------------------
-    def log(self, job: str, at: float, kind: str, reason: str, detail: str = "", **extra: Any) -> None:
-        """Append one entry to a job's decision log (`explain` and the timeline read it)."""
+    def log(self, job: str, at: float, kind: str, reason: str, detail: str = "", *, once: str | None = None, **extra: Any) -> None:
+        """Append one entry to a job's decision log (`explain` and the timeline read it).
+
+        `once`: what makes the entry unique (e.g. the step and its execution): written again,
+        with the same `at`, it replaces itself, so a retried step that logs what its first
+        attempt may have logged already leaves one entry.
+        """
+        # The counter keeps entries of one container in order within a millisecond.
+        unique = f"{next(_LOG_SEQ):08d}#{uuid.uuid4().hex[:8]}" if once is None else f"once#{once}"
         fields = {
             "pk": f"JOB#{job}",
-            # The counter keeps entries of one container in order within a millisecond.
-            "sk": f"LOG#{at:017.3f}#{next(_LOG_SEQ):08d}#{uuid.uuid4().hex[:8]}",
+            "sk": f"LOG#{at:017.3f}#{unique}",
             "at": at,
             "job": job,
             "kind": kind,

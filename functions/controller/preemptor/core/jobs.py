@@ -91,6 +91,9 @@ class JobRecord:
     saved_on_stop: bool = False
     ignored_checkpoint_request: bool = False
     checkpoint_requested_at: float | None = None
+    # The workflow execution that asked for it (None: the schedule step, ahead of a
+    # preemption): a retried request step answers with the request its first attempt made.
+    checkpoint_request_by: str | None = None
     stop_signal_at: float | None = None
     stop_at_once: bool = False
     # Why the plan said so (`Preemption.stop`, a `Reason` value), for the decision log.

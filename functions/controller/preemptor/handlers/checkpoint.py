@@ -15,8 +15,8 @@ from .wiring import deps
 @metrics.log_metrics
 @step_input(CheckpointStep)
 def handler(step: CheckCheckpoint | RequestCheckpoint | NoteCheckpoint, context: LambdaContext) -> dict:
-    """Input {"action": "check", "job", "newer_than"?}, {"action": "request", "job", "reason"?}
-    or {"action": "note", "job"}."""
+    """Input {"action": "check", "job", "newer_than"?}, {"action": "request", "job", "reason"?,
+    "execution"?} or {"action": "note", "job"}."""
     d = deps()
     now = clock.CLOCK.now()
     if isinstance(step, CheckCheckpoint):
@@ -26,7 +26,9 @@ def handler(step: CheckCheckpoint | RequestCheckpoint | NoteCheckpoint, context:
     elif isinstance(step, NoteCheckpoint):
         result = actions.note_newest_checkpoint(store=d.store, checkpoints=d.checkpoints, job=step.job, now=now)
     else:
-        result = actions.request_checkpoint(store=d.store, checkpoints=d.checkpoints, job=step.job, reason=step.reason, now=now)
+        result = actions.request_checkpoint(
+            store=d.store, checkpoints=d.checkpoints, job=step.job, reason=step.reason, now=now, execution=step.execution
+        )
     if result.get("error"):
         # One job's checkpoint location cannot be read or written: counted, never raised.
         logger.warning("checkpoint location unavailable", extra=result)

@@ -85,6 +85,7 @@ class RequestCheckpoint(_Step):
     action: Literal["request"]
     job: Name
     reason: Reason = "preemption"
+    execution: Name | None = None  # the workflow's execution: a retried step answers with its first attempt's request
 
 
 class NoteCheckpoint(_Step):

@@ -14,7 +14,7 @@ import math
 import random
 
 from ..adapters.alerts import Alerts
-from ..adapters.checkpoints import CheckpointStore
+from ..adapters.checkpoints import CheckpointStore, request_uri
 from ..adapters.runners import Runner
 from ..adapters.store import JobsStore
 from ..core.errors import AccessDenied, CheckpointLocationUnavailable, ConflictError, ServiceJobNotFound, ServiceRejected
@@ -110,16 +110,36 @@ def check_checkpoint(
     return {"fresh": fresh, "age_s": age, "last_checkpoint_at": newest}
 
 
-def request_checkpoint(*, store: JobsStore, checkpoints: CheckpointStore, job: str, reason: str, now: float) -> dict:
+def request_checkpoint(
+    *, store: JobsStore, checkpoints: CheckpointStore, job: str, reason: str, now: float, execution: str | None = None
+) -> dict:
+    """Write the job's checkpoint-request marker (its training helper answers it).
+
+    `execution` is the workflow's execution, kept on the job (`checkpoint_request_by`): a
+    step retried after its first attempt asked (the Lambda died before it answered)
+    answers with that request, its time and marker, and writes no second marker (the
+    helper would save again for a request of a later time). Its log line is keyed by the
+    execution, so the retry writes it if the first attempt died before it did, once.
+    """
     record = store.require(job)
+    if execution is not None and record.checkpoint_request_by == execution and record.checkpoint_requested_at is not None:
+        at = record.checkpoint_requested_at
+        marker = request_uri(record.checkpoint_s3_uri)
+        _log_request(store, job, at, reason, marker, execution)
+        return {"requested_at": at, "marker": marker, "again": True}
     try:
         marker = checkpoints.request(record.checkpoint_s3_uri, now, reason)
     except CheckpointLocationUnavailable as e:
         store.log(job, now, "checkpoint-unavailable", e.code or "checkpoint-location", f"cannot ask for a checkpoint: {e}")
         return {"requested_at": now, "marker": None, "error": e.code}
-    store.log(job, now, "checkpoint-requested", reason, f"marker written at {marker}")
-    learning.checkpoint_requested(store, job, now)  # issue 10
+    learning.checkpoint_requested(store, job, now, by=execution)  # issue 10
+    _log_request(store, job, now, reason, marker, execution)
     return {"requested_at": now, "marker": marker}
+
+
+def _log_request(store: JobsStore, job: str, at: float, reason: str, marker: str, execution: str | None) -> None:
+    once = None if execution is None else f"checkpoint-request#{execution}"
+    store.log(job, at, "checkpoint-requested", reason, f"marker written at {marker}", once=once)
 
 
 def stop(*, store: JobsStore, runners: dict[str, Runner], job: str, incarnation: int, fresh: bool, now: float) -> dict:
@@ -260,6 +280,8 @@ def interrupt(*, store: JobsStore, job: str, incarnation: int, reason: str, now:
     if record is None:
         return {"interrupting": False}
     if execution is not None and record.status is JobState.PREEMPTING and record.decided_by == execution:
+        # Its log line, if the first attempt died between the mark and the line (once: keyed by the execution)
+        _log_interruption(store, job, record.preempting_since if record.preempting_since is not None else now, reason, execution)
         return {"interrupting": True, "again": True}
     if record.status is not JobState.RUNNING:
         return {"interrupting": False}
@@ -271,8 +293,13 @@ def interrupt(*, store: JobsStore, job: str, incarnation: int, reason: str, now:
         )
     except ConflictError:
         return {"interrupting": False}
-    store.log(job, now, "interruption", reason, "checkpoint requested; will stop and requeue")
+    _log_interruption(store, job, now, reason, execution)
     return {"interrupting": True}
+
+
+def _log_interruption(store: JobsStore, job: str, at: float, reason: str, execution: str | None) -> None:
+    once = None if execution is None else f"interruption#{execution}"
+    store.log(job, at, "interruption", reason, "checkpoint requested; will stop and requeue", once=once)
 
 
 def spare(*, store: JobsStore, policy: Policy, job: str, incarnation: int, now: float, why: str = "checkpoint-timeout") -> dict:

@@ -69,9 +69,10 @@ def checkpoint_seen(store: JobsStore, record: JobRecord, newest: float | None) -
         store.note_learning(record.name, ignored_checkpoint_request=False)
 
 
-def checkpoint_requested(store: JobsStore, name: str, now: float) -> None:
-    """A checkpoint was asked of the job at `now`."""
-    store.note_learning(name, checkpoint_requested_at=now)
+def checkpoint_requested(store: JobsStore, name: str, now: float, by: str | None = None) -> None:
+    """A checkpoint was asked of the job at `now`, by the workflow execution `by` (None:
+    the schedule step, ahead of a preemption)."""
+    store.note_learning(name, checkpoint_requested_at=now, checkpoint_request_by=by)
 
 
 def stop_sent(store: JobsStore, record: JobRecord, fresh: bool, now: float) -> None:
