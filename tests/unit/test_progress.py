@@ -3,12 +3,14 @@ workflows and the simulator."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from builders import running
-from preemptor.core.progress import is_fresh, lost_gpu_seconds, saved_in_run_s, stop_loss, work_at_risk_s
+from preemptor.core.progress import at_risk_since, is_fresh, lost_gpu_seconds, saved_in_run_s, stop_loss, work_at_risk_s
 
 NOW = 10_000.0
 
@@ -94,3 +96,19 @@ def test_stop_loss_agrees_with_the_workflows_lost_work(start, overhead, worked, 
     # start of the work, and the reload is on top
     assert loss.progress_s + loss.grace_s == pytest.approx(work_at_risk_s(checkpoint, work_start, signal + grace), abs=1e-6)
     assert loss.overhead_s == pytest.approx(overhead, abs=1e-6)
+
+
+_EDGES = [None, 0.0, -0.0, 1.0, 100.5, 1e9, float("inf"), -float("inf"), float("nan")]
+
+
+@pytest.mark.parametrize("last", _EDGES)
+@pytest.mark.parametrize("started", _EDGES)
+def test_work_at_risk_inline_is_the_rule_it_inlines(last, started):
+    # `work_at_risk_s` inlines `at_risk_since` and two maxes for speed: it must give what
+    # they give, edge values included (equal times, signed zeros, infinities, NaN)
+    for now in [v for v in _EDGES if v is not None]:
+        since = at_risk_since(last, started)
+        expected = 0.0 if since is None else max(0.0, now - since)
+        got = work_at_risk_s(last, started, now)
+        assert got == expected or (math.isnan(got) and math.isnan(expected))
+        assert math.copysign(1.0, got) == math.copysign(1.0, expected)

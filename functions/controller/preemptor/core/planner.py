@@ -181,6 +181,7 @@ class PoolPlanner:
         self.chosen_by: dict[str, str] = {}
         self.quotas = Quotas(knobs.quotas, policy, running, self.claimed)
         self._setup_candidates()
+        self._bound_teamless = not self.quotas.on and knobs.within_team is knobs.across_teams  # `victim_bound`
         self._setup_budget(history)
         self._protections_reported = False
         # Victims the next preemptions will likely take, in rank order of the jobs that will
@@ -309,8 +310,9 @@ class PoolPlanner:
         return self.eligibility(r, v, self.may_reclaim(bucket, r.job.gpus))
 
     def victim_bound(self, r: RankedJob, reclaim: bool) -> int:
-        """An upper bound of the GPUs `r` could free by preemption (`Candidates.bound`)."""
-        key = (r.job.team, r.claimed, reclaim)
+        """An upper bound of the GPUs `r` could free by preemption (`Candidates.bound`);
+        the same for every team without quotas when both modes agree, as by default."""
+        key = (None if self._bound_teamless else r.job.team, r.claimed, reclaim)
         bound = self._bounds.get(key)
         if bound is None:  # the same until victims are chosen (`_commit` forgets them)
             top_within = top_priority(self.knobs.within_team, r.claimed)

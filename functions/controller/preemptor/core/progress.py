@@ -29,9 +29,20 @@ def at_risk_since(last_checkpoint_at: float | None, run_started_at: float | None
 
 
 def work_at_risk_s(last_checkpoint_at: float | None, run_started_at: float | None, now: float) -> float:
-    """Seconds of work a stop at `now` throws away (0 when nothing is known to be at risk)."""
-    since = at_risk_since(last_checkpoint_at, run_started_at)
-    return 0.0 if since is None else max(0.0, now - since)
+    """Seconds of work a stop at `now` throws away (0 when nothing is known to be at risk).
+
+    `at_risk_since` and the `max`es inline: the planner asks this of every victim it
+    weighs, several times a plan."""
+    if last_checkpoint_at is None:
+        since = run_started_at
+    elif run_started_at is None:
+        since = last_checkpoint_at
+    else:
+        since = run_started_at if run_started_at > last_checkpoint_at else last_checkpoint_at
+    if since is None:
+        return 0.0
+    at_risk = now - since
+    return at_risk if at_risk > 0.0 else 0.0
 
 
 def lost_gpu_seconds(gpus: int, last_checkpoint_at: float | None, run_started_at: float | None, now: float) -> float:
