@@ -1005,7 +1005,7 @@ def plan(snapshot: Snapshot, policy: Policy, now: float, discipline: Discipline 
     each one walks the plan's young objects and, once the decision's survivors add up, the
     whole heap (the snapshot, the handler's modules): about a tenth of a 10k-job plan, more
     in its tail. Reference counting frees what the plan discards as it goes. The pause is
-    the process's (a Lambda plans one pool at a time; a plan started while the collector
+    the process's (a Lambda runs one plan at a time; a plan started while the collector
     is off, by a caller or another thread's plan, leaves it as it found it).
     """
     if not gc.isenabled():
