@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import gc
 from dataclasses import replace
 
 import pytest
@@ -1165,8 +1166,6 @@ def _cycles_left(make) -> int:
     """Objects `make()` built and dropped that only the cyclic collector could free: with
     the collector off, what it allocates stays in the youngest generation, so collecting
     that generation alone (fast, however large the test process's heap) finds them."""
-    import gc
-
     gc.disable()
     try:
         gc.collect(0)  # what was young before is collected or moves on
@@ -1182,8 +1181,6 @@ def _cycles_left(make) -> int:
 def test_a_plan_makes_no_reference_cycles_and_gives_the_collector_back(snap, policy_):
     # plan() pauses the cyclic collector while it plans: that is sound only while a plan's
     # garbage is freed by reference counting alone
-    import gc
-
     assert _cycles_left(lambda: plan(snap, policy_, NOW)) == 0
     # And a plan run with the collector on leaves it on, and one with it off leaves it off
     plan(snap, policy_, NOW)
