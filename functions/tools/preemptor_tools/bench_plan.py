@@ -2,6 +2,7 @@
 
     python -m preemptor_tools.bench_plan [--pending 10000] [--running 2000] [--pools 4] [--runs 100]
                                    [--seed 7] [--out bench/results/plan_speed.json]
+    python -m preemptor_tools.bench_plan --digest 40    # the decisions' fingerprint (`digest`)
 
 The snapshot is seeded-random and worst-case shaped: every pool is full, so each pending
 job that does not fit goes through nomination (victim bound, scan, fill-back); priorities
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import os
 import platform
@@ -203,6 +205,25 @@ def measure(pending: int = 10_000, running: int = 2_000, pools: int = 4, runs: i
     }
 
 
+def digest(seeds: int = 40) -> tuple[int, str]:
+    """A fingerprint of the planner's decisions: the SHA-256 of every field of every decision
+    on `seeds` seeded snapshots of varied sizes (50 to 2,000 pending, 1 to 4 pools), each
+    under every costly knob and under the defaults; returns (plans, hex digest).
+
+    A change meant to make `plan()` faster, not different, leaves it as it was: run
+    `--digest` before and after (the tests' equivalence checks cover the shortcuts within
+    one planner, not two versions of it)."""
+    h = hashlib.sha256()
+    plans = 0
+    for seed in range(seeds):
+        rng = random.Random(seed)
+        snap, every_knob = build(rng.choice([50, 300, 2000]), rng.choice([40, 200, 600]), rng.choice([1, 2, 4]), seed)
+        for policy in (every_knob, Policy()):
+            h.update(repr(plan(snap, policy, NOW)).encode())
+            plans += 1
+    return plans, h.hexdigest()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m preemptor_tools.bench_plan", description=__doc__.splitlines()[0])
     parser.add_argument("--pending", type=int, default=10_000)
@@ -211,7 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path("bench/results/plan_speed.json"))
+    parser.add_argument("--digest", type=int, metavar="SEEDS", help="print the fingerprint of the decisions on SEEDS snapshots (`digest`), time nothing")
     args = parser.parse_args(argv)
+    if args.digest is not None:
+        plans, hexdigest = digest(args.digest)
+        print(f"{plans} decisions, sha256 {hexdigest}")
+        return 0
 
     import preemptor.handlers.schedule  # noqa: F401 - the schedule function's modules, in memory as in its process
 
