@@ -67,20 +67,18 @@ class CheckpointStore:
 
         Raises the same errors as `newest`.
         """
-        location = _parse(uri)
-        key = location.key(REQUEST_KEY)
+        marker = _parse(uri).child(REQUEST_KEY)
         body = json.dumps({"requested_at": now, "reason": reason}).encode()
         try:
-            self.client.put_object(Bucket=location.bucket, Key=key, Body=body, ContentType="application/json")
+            self.client.put_object(Bucket=marker.bucket, Key=marker.prefix, Body=body, ContentType="application/json")
         except ClientError as e:
-            raise _translate(e, f"PutObject s3://{location.bucket}/{key}") from e
-        return f"s3://{location.bucket}/{key}"
+            raise _translate(e, f"PutObject {marker}") from e
+        return str(marker)
 
 
 def request_uri(uri: str) -> str:
     """Where `CheckpointStore.request` writes the marker of the checkpoint location `uri`."""
-    location = _parse(uri)
-    return f"s3://{location.bucket}/{location.key(REQUEST_KEY)}"
+    return str(_parse(uri).child(REQUEST_KEY))
 
 
 def _parse(uri: str) -> S3Uri:
