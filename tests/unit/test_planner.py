@@ -1213,3 +1213,35 @@ def test_the_cycle_check_sees_a_cycle():
         return None
 
     assert _cycles_left(leaky) >= 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.sampled_from([1, 2, 4, 8, 16]), min_size=0, max_size=12),
+    priorities=st.lists(st.sampled_from([50, 200, 500]), min_size=12, max_size=12),
+    need=st.integers(0, 64),
+    available=st.integers(0, 16),
+)
+def test_a_walk_without_a_quota_is_the_plain_capacity_test(sizes, priorities, need, available):
+    # A walk for a preemptor with no quota bucket tests `need <= GPUs` inline (`fits` None):
+    # it must choose, drop and report what the quota test without a bucket gives
+    from functools import partial
+
+    from preemptor.core.quotas import Quotas
+    from preemptor.core.victims import Candidates, Eligibility, walk
+
+    jobs = [running(f"r{i}", priority=priorities[i], gpus=g, started_at=float(i)) for i, g in enumerate(sizes)]
+    claimed = {v.name: v.priority for v in jobs}
+    quotas = Quotas((), Policy(), jobs, claimed)
+
+    def judge(v):
+        ok = v.priority < 500
+        return Eligibility(PreemptionRule.LOWER_PRIORITY if ok else None, Reason.LOWER_PRIORITY_VICTIM if ok else Reason.NOT_LOWER_PRIORITY, v.name)
+
+    def choice(fits):
+        cands = Candidates(False, lambda v: (claimed[v.name], v.name), jobs, set(), claimed)
+        scans = (((True, None), float("inf")), ((False, None), 200.0))
+        c = walk(scans, cands, claimed, judge, fits, quotas.bucket_of, available, by_priority=True, fill_back=True, need=need)
+        return c.victims, c.skipped, c.dropped, c.fits, c.short_of, c.scanned
+
+    assert choice(None) == choice(partial(quotas.fits, None, need))

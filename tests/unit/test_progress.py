@@ -112,3 +112,21 @@ def test_work_at_risk_inline_is_the_rule_it_inlines(last, started):
         got = work_at_risk_s(last, started, now)
         assert got == expected or (math.isnan(got) and math.isnan(expected))
         assert math.copysign(1.0, got) == math.copysign(1.0, expected)
+
+
+@pytest.mark.parametrize("last", _EDGES)
+@pytest.mark.parametrize("saves", [False, True])
+def test_stop_figures_are_the_rules_they_combine(last, saves):
+    # `RunningJob.stop_figures` gives the planner five figures of a stop in one call: each
+    # must be what its own rule gives, edge values included (compared by repr: NaN, -0.0)
+    for started in [v for v in _EDGES if v is not None]:
+        v = running("v", gpus=8, started_at=started, last_checkpoint_at=last, saves_on_stop=saves, preemptions=2, restart_overhead_s=120.0)
+        for now in [t for t in _EDGES if t is not None]:
+            expected = (
+                v.checkpoint_age_s(now),
+                v.work_at_risk_s(now),
+                v.lost_gpu_seconds(now),
+                is_fresh(last, started, now, 900.0),
+                v.stop_cost_gpu_seconds(now),
+            )
+            assert repr(v.stop_figures(now, 900.0)) == repr(expected)

@@ -276,6 +276,20 @@ class RunningJob:
             at_risk_s = self.work_at_risk_s(now)
         return self.gpus * (at_risk_s + self.restart_overhead_s + penalty)
 
+    def stop_figures(self, now: float, max_age_s: float) -> tuple[float | None, float, float, bool, float]:
+        """What a stop at `now` means, in one call: (`checkpoint_age_s`, `work_at_risk_s`,
+        `lost_gpu_seconds`, fresh within `max_age_s` (`progress.is_fresh`),
+        `stop_cost_gpu_seconds`). The planner needs all five of every victim it stops;
+        the same rules, computed together (tests/unit/test_progress.py holds them equal)."""
+        last = self.last_checkpoint_at
+        risked = _progress.work_at_risk_s(last, self.started_at, now)  # what `is_fresh` weighs
+        at_risk = 0.0 if self.saves_on_stop else risked
+        gpus = self.gpus
+        cost = gpus * (at_risk + self.restart_overhead_s + self.preemptions * REPREEMPTION_PENALTY_S)
+        if last is None:
+            return None, at_risk, gpus * at_risk, False, cost
+        return max(0.0, now - last), at_risk, gpus * at_risk, risked <= max_age_s, cost
+
     def checkpoint_age_s(self, now: float) -> float | None:
         """Seconds since the last checkpoint, or None when there is none yet."""
         return None if self.last_checkpoint_at is None else max(0.0, now - self.last_checkpoint_at)

@@ -124,13 +124,14 @@ class Quotas:
             return False, "capacity"
         if bucket is None:
             return True, ""
-        own_used = bucket.used - freed.get(id(bucket), (bucket, 0))[1]
+        own_used = bucket.used - freed[id(bucket)][1] if id(bucket) in freed else bucket.used
         if own_used + gpus > bucket.ceiling:
             return False, "quota"
         reserved = self.reserved_total
         for b, amount in freed.values():
             reserved += b.unused_kept(b.used - amount) - b.unused_kept()
-        others = reserved - bucket.unused_kept(own_used)
+        kept = bucket.kept - own_used  # `bucket.unused_kept(own_used)`, inline: this runs for every victim a walk takes
+        others = reserved - (kept if kept > 0 else 0)
         if gpus > physical - others:
             return False, "quota"
         return True, ""

@@ -12,8 +12,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 from .model import PreemptionRule, Reason, RunningJob
 from .policy import MAX_PRIORITY, MaxPreemptionsAction, PoolPolicy, PreemptionMode, ReclaimMode
@@ -30,6 +29,8 @@ _LOWER_VICTIM = Reason.LOWER_PRIORITY_VICTIM
 _NOT_LOWER = Reason.NOT_LOWER_PRIORITY
 _GUARANTEED = Reason.WITHIN_GUARANTEED_QUOTA
 _PROTECT = MaxPreemptionsAction.PROTECT  # read for every running job of a pool with max_preemptions
+
+_new = tuple.__new__  # a verdict in one call, all fields given (`Eligibility`)
 
 # (victim, now, runs on borrowed quota, its claimed priority) -> sort key, smallest first
 VictimKey = Callable[[RunningJob, float, bool, int], tuple]
@@ -64,10 +65,12 @@ def victim_key(
     )
 
 
-@dataclass(slots=True)
-class Eligibility:
+class Eligibility(NamedTuple):
     """Whether a running job may be stopped for a given preemptor, and by which rule
-    (`rule` None: it may not; `reason` and `detail` say why)."""
+    (`rule` None: it may not; `reason` and `detail` say why).
+
+    A named tuple, as the planner's lines: a walk judges every candidate it scans, and
+    `eligibility` builds the verdict with `tuple.__new__`, in one call."""
 
     rule: PreemptionRule | None
     reason: Reason
@@ -143,12 +146,12 @@ def eligibility(r: RankedJob, v: RunningJob, pv: int, knobs: PoolPolicy, quotas_
     mode, scope = (knobs.within_team, "within_team") if same_team else (knobs.across_teams, "across_teams")
     if mode is _NEVER:
         return Eligibility(None, Reason.PREEMPTION_NOT_ALLOWED, f"{scope} is Never")
-    rule = mode_rule(mode, pj, r.job.submitted_at, pv, v.started_at)
-    if rule is _LOWER:
-        return Eligibility(rule, _LOWER_VICTIM, f"priority {pv} < {pj} of {r.job.name}")
-    if rule is _NEWER_EQUAL:
-        return Eligibility(rule, Reason.NEWER_EQUAL_PRIORITY_VICTIM, f"priority {pv} = {pj} of {r.job.name}, started after it was submitted")
-    return Eligibility(None, _NOT_LOWER, f"priority {pv} is not below {pj} ({scope} {mode.value})")
+    # `mode_rule`, inline (the mode is not Never here): this runs for every candidate scanned.
+    if pv < pj:
+        return _new(Eligibility, (_LOWER, _LOWER_VICTIM, f"priority {pv} < {pj} of {r.job.name}"))
+    if mode is _OR_NEWER_EQUAL and pv == pj and v.started_at > r.job.submitted_at:
+        return Eligibility(_NEWER_EQUAL, Reason.NEWER_EQUAL_PRIORITY_VICTIM, f"priority {pv} = {pj} of {r.job.name}, started after it was submitted")
+    return _new(Eligibility, (None, _NOT_LOWER, f"priority {pv} is not below {pj} ({scope} {mode.value})"))
 
 
 ListKey = tuple[bool, "str | None"]
@@ -213,10 +216,11 @@ class Candidates:
 
     def add(self, v: RunningJob, borrowed: bool, priority: int, sign: int = 1) -> None:
         gpus = sign * v.gpus
+        answers, by_priority, totals = self._answers, self.by_priority, self.totals
         for key in ((borrowed, v.team), (borrowed, None)):
-            self._answers.pop(key, None)
-            self.by_priority[key][priority] += gpus
-            self.totals[key] += gpus
+            answers.pop(key, None)
+            by_priority[key][priority] += gpus
+            totals[key] += gpus
 
     def gpus(self, borrowed: bool, team: str | None, top: int) -> int:
         """GPUs of candidates of this kind (of `team`, or all when None) at priority <= top."""
@@ -291,16 +295,21 @@ def walk(
     cands: Candidates,
     claimed: dict[str, int],
     judge: Callable[[RunningJob], Eligibility],
-    fits: Callable[[int, Freed], tuple[bool, str]],
+    fits: Callable[[int, Freed], tuple[bool, str]] | None,
     bucket_of: dict[str, Bucket | None],
     available: int,
     *,
     by_priority: bool,
     fill_back: bool,
+    need: int = 0,
 ) -> Choice:
     """Take eligible victims from the candidate lists `scans` names, in list order, until the
     preemptor `fits` in the GPUs available plus theirs; then, with `fill_back`, drop, last
     chosen first, every victim it still fits without.
+
+    `fits` None: the preemptor counts against no quota, and it fits when its `need` GPUs
+    do (`Quotas.fits` without a bucket, inline: the test runs for every victim taken and
+    every one fill-back tries to drop).
 
     Each scan has a priority limit: a list in priority-major order (`by_priority`) is left
     at the first job above it, since nothing further may be preempted; any other order is
@@ -323,10 +332,13 @@ def walk(
                 continue
             victims.append((v, verdict))
             physical += v.gpus
-            bucket = bucket_of[v.name]
-            if bucket is not None:
-                _give(freed, bucket, v.gpus)
-            ok, choice.short_of = fits(physical, freed)
+            if fits is None:
+                ok = physical >= need
+            else:
+                bucket = bucket_of[v.name]
+                if bucket is not None:
+                    _give(freed, bucket, v.gpus)
+                ok, choice.short_of = fits(physical, freed)
             if ok:
                 break
         choice.scanned[key] = scanned
@@ -335,11 +347,21 @@ def walk(
     choice.fits = ok
     if not ok:
         if not victims:
-            choice.short_of = fits(physical, freed)[1]
+            choice.short_of = ("" if physical >= need else "capacity") if fits is None else fits(physical, freed)[1]
         return choice
+    if fits is None:
+        choice.short_of = ""
     if not fill_back:
         return choice
     # Fill back: the last chosen are the most expensive to stop, so try dropping them first.
+    if fits is None:
+        for i in range(len(victims) - 1, -1, -1):
+            v = victims[i][0]
+            if physical - v.gpus >= need:
+                physical -= v.gpus
+                del victims[i]
+                choice.dropped.append(v)
+        return choice
     for i in range(len(victims) - 1, -1, -1):
         v = victims[i][0]
         bucket = bucket_of[v.name]
