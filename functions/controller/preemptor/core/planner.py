@@ -43,7 +43,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import cached_property, partial
-from operator import attrgetter
+from operator import attrgetter, is_not
 from typing import Callable, Iterable, Sequence
 
 from . import progress
@@ -81,6 +81,7 @@ from .victims import (
 )
 
 NOTHING_FREED: Freed = {}  # no victims chosen yet (never written to)
+_INF = float("inf")
 
 # Members used on every pending job and victim, bound once: on Python 3.11 each lookup of an
 # enum class attribute goes through `EnumType.__getattr__`, the cost of a function call.
@@ -316,16 +317,22 @@ class PoolPlanner:
         bucket = self.quotas.bucket_for(r.job.team, r.claimed)
         return self.eligibility(r, v, self.may_reclaim(bucket, r.job.gpus))
 
+    def tops(self, claimed: int) -> tuple[int, int]:
+        """The highest priority a job claiming `claimed` may preempt within its team and across
+        teams (`victims.top_priority` of each mode), once per claimed priority."""
+        tops = self._tops.get(claimed)
+        if tops is None:
+            k = self.knobs
+            tops = self._tops[claimed] = (top_priority(k.within_team, claimed), top_priority(k.across_teams, claimed))
+        return tops
+
     def victim_bound(self, r: RankedJob, reclaim: bool) -> int:
         """An upper bound of the GPUs `r` could free by preemption (`Candidates.bound`);
         the same for every team without quotas when both modes agree, as by default."""
         key = (None if self._bound_teamless else r.job.team, r.claimed, reclaim)
         bound = self._bounds.get(key)
         if bound is None:  # the same until victims are chosen (`_commit` forgets them)
-            tops = self._tops.get(r.claimed)
-            if tops is None:
-                tops = self._tops[r.claimed] = (top_priority(self.knobs.within_team, r.claimed), top_priority(self.knobs.across_teams, r.claimed))
-            top_within, top_across = tops
+            top_within, top_across = self.tops(r.claimed)
             if top_within < 0 and top_across < 0 and not reclaim:
                 bound = 0  # it may preempt no one
             else:
@@ -336,12 +343,13 @@ class PoolPlanner:
     def choose(self, r: RankedJob, bucket: Bucket | None, available: int, reclaim: bool, escalated: bool = False) -> Choice:
         """Take eligible victims in victim order until `r` fits, then fill back (`victims.walk`);
         `escalated`: the victims `r` would take once escalated."""
-        top_within = top_priority(self.knobs.within_team, r.claimed)
-        top = max(top_within, top_priority(self.knobs.across_teams, r.claimed))
+        tops = self.tops(r.claimed)
+        top_within = tops[0]
+        top = max(tops)
         # With quotas, only the job's own team's work that is not borrowed may be preempted.
         cands = self.cands
         scans = (
-            ((True, None), float("inf") if reclaim else top),
+            ((True, None), _INF if reclaim else top),
             (cands.list_key(False, r.job.team), top_within if self.quotas.on else top),
         )
         return walk(
@@ -663,7 +671,7 @@ class PoolPlanner:
             self._wait(job, Reason.PREEMPTION_DELAYED, detail)
             self._note_likely(choice.victims, job.name, "whose preemption is delayed")
             return
-        over = self._over_budget(victims)
+        over = self._over_budget(victims) if k.budget is not None else ""
         if over:
             self._hold(r, bucket)
             self._wait(job, Reason.BUDGET_EXHAUSTED, f"needs {job.gpus} GPUs; preempting {_names(victims)} would exceed the budget: {over}")
@@ -991,6 +999,7 @@ class PoolPlanner:
 
 _escalated = attrgetter("escalated")
 _escalates_at = attrgetter("escalates_at")
+_is_set = partial(is_not, None)
 
 
 def _names(victims: list[RunningJob]) -> str:
@@ -1063,8 +1072,8 @@ def run(snapshot: Snapshot, policy: Policy, now: float, discipline: Discipline =
         lead = escalation_lead_s(knobs)
         if not escalated and lead is not None:
             # A job near its escalation looks for the victims it will take once escalated.
-            soon = now + lead
-            escalated = any(at is not None and at <= soon for at in map(_escalates_at, waiting))
+            soon = float(now + lead)  # `soon.__ge__` below: a float compares with any number
+            escalated = any(map(soon.__ge__, filter(_is_set, map(_escalates_at, waiting))))  # C loops: 10k jobs a plan
         planner = PoolPlanner(
             pool, knobs, policy, now, running_by_pool.get(pool.name, []), snapshot.preemption_history, discipline, escalated
         )
