@@ -112,6 +112,122 @@ def test_a_retried_checkpoint_request_answers_with_its_first_attempt_and_writes_
         assert len(lines()) == 2
 
 
+class _DiesAtItsMarker:
+    """The checkpoint store of a request step whose Lambda dies as it writes the marker:
+    the request is recorded on the job, the marker is not written."""
+
+    def __init__(self, checkpoints):
+        self._checkpoints, self.died = checkpoints, False
+
+    def __getattr__(self, name):
+        return getattr(self._checkpoints, name)
+
+    def request(self, *args, **kwargs):
+        if not self.died:
+            self.died = True
+            raise RuntimeError("Lambda.Unknown: the runtime was killed")
+        return self._checkpoints.request(*args, **kwargs)
+
+
+def _versions(env, key: str) -> list[float]:
+    """The `requested_at` of every version of a marker, oldest first."""
+    s3, bucket = env.stack.client("s3"), env.stack.parameters["CheckpointBucketName"]
+    versions = sorted(s3.list_object_versions(Bucket=bucket, Prefix=key).get("Versions", []), key=lambda v: v["LastModified"])
+    return [json.loads(s3.get_object(Bucket=bucket, Key=key, VersionId=v["VersionId"])["Body"].read())["requested_at"] for v in versions]
+
+
+def test_a_request_step_that_died_before_its_marker_writes_it_on_retry_with_the_first_time():
+    with emulation() as env:
+        d = env.stack.deps()
+        s3, bucket = env.stack.client("s3"), env.stack.parameters["CheckpointBucketName"]
+        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=14400, checkpoint_every=7200)
+        env.advance(300)
+        key = "research/sweep/_preemptor/checkpoint-request.json"
+
+        def request(checkpoints):
+            return actions.request_checkpoint(
+                store=d.store, checkpoints=checkpoints, job="sweep", reason="preemption", now=env.clock.now(), execution="preempt-sweep-1"
+            )
+
+        # Given a request step whose Lambda died after recording the request, as it wrote the marker
+        dying = _DiesAtItsMarker(d.checkpoints)
+        asked_at = env.clock.now()
+        try:
+            request(dying)
+        except RuntimeError:
+            pass
+        assert dying.died and _versions(env, key) == [] and env.job("sweep").checkpoint_requested_at == asked_at
+        # When Step Functions retries it, 5 s later
+        env.clock.advance(5)
+        again = request(d.checkpoints)
+        # Then the marker is written, with the time the job's record and the workflow's wait
+        # count from, and the line once
+        assert again["again"] is True and again["requested_at"] == asked_at
+        assert _versions(env, key) == [asked_at]
+        assert [e["at"] for e in d.store.history("sweep") if e["kind"] == "checkpoint-requested"] == [asked_at]
+
+
+def test_a_request_step_that_died_before_recording_asks_once_on_retry():
+    with emulation() as env:
+        d = env.stack.deps()
+        s3, bucket = env.stack.client("s3"), env.stack.parameters["CheckpointBucketName"]
+        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=14400, checkpoint_every=7200)
+        env.advance(300)
+        key = "research/sweep/_preemptor/checkpoint-request.json"
+
+        class DiesAtItsRecord(_DiesBeforeItsLine):
+            def note_learning(self, *args, **kwargs):
+                if not self.died:
+                    self.died = True
+                    raise RuntimeError("Lambda.Unknown: the runtime was killed")
+                return self._store.note_learning(*args, **kwargs)
+
+            def log(self, *args, **kwargs):
+                return self._store.log(*args, **kwargs)
+
+        # Given a request step whose Lambda died as it recorded the request (the marker,
+        # written after the record, is not written either)
+        dying = DiesAtItsRecord(d.store)
+        try:
+            actions.request_checkpoint(store=dying, checkpoints=d.checkpoints, job="sweep", reason="preemption", now=env.clock.now(), execution="preempt-sweep-1")
+        except RuntimeError:
+            pass
+        assert dying.died and _versions(env, key) == []
+        # When it is retried
+        env.clock.advance(5)
+        retried = actions.request_checkpoint(store=d.store, checkpoints=d.checkpoints, job="sweep", reason="preemption", now=env.clock.now(), execution="preempt-sweep-1")
+        # Then it is the one request: one marker, of the retry's time, on the record and in the line
+        assert "again" not in retried
+        assert _versions(env, key) == [retried["requested_at"]] == [env.job("sweep").checkpoint_requested_at]
+
+
+def test_a_request_the_location_refuses_leaves_the_job_its_earlier_request():
+    with emulation() as env:
+        d = env.stack.deps()
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=14400, checkpoint_every=7200)
+        env.advance(300)
+        # Given a job asked for a checkpoint ahead of time (by the schedule step)
+        first = actions.request_checkpoint(store=d.store, checkpoints=d.checkpoints, job="sweep", reason="ahead", now=env.clock.now())
+        assert env.job("sweep").checkpoint_requested_at == first["requested_at"]
+        # When its checkpoint bucket is gone as a preemption asks again
+        s3, bucket = env.stack.client("s3"), env.stack.parameters["CheckpointBucketName"]
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            for obj in page.get("Contents", []):
+                s3.delete_object(Bucket=bucket, Key=obj["Key"])
+        s3.delete_bucket(Bucket=bucket)
+        refused = actions.request_checkpoint(
+            store=d.store, checkpoints=d.checkpoints, job="sweep", reason="preemption", now=env.clock.now() + 60, execution="preempt-sweep-1"
+        )
+        # Then the step says why, and the job keeps its earlier request: it was not asked
+        # this one, so it cannot be found to have ignored it
+        assert refused["marker"] is None and refused["error"] == "NoSuchBucket"
+        job = env.job("sweep")
+        assert job.checkpoint_requested_at == first["requested_at"] and job.checkpoint_request_by is None
+        assert "checkpoint-unavailable" in env.kinds("sweep")
+
+
 def test_a_retried_interruption_mark_writes_its_line_if_the_first_attempt_died_before_it():
     with emulation() as env:
         d = env.stack.deps()

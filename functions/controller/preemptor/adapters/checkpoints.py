@@ -76,11 +76,6 @@ class CheckpointStore:
         return str(marker)
 
 
-def request_uri(uri: str) -> str:
-    """Where `CheckpointStore.request` writes the marker of the checkpoint location `uri`."""
-    return str(_parse(uri).child(REQUEST_KEY))
-
-
 def _parse(uri: str) -> S3Uri:
     try:
         return S3Uri.parse(uri)

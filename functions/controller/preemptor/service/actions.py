@@ -14,7 +14,7 @@ import math
 import random
 
 from ..adapters.alerts import Alerts
-from ..adapters.checkpoints import CheckpointStore, request_uri
+from ..adapters.checkpoints import CheckpointStore
 from ..adapters.runners import Runner
 from ..adapters.store import JobsStore
 from ..core.errors import AccessDenied, CheckpointLocationUnavailable, ConflictError, ServiceJobNotFound, ServiceRejected
@@ -115,26 +115,32 @@ def request_checkpoint(
 ) -> dict:
     """Write the job's checkpoint-request marker (its training helper answers it).
 
-    `execution` is the workflow's execution, kept on the job (`checkpoint_request_by`): a
-    step retried after its first attempt asked (the Lambda died before it answered)
-    answers with that request, its time and marker, and writes no second marker (the
-    helper would save again for a request of a later time). Its log line is keyed by the
-    execution, so the retry writes it if the first attempt died before it did, once.
+    `execution` is the workflow's execution, kept on the job (`checkpoint_request_by`)
+    before the marker is written: a step retried after its first attempt recorded the
+    request (the Lambda died before it answered, before or after writing the marker)
+    answers with that request, and writes its marker again with the same time, so the
+    marker exists and the helper, which answers a request once per `requested_at`, saves
+    once. Its log line is keyed by the execution: written once however often the step is
+    retried. The order is record, marker, line: a step that dies anywhere is repaired by its
+    retry. A marker the location refuses gives the record back its earlier request (the
+    job was not asked, so it cannot be found to have ignored the request).
     """
     record = store.require(job)
-    if execution is not None and record.checkpoint_request_by == execution and record.checkpoint_requested_at is not None:
-        at = record.checkpoint_requested_at
-        marker = request_uri(record.checkpoint_s3_uri)
-        _log_request(store, job, at, reason, marker, execution)
-        return {"requested_at": at, "marker": marker, "again": True}
+    again = execution is not None and record.checkpoint_request_by == execution and record.checkpoint_requested_at is not None
+    at = record.checkpoint_requested_at if again else now
+    if not again:
+        learning.checkpoint_requested(store, job, now, by=execution)  # issue 10
     try:
-        marker = checkpoints.request(record.checkpoint_s3_uri, now, reason)
+        marker = checkpoints.request(record.checkpoint_s3_uri, at, reason)
     except CheckpointLocationUnavailable as e:
+        if not again:
+            learning.checkpoint_request_undone(store, record)
         store.log(job, now, "checkpoint-unavailable", e.code or "checkpoint-location", f"cannot ask for a checkpoint: {e}")
         return {"requested_at": now, "marker": None, "error": e.code}
-    learning.checkpoint_requested(store, job, now, by=execution)  # issue 10
-    _log_request(store, job, now, reason, marker, execution)
-    return {"requested_at": now, "marker": marker}
+    _log_request(store, job, at, reason, marker, execution)
+    if again:
+        return {"requested_at": at, "marker": marker, "again": True}
+    return {"requested_at": at, "marker": marker}
 
 
 def _log_request(store: JobsStore, job: str, at: float, reason: str, marker: str, execution: str | None) -> None:

@@ -75,6 +75,12 @@ def checkpoint_requested(store: JobsStore, name: str, now: float, by: str | None
     store.note_learning(name, checkpoint_requested_at=now, checkpoint_request_by=by)
 
 
+def checkpoint_request_undone(store: JobsStore, record: JobRecord) -> None:
+    """A request recorded on the job (`checkpoint_requested`) whose marker its location
+    refused: the job keeps the request it had before, as it was never asked this one."""
+    store.note_learning(record.name, checkpoint_requested_at=record.checkpoint_requested_at, checkpoint_request_by=record.checkpoint_request_by)
+
+
 def stop_sent(store: JobsStore, record: JobRecord, fresh: bool, now: float) -> None:
     """The stop signal went out at `now`. Without a fresh checkpoint after a request made
     for this preemption, the job did not honour it: it is not waited for again."""
