@@ -444,7 +444,7 @@ class PoolPlanner:
             detail = f"needs {job.gpus} GPUs, pool {self.pool.name} has {self.pool.gpus}"
             self.lines.append(Explanation(job.name, Verdict.SKIP, Reason.LARGER_THAN_POOL, detail))
             return
-        if self.quotas.fits(bucket, job.gpus, self.free, NOTHING_FREED)[0]:
+        if job.gpus <= self.free if bucket is None else self.quotas.fits(bucket, job.gpus, self.free, NOTHING_FREED)[0]:
             self._admit(r, bucket)
         else:
             self._nominate(r, bucket, key)
@@ -617,7 +617,10 @@ class PoolPlanner:
         """Claim capacity for a job that does not fit now, preempting victims if needed."""
         job, k, now = r.job, self.knobs, self.now
         available = self.free + self.releasing
-        ok, short_of = self.quotas.fits(bucket, job.gpus, available, NOTHING_FREED)
+        if bucket is None:  # `Quotas.fits` without a quota, inline
+            ok, short_of = (True, "") if job.gpus <= available else (False, "capacity")
+        else:
+            ok, short_of = self.quotas.fits(bucket, job.gpus, available, NOTHING_FREED)
         if ok and self.releasing_late and self._preempts_instead(r, bucket, available):
             return
         if ok:
@@ -628,11 +631,12 @@ class PoolPlanner:
 
         if not self._protections_reported:
             self._report_protections()
-        reclaim = self.quotas.may_reclaim(bucket, job.gpus, k.reclaim_within_pool)
+        reclaim = bucket is not None and self.quotas.may_reclaim(bucket, job.gpus, k.reclaim_within_pool)
         choice = None  # no victims looked for
+        bound = self._bounds.get((None if self._bound_teamless else job.team, r.claimed, reclaim))  # `victim_bound`'s look-up, inline
         if bucket is not None and bucket.used - bucket.candidate_gpus + job.gpus > bucket.ceiling:
             short_of = "quota"  # even stopping all its own quota's work would not make room
-        elif available + self.victim_bound(r, reclaim) >= job.gpus:
+        elif available + (self.victim_bound(r, reclaim) if bound is None else bound) >= job.gpus:
             spent = self._budget_spent() if k.budget is not None else ""
             if spent and self.waited_enough(r):
                 # Any victim would exceed a budget already spent: they are looked for only
