@@ -195,3 +195,15 @@ def test_the_decisions_fingerprint_is_stable_and_sees_one_changed_line():
 
     with patch.object(bench_plan, "plan", one_line_less):
         assert bench_plan.digest(3) != first
+
+
+def test_repeat_plans_the_bench_snapshot_as_measure_does(capsys):
+    # `bench_plan --repeat`, what instruction counts are taken over: the same snapshot and
+    # policies as the timed runs, planned the number of times asked
+    from preemptor_tools import bench_plan
+
+    snap, every_knob = build(300, 200, 2, 7)
+    expected = len(plan(snap, every_knob, BENCH_NOW).preemptions)
+    assert bench_plan.repeat(2, "every-knob", 300, 200, 2, 7) == expected > 0
+    assert bench_plan.main(["--repeat", "1", "--policy", "defaults", "--pending", "300", "--running", "200", "--pools", "2"]) == 0
+    assert capsys.readouterr().out.startswith("1 plans [defaults], ")

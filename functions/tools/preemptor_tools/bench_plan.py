@@ -3,6 +3,12 @@
     python -m preemptor_tools.bench_plan [--pending 10000] [--running 2000] [--pools 4] [--runs 100]
                                    [--seed 7] [--out bench/results/plan_speed.json]
     python -m preemptor_tools.bench_plan --digest 40    # the decisions' fingerprint (`digest`)
+    python -m preemptor_tools.bench_plan --repeat 3 --policy every-knob   # plans, untimed (`repeat`)
+
+Wall-clock time on a shared 2-CPU VM moves by several per cent from one minute to the next,
+more than most single speed changes. Instructions do not: under
+`valgrind --tool=cachegrind --cache-sim=no`, half the difference between `--repeat 3` and
+`--repeat 1` is the instructions of one plan (docs/policy.md, "Planner cost").
 
 The snapshot is seeded-random and worst-case shaped: every pool is full, so each pending
 job that does not fit goes through nomination (victim bound, scan, fill-back); priorities
@@ -224,6 +230,18 @@ def digest(seeds: int = 40) -> tuple[int, str]:
     return plans, h.hexdigest()
 
 
+def repeat(plans: int, policy: str, pending: int = 10_000, running: int = 2_000, pools: int = 4, seed: int = 7) -> int:
+    """Plan the benchmark snapshot `plans` times under `policy` ("every-knob" or
+    "defaults"), time nothing, collect no garbage: the work of `plans` plans on top of the
+    build, for an instruction counter. Returns the preemptions of the last plan."""
+    snap, every_knob = build(pending, running, pools, seed)
+    chosen = {"every-knob": every_knob, "defaults": Policy()}[policy]
+    preemptions = 0
+    for _ in range(plans):
+        preemptions = len(plan(snap, chosen, NOW).preemptions)
+    return preemptions
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m preemptor_tools.bench_plan", description=__doc__.splitlines()[0])
     parser.add_argument("--pending", type=int, default=10_000)
@@ -233,7 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path("bench/results/plan_speed.json"))
     parser.add_argument("--digest", type=int, metavar="SEEDS", help="print the fingerprint of the decisions on SEEDS snapshots (`digest`), time nothing")
+    parser.add_argument("--repeat", type=int, metavar="PLANS", help="plan the snapshot PLANS times under --policy and time nothing (`repeat`)")
+    parser.add_argument("--policy", choices=["every-knob", "defaults"], default="every-knob")
     args = parser.parse_args(argv)
+    if args.repeat is not None:
+        preemptions = repeat(args.repeat, args.policy, args.pending, args.running, args.pools, args.seed)
+        print(f"{args.repeat} plans [{args.policy}], {preemptions} preemptions each")
+        return 0
     if args.digest is not None:
         plans, hexdigest = digest(args.digest)
         print(f"{plans} decisions, sha256 {hexdigest}")
