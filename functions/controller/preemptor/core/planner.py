@@ -74,7 +74,7 @@ from .victims import (
     Eligibility,
     VictimKey,
     eligibility,
-    protection,
+    protector,
     top_priority,
     victim_key,
     walk,
@@ -226,9 +226,10 @@ class PoolPlanner:
         k, now = self.knobs, self.now
         # Most jobs meet no knob's protection: `protection` is called only where one may apply.
         knobbed = bool(k.max_preemptions is not None or k.min_runtime_s or k.near_completion.remaining_s is not None or k.near_completion.progress is not None)
+        protect = protector(k, now)
         for v in self.running:
             if knobbed or v.stopping or not v.stoppable or v.guaranteed or v.spared_until is not None:
-                verdict = protection(v, k, now)
+                verdict = protect(v)
             else:
                 verdict = None
             if verdict is not None:
@@ -637,17 +638,17 @@ class PoolPlanner:
         if bucket is not None and bucket.used - bucket.candidate_gpus + job.gpus > bucket.ceiling:
             short_of = "quota"  # even stopping all its own quota's work would not make room
         elif available + (self.victim_bound(r, reclaim) if bound is None else bound) >= job.gpus:
-            spent = self._budget_spent() if k.budget is not None else ""
+            spent = "" if k.budget is None else self._spent if self._spent is not None else self._budget_spent()
             if spent and self.waited_enough(r):
                 # Any victim would exceed a budget already spent: they are looked for only
                 # to be asked for a checkpoint before the budget allows their stop.
-                if self._ahead_walk(key) and len(self._likely_victims) < self._likely_cap:
+                if self._ahead_walks > 0 and self._ahead_walk(key) and len(self._likely_victims) < self._likely_cap:
                     choice = self.choose(r, bucket, available, reclaim)
                     if choice.fits:
                         self._note_likely(choice.victims, job.name, "whose preemption waits for the preemption budget")
-                held = self._hold(r, bucket)
+                held = self._hold(r, bucket) if self.free or self.releasing else 0  # (nothing to hold: `_hold` would do nothing)
                 detail = f"needs {job.gpus} GPUs; the pool's preemption budget is spent: {spent}"
-                self._wait(job, _BUDGET, detail)
+                self.lines.append(_new(Explanation, (job.name, _WAIT, _BUDGET, detail, None)))
                 if not held and not self.starving(job):
                     self._remember(key, (_BUDGET, detail), None)  # nothing was left to hold
                 return
@@ -771,11 +772,13 @@ class PoolPlanner:
         if budget is None:
             return ""
         count = self.budget_count + len(victims)
-        lost = self.budget_lost + sum(v.lost_gpu_seconds(self.now) for v in victims) if victims else self.budget_lost
-        lost_h = lost / 3600.0
         if budget.max_preemptions is not None and (count > budget.max_preemptions or (not victims and count >= budget.max_preemptions)):
             return f"{count} preemptions {'>' if victims else 'of'} {budget.max_preemptions} per {budget.window_s:g} s"
-        if budget.max_gpu_hours is not None and lost_h > budget.max_gpu_hours:
+        if budget.max_gpu_hours is None:
+            return ""  # the work the victims would lose counts against no limit
+        lost = self.budget_lost + sum(v.lost_gpu_seconds(self.now) for v in victims) if victims else self.budget_lost
+        lost_h = lost / 3600.0
+        if lost_h > budget.max_gpu_hours:
             return f"{lost_h:.2f} GPU-hours lost > {budget.max_gpu_hours:g} per {budget.window_s:g} s"
         return ""
 

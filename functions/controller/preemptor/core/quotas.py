@@ -83,7 +83,8 @@ class Quotas:
         for jobs in members.values():
             bucket = self.bucket_of[jobs[0].name]
             total = 0
-            for v in sorted(jobs, key=lambda j: (-claimed[j.name], j.started_at, j.name)):
+            # Decorated, not keyed: no call per job (names are unique, so `v` is never compared).
+            for _, _, _, v in sorted([(-claimed[j.name], j.started_at, j.name, j) for j in jobs]):
                 total += v.gpus
                 if total > bucket.nominal:
                     self.borrowed.add(v.name)
@@ -106,7 +107,9 @@ class Quotas:
     def set_used(self, bucket: Bucket | None, used: int) -> None:
         if bucket is None:
             return
-        self.reserved_total += bucket.unused_kept(used) - bucket.unused_kept()
+        # `bucket.unused_kept(used) - bucket.unused_kept()`, inline: once per victim and per hold
+        after, before = bucket.kept - used, bucket.kept - bucket.used
+        self.reserved_total += (after if after > 0 else 0) - (before if before > 0 else 0)
         bucket.used = used
 
     def kept_by_others(self, bucket: Bucket) -> int:
@@ -129,7 +132,10 @@ class Quotas:
             return False, "quota"
         reserved = self.reserved_total
         for b, amount in freed.values():
-            reserved += b.unused_kept(b.used - amount) - b.unused_kept()
+            # `b.unused_kept(b.used - amount) - b.unused_kept()`, inline: for every quota a
+            # walk's victims gave GPUs back to, at every fit test of the walk
+            after, before = b.kept - b.used + amount, b.kept - b.used
+            reserved += (after if after > 0 else 0) - (before if before > 0 else 0)
         kept = bucket.kept - own_used  # `bucket.unused_kept(own_used)`, inline: this runs for every victim a walk takes
         others = reserved - (kept if kept > 0 else 0)
         if gpus > physical - others:

@@ -79,34 +79,45 @@ class Eligibility(NamedTuple):
 
 def protection(v: RunningJob, knobs: PoolPolicy, now: float) -> Eligibility | None:
     """Protections that depend on the victim alone; None when it is a candidate."""
-    if v.stopping:
-        return Eligibility(None, Reason.ALREADY_STOPPING, "already being stopped; its GPUs are claimed first")
-    if not v.stoppable:
-        return Eligibility(
-            None, Reason.NOT_STOPPABLE, "adopted run without the controller's managed tag: the controller may not stop it"
-        )
-    if v.guaranteed:
-        return Eligibility(None, Reason.STARVATION_GUARANTEE, "admitted after starving: runs to completion")
-    if v.spared_until is not None and now < v.spared_until:
-        return Eligibility(
-            None, Reason.RECENTLY_SPARED, f"spared after a checkpoint timeout, until {v.spared_until - now:.0f} s from now"
-        )
-    k = knobs
-    if k.max_preemptions is not None and k.on_max_preemptions is _PROTECT and v.preemptions >= k.max_preemptions:
-        return Eligibility(None, Reason.MAX_PREEMPTIONS_PROTECTED, f"preempted {v.preemptions} times (max_preemptions {k.max_preemptions})")
-    ran = now - v.started_at
-    if ran < k.min_runtime_s:
-        return Eligibility(None, Reason.MIN_RUNTIME_PROTECTED, f"running {ran:.0f} s < min_runtime_s {k.min_runtime_s:g}")
-    near = k.near_completion
-    if near.remaining_s is not None:
-        remaining = v.remaining_s(now)
-        if remaining is not None and 0 <= remaining < near.remaining_s:
-            return Eligibility(None, Reason.NEAR_COMPLETION_PROTECTED, f"about {remaining:.0f} s left < {near.remaining_s:g} s")
-    if near.progress is not None:
-        progress = v.progress_at(now)
-        if progress is not None and near.progress < progress <= 1.0:
-            return Eligibility(None, Reason.NEAR_COMPLETION_PROTECTED, f"{progress:.0%} done > {near.progress:.0%}")
-    return None
+    return protector(knobs, now)(v)
+
+
+def protector(knobs: PoolPolicy, now: float) -> Callable[[RunningJob], Eligibility | None]:
+    """`protection` with the pool's knobs read once: the planner asks it of every running job."""
+    max_preemptions = knobs.max_preemptions if knobs.on_max_preemptions is _PROTECT else None
+    min_runtime_s = knobs.min_runtime_s
+    near = knobs.near_completion
+    near_remaining_s, near_progress = near.remaining_s, near.progress
+
+    def protect(v: RunningJob) -> Eligibility | None:
+        if v.stopping:
+            return Eligibility(None, Reason.ALREADY_STOPPING, "already being stopped; its GPUs are claimed first")
+        if not v.stoppable:
+            return Eligibility(
+                None, Reason.NOT_STOPPABLE, "adopted run without the controller's managed tag: the controller may not stop it"
+            )
+        if v.guaranteed:
+            return Eligibility(None, Reason.STARVATION_GUARANTEE, "admitted after starving: runs to completion")
+        if v.spared_until is not None and now < v.spared_until:
+            return Eligibility(
+                None, Reason.RECENTLY_SPARED, f"spared after a checkpoint timeout, until {v.spared_until - now:.0f} s from now"
+            )
+        if max_preemptions is not None and v.preemptions >= max_preemptions:
+            return Eligibility(None, Reason.MAX_PREEMPTIONS_PROTECTED, f"preempted {v.preemptions} times (max_preemptions {max_preemptions})")
+        ran = now - v.started_at
+        if ran < min_runtime_s:
+            return Eligibility(None, Reason.MIN_RUNTIME_PROTECTED, f"running {ran:.0f} s < min_runtime_s {min_runtime_s:g}")
+        if near_remaining_s is not None:
+            remaining = v.remaining_s(now)
+            if remaining is not None and 0 <= remaining < near_remaining_s:
+                return Eligibility(None, Reason.NEAR_COMPLETION_PROTECTED, f"about {remaining:.0f} s left < {near_remaining_s:g} s")
+        if near_progress is not None:
+            progress = v.progress_at(now)
+            if progress is not None and near_progress < progress <= 1.0:
+                return Eligibility(None, Reason.NEAR_COMPLETION_PROTECTED, f"{progress:.0%} done > {near_progress:.0%}")
+        return None
+
+    return protect
 
 
 def mode_rule(mode: PreemptionMode, pj: int, submitted_at: float, pv: int, started_at: float) -> PreemptionRule | None:
@@ -234,7 +245,11 @@ class Candidates:
             answers = self._answers[key] = {}
         gpus = answers.get(top)
         if gpus is None:
-            gpus = answers[top] = sum(g for priority, g in self.by_priority[key].items() if priority <= top)
+            gpus = 0  # a loop, not `sum` over a generator: asked again after every preemption
+            for priority, g in self.by_priority[key].items():
+                if priority <= top:
+                    gpus += g
+            answers[top] = gpus
         return gpus
 
     def bound(self, team: str, top_within: int, top_across: int, quotas_on: bool, reclaim: bool) -> int:
@@ -336,8 +351,9 @@ def walk(
                 ok = physical >= need
             else:
                 bucket = bucket_of[v.name]
-                if bucket is not None:
-                    _give(freed, bucket, v.gpus)
+                if bucket is not None:  # its GPUs given back to its quota
+                    given = freed.get(id(bucket))
+                    freed[id(bucket)] = (bucket, v.gpus if given is None else given[1] + v.gpus)
                 ok, choice.short_of = fits(physical, freed)
             if ok:
                 break
@@ -365,21 +381,16 @@ def walk(
     for i in range(len(victims) - 1, -1, -1):
         v = victims[i][0]
         bucket = bucket_of[v.name]
-        if bucket is not None:
-            _give(freed, bucket, -v.gpus)
+        if bucket is not None:  # its GPUs no longer given back to its quota; kept: as they were
+            given = freed.get(id(bucket), (bucket, 0))[1]
+            freed[id(bucket)] = (bucket, given - v.gpus)
         if fits(physical - v.gpus, freed)[0]:
             physical -= v.gpus
             del victims[i]
             choice.dropped.append(v)
         elif bucket is not None:
-            _give(freed, bucket, v.gpus)
+            freed[id(bucket)] = (bucket, given)
     return choice
-
-
-def _give(freed: Freed, bucket: Bucket, gpus: int) -> None:
-    """Count `gpus` more given back to `bucket`'s quota (fewer when negative)."""
-    prior = freed.get(id(bucket), (bucket, 0))[1]
-    freed[id(bucket)] = (bucket, prior + gpus)
 
 
 __all__ = [
@@ -390,6 +401,7 @@ __all__ = [
     "eligibility",
     "mode_rule",
     "protection",
+    "protector",
     "top_priority",
     "victim_key",
     "walk",
