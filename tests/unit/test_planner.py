@@ -1245,3 +1245,21 @@ def test_a_walk_without_a_quota_is_the_plain_capacity_test(sizes, priorities, ne
         return c.victims, c.skipped, c.dropped, c.fits, c.short_of, c.scanned
 
     assert choice(None) == choice(partial(quotas.fits, None, need))
+
+
+@pytest.mark.parametrize("mode", list(PreemptionMode))
+@pytest.mark.parametrize("same_team", [True, False])
+def test_eligibility_inlines_the_mode_rule(mode, same_team):
+    # `eligibility` inlines `mode_rule` for speed: without quotas, its rule is the mode's
+    # rule for every priority pair and start/submission order, ties included
+    from preemptor.core.ranking import RankedJob
+    from preemptor.core.victims import eligibility, mode_rule
+
+    knobs = Policy(within_team=mode.value, across_teams=mode.value).for_pool("p5")
+    for pj in (50, 200):
+        for pv in (50, 200, 500):
+            for started, submitted in ((100.0, 200.0), (200.0, 200.0), (300.0, 200.0)):
+                r = RankedJob(pending("p", priority=pj, team="t1", submitted_at=submitted), pj, pj, 0.0, pj)
+                v = running("v", priority=pv, team="t1" if same_team else "t2", started_at=started)
+                verdict = eligibility(r, v, pv, knobs, False, False, False)
+                assert verdict.rule == mode_rule(mode, pj, submitted, pv, started)

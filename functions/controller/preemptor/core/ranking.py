@@ -198,12 +198,17 @@ def rank_pool(pending: Iterable[PendingJob], knobs: PoolPolicy, policy: Policy, 
     ties = len(set(map(_submitted, ordered))) < len(ordered)  # two jobs share a submission time
     for job in ordered:
         submitted = job.submitted_at
-        costly = caps and (gated or job.spot)  # otherwise no cost rule applies (`ClaimRules.claim`)
-        ck = (job.priority, job.sla_s, job.spot) if costly else job.priority
-        hit = claims.get(ck)
-        if hit is None:
-            claimed, why = rules.claim(job.priority, job.sla_s, job.spot) if costly else (job.priority, ())
-            hit = claims[ck] = (claimed, tuple(why), rules.cap_for(max(0, min(MAX_PRIORITY, claimed))))
+        priority = job.priority
+        if caps and (gated or job.spot):  # otherwise no cost rule applies (`ClaimRules.claim`)
+            ck = (priority, job.sla_s, job.spot)
+            hit = claims.get(ck)
+            if hit is None:
+                claimed, why = rules.claim(priority, job.sla_s, job.spot)
+                hit = claims[ck] = (claimed, tuple(why), rules.cap_for(max(0, min(MAX_PRIORITY, claimed))))
+        else:
+            hit = claims.get(priority)
+            if hit is None:
+                hit = claims[priority] = (priority, (), rules.cap_for(max(0, min(MAX_PRIORITY, priority))))
         claimed, notes, cap = hit
         effective, aged_by, waited = claimed, None, 0.0
         if ages:
@@ -220,11 +225,13 @@ def rank_pool(pending: Iterable[PendingJob], knobs: PoolPolicy, policy: Policy, 
                     aged_by = rules
                 else:
                     effective = claimed
-        handover = job.nominated_at is not None and 0 <= now - job.nominated_at <= window
-        order = effective
-        if handover:
-            notes = (*notes, (Reason.CAPACITY_FREED_FOR_IT, f"victims were stopped for it {now - job.nominated_at:.0f} s ago: placed first"))
+        nominated = job.nominated_at
+        if nominated is not None and 0 <= now - nominated <= window:
+            handover = True
+            notes = (*notes, (Reason.CAPACITY_FREED_FOR_IT, f"victims were stopped for it {now - nominated:.0f} s ago: placed first"))
             order = max(effective, rules.tier_ceiling(claimed))
+        else:
+            handover, order = False, effective
         team_use = usage.get(job.team, 0.0) if fair else 0.0
         ranked = _new(RankedJob, (job, claimed, effective, team_use, order, notes, handover, aged_by, waited))
         key = (-order, not handover, team_use)
