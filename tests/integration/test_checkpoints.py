@@ -50,6 +50,11 @@ def test_a_location_without_manifests_counts_its_newest_object():
         assert checkpoints.newest(f"s3://{bucket}/research/plain") == newest
 
 
+class Killed(BaseException):
+    """The Lambda's runtime killed mid-step (a timeout, out of memory): no code of the step
+    runs after it, so no `except Exception` sees it."""
+
+
 class _DiesBeforeItsLine:
     """The jobs store of a step whose Lambda dies on its first decision-log write: what
     came before (the marker, the record) is done, the line is not."""
@@ -63,7 +68,7 @@ class _DiesBeforeItsLine:
     def log(self, *args, **kwargs):
         if not self.died:
             self.died = True
-            raise RuntimeError("Lambda.Unknown: the runtime was killed")
+            raise Killed("Lambda.Unknown: the runtime was killed")
         return self._store.log(*args, **kwargs)
 
 
@@ -87,7 +92,7 @@ def test_a_retried_checkpoint_request_answers_with_its_first_attempt_and_writes_
         dying = _DiesBeforeItsLine(d.store)
         try:
             request(dying, "preempt-sweep-1")
-        except RuntimeError:
+        except Killed:
             pass
         assert dying.died and lines() == []
         first_at = env.job("sweep").checkpoint_requested_at
@@ -125,7 +130,7 @@ class _DiesAtItsMarker:
     def request(self, *args, **kwargs):
         if not self.died:
             self.died = True
-            raise RuntimeError("Lambda.Unknown: the runtime was killed")
+            raise Killed("Lambda.Unknown: the runtime was killed")
         return self._checkpoints.request(*args, **kwargs)
 
 
@@ -155,7 +160,7 @@ def test_a_request_step_that_died_before_its_marker_writes_it_on_retry_with_the_
         asked_at = env.clock.now()
         try:
             request(dying)
-        except RuntimeError:
+        except Killed:
             pass
         assert dying.died and _versions(env, key) == [] and env.job("sweep").checkpoint_requested_at == asked_at
         # When Step Functions retries it, 5 s later
@@ -181,7 +186,7 @@ def test_a_request_step_that_died_before_recording_asks_once_on_retry():
             def note_learning(self, *args, **kwargs):
                 if not self.died:
                     self.died = True
-                    raise RuntimeError("Lambda.Unknown: the runtime was killed")
+                    raise Killed("Lambda.Unknown: the runtime was killed")
                 return self._store.note_learning(*args, **kwargs)
 
             def log(self, *args, **kwargs):
@@ -192,7 +197,7 @@ def test_a_request_step_that_died_before_recording_asks_once_on_retry():
         dying = DiesAtItsRecord(d.store)
         try:
             actions.request_checkpoint(store=dying, checkpoints=d.checkpoints, job="sweep", reason="preemption", now=env.clock.now(), execution="preempt-sweep-1")
-        except RuntimeError:
+        except Killed:
             pass
         assert dying.died and _versions(env, key) == []
         # When it is retried
@@ -228,6 +233,49 @@ def test_a_request_the_location_refuses_leaves_the_job_its_earlier_request():
         assert "checkpoint-unavailable" in env.kinds("sweep")
 
 
+def test_a_request_whose_marker_write_is_throttled_is_asked_anew_on_retry():
+    from preemptor.core.errors import Throttled
+
+    class Throttles:
+        def __init__(self, checkpoints):
+            self._checkpoints, self.refused = checkpoints, False
+
+        def __getattr__(self, name):
+            return getattr(self._checkpoints, name)
+
+        def request(self, *args, **kwargs):
+            if not self.refused:
+                self.refused = True
+                raise Throttled("PutObject: SlowDown")
+            return self._checkpoints.request(*args, **kwargs)
+
+    with emulation() as env:
+        d = env.stack.deps()
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=14400, checkpoint_every=7200)
+        env.advance(300)
+        before = env.job("sweep").checkpoint_requested_at
+
+        def request(checkpoints):
+            return actions.request_checkpoint(
+                store=d.store, checkpoints=checkpoints, job="sweep", reason="preemption", now=env.clock.now(), execution="preempt-sweep-1"
+            )
+
+        # Given a request whose marker write S3 throttles: the step raises, for the workflow to retry
+        throttled = Throttles(d.checkpoints)
+        try:
+            request(throttled)
+            raise AssertionError("the throttled write was not raised")
+        except Throttled:
+            pass
+        # Then the job is not taken to have been asked (it cannot be found to ignore it)
+        assert env.job("sweep").checkpoint_requested_at == before and env.job("sweep").checkpoint_request_by is None
+        # And the retry asks anew: a marker, of its own time, on the record and in the line
+        env.clock.advance(4)
+        retried = request(d.checkpoints)
+        assert "again" not in retried and retried["requested_at"] == env.clock.now() == env.job("sweep").checkpoint_requested_at
+        assert [e["at"] for e in d.store.history("sweep") if e["kind"] == "checkpoint-requested"] == [retried["requested_at"]]
+
+
 def test_a_retried_interruption_mark_writes_its_line_if_the_first_attempt_died_before_it():
     with emulation() as env:
         d = env.stack.deps()
@@ -244,7 +292,7 @@ def test_a_retried_interruption_mark_writes_its_line_if_the_first_attempt_died_b
         dying = _DiesBeforeItsLine(d.store)
         try:
             interrupt(dying)
-        except RuntimeError:
+        except Killed:
             pass
         marked_at = env.job("spotty").preempting_since
         assert dying.died and "interruption" not in env.kinds("spotty")

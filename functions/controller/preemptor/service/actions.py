@@ -122,8 +122,9 @@ def request_checkpoint(
     marker exists and the helper, which answers a request once per `requested_at`, saves
     once. Its log line is keyed by the execution: written once however often the step is
     retried. The order is record, marker, line: a step that dies anywhere is repaired by its
-    retry. A marker the location refuses gives the record back its earlier request (the
-    job was not asked, so it cannot be found to have ignored the request).
+    retry. A marker the location refuses, or whose write fails (throttled, unavailable),
+    gives the record back its earlier request: the job was not known to be asked, so it
+    cannot be found to have ignored the request, and a retry asks anew.
     """
     record = store.require(job)
     again = execution is not None and record.checkpoint_request_by == execution and record.checkpoint_requested_at is not None
@@ -137,6 +138,12 @@ def request_checkpoint(
             learning.checkpoint_request_undone(store, record)
         store.log(job, now, "checkpoint-unavailable", e.code or "checkpoint-location", f"cannot ask for a checkpoint: {e}")
         return {"requested_at": now, "marker": None, "error": e.code}
+    except Exception:
+        # Throttled, unavailable, a timeout: the workflow retries the step, or gives up.
+        # Either way the job was not known to be asked: a retry asks anew.
+        if not again:
+            learning.checkpoint_request_undone(store, record)
+        raise
     _log_request(store, job, at, reason, marker, execution)
     if again:
         return {"requested_at": at, "marker": marker, "again": True}
