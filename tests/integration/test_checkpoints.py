@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from emulation import emulation
 
 from preemptor.service import actions
@@ -55,21 +57,31 @@ class Killed(BaseException):
     runs after it, so no `except Exception` sees it."""
 
 
-class _DiesBeforeItsLine:
-    """The jobs store of a step whose Lambda dies on its first decision-log write: what
-    came before (the marker, the record) is done, the line is not."""
+class _FailsOnce:
+    """A step's jobs or checkpoint store whose `method` raises `error` on its first call:
+    what the step did before is done, that call and what follows are not. The rest passes
+    through."""
 
-    def __init__(self, store):
-        self._store, self.died = store, False
+    def __init__(self, target, method: str, error: BaseException):
+        self._target, self._method, self._error, self.failed = target, method, error, False
 
     def __getattr__(self, name):
-        return getattr(self._store, name)
+        attr = getattr(self._target, name)
+        if name != self._method:
+            return attr
 
-    def log(self, *args, **kwargs):
-        if not self.died:
-            self.died = True
-            raise Killed("Lambda.Unknown: the runtime was killed")
-        return self._store.log(*args, **kwargs)
+        def once(*args, **kwargs):
+            if not self.failed:
+                self.failed = True
+                raise self._error
+            return attr(*args, **kwargs)
+
+        return once
+
+
+def _killed_at(target, method: str) -> _FailsOnce:
+    """`target` of a step whose Lambda is killed as it calls `method`."""
+    return _FailsOnce(target, method, Killed("Lambda.Unknown: the runtime was killed"))
 
 
 def test_a_retried_checkpoint_request_answers_with_its_first_attempt_and_writes_its_line_once():
@@ -88,19 +100,17 @@ def test_a_retried_checkpoint_request_answers_with_its_first_attempt_and_writes_
         def lines():
             return [e for e in d.store.history("sweep") if e["kind"] == "checkpoint-requested"]
 
-        # Given a request step whose Lambda died after the marker and the record, before its line
-        dying = _DiesBeforeItsLine(d.store)
-        try:
+        # Given a request step whose Lambda died after the record and the marker, before its line
+        dying = _killed_at(d.store, "log")
+        with pytest.raises(Killed):
             request(dying, "preempt-sweep-1")
-        except Killed:
-            pass
-        assert dying.died and lines() == []
+        assert dying.failed and lines() == []
         first_at = env.job("sweep").checkpoint_requested_at
         # When Step Functions retries it, 5 s later
         env.clock.advance(5)
         again = request(d.store, "preempt-sweep-1")
-        # Then it answers with the first attempt's request and writes no second marker (the
-        # helper would save again for a later request), and the line is written, once
+        # Then it answers with the first attempt's request, the marker written again with the
+        # same time (the helper answers a request once per time), and the line once
         assert again == {"requested_at": first_at, "marker": f"s3://{bucket}/{key}", "again": True}
         assert json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())["requested_at"] == first_at
         [line] = lines()
@@ -115,23 +125,6 @@ def test_a_retried_checkpoint_request_answers_with_its_first_attempt_and_writes_
         assert "again" not in other and other["requested_at"] == env.clock.now() > first_at
         assert json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())["requested_at"] == other["requested_at"]
         assert len(lines()) == 2
-
-
-class _DiesAtItsMarker:
-    """The checkpoint store of a request step whose Lambda dies as it writes the marker:
-    the request is recorded on the job, the marker is not written."""
-
-    def __init__(self, checkpoints):
-        self._checkpoints, self.died = checkpoints, False
-
-    def __getattr__(self, name):
-        return getattr(self._checkpoints, name)
-
-    def request(self, *args, **kwargs):
-        if not self.died:
-            self.died = True
-            raise Killed("Lambda.Unknown: the runtime was killed")
-        return self._checkpoints.request(*args, **kwargs)
 
 
 def _versions(env, key: str) -> list[float]:
@@ -156,13 +149,11 @@ def test_a_request_step_that_died_before_its_marker_writes_it_on_retry_with_the_
             )
 
         # Given a request step whose Lambda died after recording the request, as it wrote the marker
-        dying = _DiesAtItsMarker(d.checkpoints)
+        dying = _killed_at(d.checkpoints, "request")
         asked_at = env.clock.now()
-        try:
+        with pytest.raises(Killed):
             request(dying)
-        except Killed:
-            pass
-        assert dying.died and _versions(env, key) == [] and env.job("sweep").checkpoint_requested_at == asked_at
+        assert dying.failed and _versions(env, key) == [] and env.job("sweep").checkpoint_requested_at == asked_at
         # When Step Functions retries it, 5 s later
         env.clock.advance(5)
         again = request(d.checkpoints)
@@ -182,24 +173,12 @@ def test_a_request_step_that_died_before_recording_asks_once_on_retry():
         env.advance(300)
         key = "research/sweep/_preemptor/checkpoint-request.json"
 
-        class DiesAtItsRecord(_DiesBeforeItsLine):
-            def note_learning(self, *args, **kwargs):
-                if not self.died:
-                    self.died = True
-                    raise Killed("Lambda.Unknown: the runtime was killed")
-                return self._store.note_learning(*args, **kwargs)
-
-            def log(self, *args, **kwargs):
-                return self._store.log(*args, **kwargs)
-
         # Given a request step whose Lambda died as it recorded the request (the marker,
         # written after the record, is not written either)
-        dying = DiesAtItsRecord(d.store)
-        try:
+        dying = _killed_at(d.store, "note_learning")
+        with pytest.raises(Killed):
             actions.request_checkpoint(store=dying, checkpoints=d.checkpoints, job="sweep", reason="preemption", now=env.clock.now(), execution="preempt-sweep-1")
-        except Killed:
-            pass
-        assert dying.died and _versions(env, key) == []
+        assert dying.failed and _versions(env, key) == []
         # When it is retried
         env.clock.advance(5)
         retried = actions.request_checkpoint(store=d.store, checkpoints=d.checkpoints, job="sweep", reason="preemption", now=env.clock.now(), execution="preempt-sweep-1")
@@ -236,19 +215,6 @@ def test_a_request_the_location_refuses_leaves_the_job_its_earlier_request():
 def test_a_request_whose_marker_write_is_throttled_is_asked_anew_on_retry():
     from preemptor.core.errors import Throttled
 
-    class Throttles:
-        def __init__(self, checkpoints):
-            self._checkpoints, self.refused = checkpoints, False
-
-        def __getattr__(self, name):
-            return getattr(self._checkpoints, name)
-
-        def request(self, *args, **kwargs):
-            if not self.refused:
-                self.refused = True
-                raise Throttled("PutObject: SlowDown")
-            return self._checkpoints.request(*args, **kwargs)
-
     with emulation() as env:
         d = env.stack.deps()
         env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=14400, checkpoint_every=7200)
@@ -261,12 +227,8 @@ def test_a_request_whose_marker_write_is_throttled_is_asked_anew_on_retry():
             )
 
         # Given a request whose marker write S3 throttles: the step raises, for the workflow to retry
-        throttled = Throttles(d.checkpoints)
-        try:
-            request(throttled)
-            raise AssertionError("the throttled write was not raised")
-        except Throttled:
-            pass
+        with pytest.raises(Throttled):
+            request(_FailsOnce(d.checkpoints, "request", Throttled("PutObject: SlowDown")))
         # Then the job is not taken to have been asked (it cannot be found to ignore it)
         assert env.job("sweep").checkpoint_requested_at == before and env.job("sweep").checkpoint_request_by is None
         # And the retry asks anew: a marker, of its own time, on the record and in the line
@@ -289,13 +251,11 @@ def test_a_retried_interruption_mark_writes_its_line_if_the_first_attempt_died_b
             )
 
         # Given the mark step's Lambda dying between its mark and its line
-        dying = _DiesBeforeItsLine(d.store)
-        try:
+        dying = _killed_at(d.store, "log")
+        with pytest.raises(Killed):
             interrupt(dying)
-        except Killed:
-            pass
         marked_at = env.job("spotty").preempting_since
-        assert dying.died and "interruption" not in env.kinds("spotty")
+        assert dying.failed and "interruption" not in env.kinds("spotty")
         # When it is retried, and retried again after it answered
         env.clock.advance(5)
         assert interrupt(d.store) == {"interrupting": True, "again": True}

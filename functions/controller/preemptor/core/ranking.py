@@ -22,7 +22,7 @@ class RankedJob(NamedTuple):
     """A pending job with the priorities the planner derived for it.
 
     A named tuple: one is built for every pending job on every plan, by `rank_pool` with
-    `tuple.__new__` and all its fields (0.10 against 0.19 us for a slotted class's
+    `tuple.__new__` and all its fields (0.10 against 0.17 us for a slotted class's
     `__init__`, timeit). `notes` are the adjustments told on the job's rank lines (the caps,
     the handover); `adjustments` adds how aging raised it, written only when asked for
     (`explain`), as the planner never prints it and nearly every job of a long queue is aged.

@@ -1,6 +1,6 @@
 """Victim selection: who may be stopped for whom, in which order, and the walk that picks them.
 
-- `protection`: what shields a running job from every preemptor (already stopping, not
+- `protector`: what shields a running job from every preemptor (already stopping, not
   stoppable, guaranteed, spared, preempted too often, too young, nearly done);
 - `eligibility`: whether one preemptor may stop one running job (quota guarantees,
   reclaiming borrowed capacity, the `within_team` / `across_teams` modes);
@@ -77,13 +77,10 @@ class Eligibility(NamedTuple):
     detail: str
 
 
-def protection(v: RunningJob, knobs: PoolPolicy, now: float) -> Eligibility | None:
-    """Protections that depend on the victim alone; None when it is a candidate."""
-    return protector(knobs, now)(v)
-
-
 def protector(knobs: PoolPolicy, now: float) -> Callable[[RunningJob], Eligibility | None]:
-    """`protection` with the pool's knobs read once: the planner asks it of every running job."""
+    """The protections that depend on the victim alone: the returned function gives a running
+    job's (None when it is a candidate). The pool's knobs are read once, here: the planner
+    asks it of every running job."""
     max_preemptions = knobs.max_preemptions if knobs.on_max_preemptions is _PROTECT else None
     min_runtime_s = knobs.min_runtime_s
     near = knobs.near_completion
@@ -400,7 +397,6 @@ __all__ = [
     "VictimKey",
     "eligibility",
     "mode_rule",
-    "protection",
     "protector",
     "top_priority",
     "victim_key",
