@@ -137,12 +137,12 @@ class PoolPlanner:
         running: list[RunningJob],
         history: Iterable[PastPreemption],
         discipline: Discipline = OURS,
-        escalated: bool = False,
+        waiting: Sequence[PendingJob] = (),
     ):
         self.pool, self.knobs, self.policy, self.now, self.discipline = pool, knobs, policy, now, discipline
-        # An escalated job waits in this pool, or one nears its escalation: soft protections
-        # are kept apart (candidates for an escalated job only).
-        self.escalated = escalated
+        self._waiting = waiting  # the pool's pending jobs, for `escalated`
+        # How long before the wait alarm escalates a job its likely victims are named.
+        self._escalation_lead = escalation_lead_s(knobs)
         self.admits: list[Admission] = []
         self.preemptions: list[Preemption] = []
         self.failures: list[Failure] = []
@@ -160,6 +160,9 @@ class PoolPlanner:
                         claimed = claims[key] = rules.claim(v.priority, v.sla_s, v.spot)[0]
                     self.claimed[v.name] = claimed
         self._delays: dict[int, float] = {}
+        # (preemptor's claimed, victim's claimed, victim runs the helper) -> the expected wait,
+        # the priority weight and their text (`stop_mode`).
+        self._wait_terms: dict[tuple[int, int, bool], tuple[float, float, str]] = {}
         self._timed = bool(knobs.preemption_delay_s or knobs.tier_preemption_delay_s)  # delays apply
         self._rate_limited = self._timed or knobs.budget is not None  # whether a job has waited its delay matters
         self._pool_delay = None if knobs.tier_preemption_delay_s else knobs.preemption_delay_s  # None: by tier
@@ -203,8 +206,6 @@ class PoolPlanner:
         self._ahead_walks = ahead.max_jobs
         self._ahead_keys: set[tuple] = set()
         self._pressure = ahead.on_queue_pressure
-        # How long before the wait alarm escalates a job its likely victims are named.
-        self._escalation_lead = escalation_lead_s(knobs)
         # Outcomes of jobs that could not fit, by what decides them; forgotten whenever
         # capacity, quotas or candidates change (`_changed`). Most of a long queue waits
         # for the same reason as the job before it.
@@ -233,7 +234,7 @@ class PoolPlanner:
             else:
                 verdict = None
             if verdict is not None:
-                if not (self.escalated and verdict.reason is Reason.MIN_RUNTIME_PROTECTED):
+                if not (verdict.reason is Reason.MIN_RUNTIME_PROTECTED and self.escalated):
                     self.protected[v.name] = verdict
                     continue
                 self._soft[v.name] = verdict
@@ -241,6 +242,21 @@ class PoolPlanner:
             bucket = self.quotas.bucket_of[v.name]
             if bucket is not None:
                 bucket.candidate_gpus += v.gpus
+
+    @cached_property
+    def escalated(self) -> bool:
+        """An escalated job waits in this pool, or one nears its escalation: the jobs only the
+        minimum runtime protects are kept apart, candidates for an escalated job only
+        (`_setup_candidates`). Looked at only when there is such a job: C loops over the
+        whole queue."""
+        waiting = self._waiting
+        if any(map(_escalated, waiting)):
+            return True
+        lead = self._escalation_lead
+        if lead is None:
+            return False
+        soon = float(self.now + lead)  # `soon.__ge__`: a float compares with any number
+        return any(map(soon.__ge__, filter(_is_set, map(_escalates_at, waiting))))
 
     @cached_property
     def _victim_key(self) -> VictimKey:
@@ -855,14 +871,19 @@ class PoolPlanner:
             return False, Reason.CHECKPOINT_FRESH, f"stopped at once: {at_risk:.0f} s at risk <= checkpoint_max_age_s {k.checkpoint_max_age_s:g}"
         if v.ignored_checkpoint_request:
             return False, Reason.IGNORED_LAST_REQUEST, "stopped at once: it did not honour its last checkpoint request"
-        wait = k.checkpoint_wait
-        weight = r.claimed / max(1, self.claimed[v.name]) if wait.priority_weighted else 1.0
+        terms_key = (r.claimed, self.claimed[v.name], v.declares_save_on_stop)
+        terms = self._wait_terms.get(terms_key)
+        if terms is None:  # a few per pool: a tier pair and whether the victim runs the helper
+            wait = k.checkpoint_wait
+            weight = r.claimed / max(1, terms_key[1]) if wait.priority_weighted else 1.0
+            # A job without the training helper cannot answer a request: only its own periodic
+            # checkpoint can come, so the wait to expect is the workflow's longest.
+            expected = wait.expected_wait_s if terms_key[2] else float(k.checkpoint_wait_max_s)
+            terms = self._wait_terms[terms_key] = (expected, weight, f"{expected:g} s x {weight:.2f}")
+        expected, weight, text = terms
         saved = v.gpus * at_risk
-        # A job without the training helper cannot answer a request: only its own periodic
-        # checkpoint can come, so the wait to expect is the workflow's longest.
-        expected = wait.expected_wait_s if v.declares_save_on_stop else float(k.checkpoint_wait_max_s)
         cost = r.job.gpus * expected * weight
-        figures = f"{saved:.0f} GPU-s at risk vs {r.job.gpus} GPUs x {expected:g} s x {weight:.2f} = {cost:.0f}"
+        figures = f"{saved:.0f} GPU-s at risk vs {r.job.gpus} GPUs x {text} = {cost:.0f}"
         if saved > cost:
             return True, Reason.WAIT_FOR_CHECKPOINT, f"asks for a checkpoint and waits: {figures}"
         return False, Reason.WAIT_DOES_NOT_PAY, f"stopped at once: {figures}"
@@ -1075,15 +1096,7 @@ def run(snapshot: Snapshot, policy: Policy, now: float, discipline: Discipline =
             usage_cache[fair] = team_usage(snapshot, now, fair[1]) if fair[0] else {}
         waiting = pending_by_pool.get(pool.name, ())
         ranked = discipline.rank(waiting, knobs, policy, now, usage_cache[fair])
-        escalated = any(map(_escalated, waiting))
-        lead = escalation_lead_s(knobs)
-        if not escalated and lead is not None:
-            # A job near its escalation looks for the victims it will take once escalated.
-            soon = float(now + lead)  # `soon.__ge__` below: a float compares with any number
-            escalated = any(map(soon.__ge__, filter(_is_set, map(_escalates_at, waiting))))  # C loops: 10k jobs a plan
-        planner = PoolPlanner(
-            pool, knobs, policy, now, running_by_pool.get(pool.name, []), snapshot.preemption_history, discipline, escalated
-        )
+        planner = PoolPlanner(pool, knobs, policy, now, running_by_pool.get(pool.name, []), snapshot.preemption_history, discipline, waiting)
         if observe is None:
             planner.place_all(ranked)
         else:
