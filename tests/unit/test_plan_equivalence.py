@@ -179,6 +179,31 @@ def test_a_remembered_outcome_respects_the_newer_equal_rule():
     assert [x.victim for x in plan(snap, p, NOW).preemptions] == ["v"]
 
 
+@pytest.mark.parametrize("mode", ["LowerPriority", "LowerOrNewerEqualPriority"])
+def test_a_starving_job_behind_a_spent_budget_is_told_so_as_on_the_plain_path(mode):
+    # Given a full pool whose preemption budget is spent, and two alike jobs that could
+    # preempt its work: "handed" (capacity was freed for it, so first) and "starving",
+    # which has waited past starving_after_s
+    p = Policy(
+        within_team=mode, across_teams=mode, budget={"window_s": 3600, "max_preemptions": 1},
+        aging={"rate_per_hour": 0, "starving_after_s": 3600}, fair_share={"enabled": False},
+    )
+    snap = (
+        snapshot(16)
+        .running(running("v", 50, 16, team="a", started_at=NOW - 5000))
+        .pending(pending("handed", 500, 8, team="a", submitted_at=NOW - 60, nominated_at=NOW - 30))
+        .pending(pending("starving", 500, 8, team="a", submitted_at=NOW - 7200))
+        .preempted(NOW - 100)
+        .build()
+    )
+    # When it is planned, then the starving job, given the outcome remembered for the job
+    # before it, is told what a look of its own tells it: the budget is spent (with nothing
+    # free there is nothing to reserve)
+    fast = plan(snap, p, NOW)
+    assert fast == _plain_plan(snap, p, NOW)
+    assert [(e.job, e.reason) for e in fast.explanations if e.job == "starving"] == [("starving", Reason.BUDGET_EXHAUSTED)]
+
+
 def test_the_decisions_fingerprint_is_stable_and_sees_one_changed_line():
     # `bench_plan --digest`, what a change meant only to speed plan() up is checked with,
     # before and after: the same planner gives the same fingerprint

@@ -429,14 +429,17 @@ class PoolPlanner:
                 # their submission time are all decided by a walk (remembered with the
                 # submission time) or all without one (remembered without, `_remember`):
                 # the key without is looked up first, as most of a long queue waits without
-                # a walk. A starving job takes only a walk's outcome.
-                cached = None if by_submission and starving else no_fit.get(key)
+                # a walk.
+                cached = no_fit.get(key)
                 if cached is None and by_submission:
                     cached = no_fit.get(key + (submitted,))
                 if cached is not None:
-                    if starving:
-                        self._reserve(r, quotas.bucket_for(job.team, claimed))  # it cannot fit either: it reserves what is left
+                    if starving and cached[0] is not _BUDGET:
+                        # It cannot fit either: it reserves what is left (`_cannot_fit`).
+                        self._reserve(r, quotas.bucket_for(job.team, claimed))
                     else:
+                        # A spent budget is remembered only when nothing was left to hold:
+                        # a starving job is told the same (`_nominate`).
                         append(_new(Explanation, (job.name, _WAIT, cached[0], cached[1], None)))
                     continue
             bucket = None
@@ -472,7 +475,9 @@ class PoolPlanner:
         The submission time in `key` (LowerOrNewerEqualPriority) is read only by the victim
         walk: an outcome without one (`choice` None) holds for any submission time, so a
         long queue of jobs waiting for the same reason is not walked job by job. A starving
-        job does not take such an outcome (it would reserve where it waits).
+        job alike reserves what is left instead, as `_cannot_fit` has it, but for a spent
+        budget: that is remembered only when nothing was left to hold, and a starving job
+        is told the same (`_nominate`).
         """
         self._no_fit[key[:-1] if choice is None and self._by_submission else key] = outcome
 
