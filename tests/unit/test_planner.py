@@ -1162,6 +1162,26 @@ def test_a_job_that_would_wait_on_a_checkpoint_preempts_instead_when_a_new_victi
     assert victims(decision) == [] and [c.job for c in decision.wait_cuts] == ["late"]
 
 
+@pytest.mark.parametrize(
+    "knobs",
+    [{}, {"budget": {"window_s": 3600, "max_preemptions": 5}}, {"tier_preemption_delay_s": {"critical": 0, "high": 300}}],
+    ids=["no-delay", "budget-only", "tier-delay-0"],
+)
+def test_a_zero_preemption_delay_holds_no_job_whose_clock_ran_ahead(knobs):
+    # Given a critical job submitted half a second "after" the plan's clock (another
+    # Lambda's clock, a little ahead), no preemption delay for it, and a low job to preempt
+    snap = (
+        snapshot(16)
+        .running(running("low", 50, 16, started_at=NOW - 5000, last_checkpoint_at=NOW - 10))
+        .pending(pending("crit", 1000, 8, submitted_at=NOW + 0.5))
+        .build()
+    )
+    decision = plan(snap, Policy(**knobs), NOW)
+    # Then it preempts now: there is no delay to serve, however its clock stood
+    assert victims(decision) == ["low"]
+    assert not [e for e in decision.explanations if e.reason is Reason.PREEMPTION_DELAYED]
+
+
 def _cycles_left(make) -> int:
     """Objects `make()` built and dropped that only the cyclic collector could free: with
     the collector off, what it allocates stays in the youngest generation, so collecting

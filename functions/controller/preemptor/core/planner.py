@@ -414,7 +414,7 @@ class PoolPlanner:
                 waited = True
             elif pool_delay is not None:  # `waited_enough`, inline
                 since = job.pending_since
-                waited = now - (job.submitted_at if since is None else since) >= pool_delay
+                waited = not pool_delay or now - (job.submitted_at if since is None else since) >= pool_delay
             else:
                 waited = self.waited_enough(r)
             # A job near its escalation names other victims (`_note_escalation`) than one that is not.
@@ -447,12 +447,12 @@ class PoolPlanner:
                 bucket = by_claim.get((job.team, claimed))
                 if bucket is None:
                     bucket = quotas.bucket_for(job.team, claimed)
-            self._place_anew(r, bucket, key + (submitted,) if by_submission else key)
+            self._place_anew(r, bucket, key + (submitted,) if by_submission else key, waited)
 
-    def _place_anew(self, r: RankedJob, bucket: Bucket | None, key: tuple) -> None:
+    def _place_anew(self, r: RankedJob, bucket: Bucket | None, key: tuple, waited: bool | None = None) -> None:
         """Place a job no remembered outcome decides: fail it at its max_preemptions, skip
         it when larger than the pool, admit it when it fits, else nominate it (`key`: what
-        its outcome is remembered by)."""
+        its outcome is remembered by; `waited`: its `waited_enough`, when known)."""
         job = r.job
         if self._fail_at is not None and job.preemptions >= self._fail_at:
             k = self.knobs
@@ -464,10 +464,18 @@ class PoolPlanner:
             detail = f"needs {job.gpus} GPUs, pool {self.pool.name} has {self.pool.gpus}"
             self.lines.append(Explanation(job.name, Verdict.SKIP, Reason.LARGER_THAN_POOL, detail))
             return
-        if job.gpus <= self.free if bucket is None else self.quotas.fits(bucket, job.gpus, self.free, NOTHING_FREED)[0]:
-            self._admit(r, bucket)
+        if bucket is None:
+            if job.gpus <= self.free:
+                self._admit(r, bucket)
+                return
+            fit = None
         else:
-            self._nominate(r, bucket, key)
+            fit = self.quotas.fits(bucket, job.gpus, self.free, NOTHING_FREED)
+            if fit[0]:
+                self._admit(r, bucket)
+                return
+        # Nothing is being freed: the capacity `_nominate` tests is the free capacity.
+        self._nominate(r, bucket, key, self.waited_enough(r) if waited is None else waited, None if self.releasing else fit)
 
     def _remember(self, key: tuple, outcome: tuple[Reason, str], choice: Choice | None) -> None:
         """Remember the outcome of a job that could not fit for the jobs alike (`place`).
@@ -504,6 +512,8 @@ class PoolPlanner:
         delay = self._pool_delay
         if delay is None:
             delay = self.delay_for(r.claimed)
+        if not delay:
+            return True  # none to serve, though its clock ran ahead of the plan's
         since = job.pending_since  # `job.waiting_since()`, inline: this runs for every job
         return self.now - (job.submitted_at if since is None else since) >= delay
 
@@ -635,11 +645,15 @@ class PoolPlanner:
             if verdict is not None and verdict.reason is not Reason.ALREADY_STOPPING:
                 self.lines.append(Explanation(v.name, Verdict.SPARE, verdict.reason, verdict.detail))
 
-    def _nominate(self, r: RankedJob, bucket: Bucket | None, key: tuple) -> None:
-        """Claim capacity for a job that does not fit now, preempting victims if needed."""
+    def _nominate(self, r: RankedJob, bucket: Bucket | None, key: tuple, waited: bool, fit: tuple[bool, str] | None = None) -> None:
+        """Claim capacity for a job that does not fit now, preempting victims if needed
+        (`waited`: its `waited_enough`; `fit`: its `Quotas.fits` in the GPUs available, when
+        known)."""
         job, k, now = r.job, self.knobs, self.now
         available = self.free + self.releasing
-        if bucket is None:  # `Quotas.fits` without a quota, inline
+        if fit is not None:
+            ok, short_of = fit
+        elif bucket is None:  # `Quotas.fits` without a quota, inline
             ok, short_of = (True, "") if job.gpus <= available else (False, "capacity")
         else:
             ok, short_of = self.quotas.fits(bucket, job.gpus, available, NOTHING_FREED)
@@ -660,7 +674,7 @@ class PoolPlanner:
             short_of = "quota"  # even stopping all its own quota's work would not make room
         elif available + (self.victim_bound(r, reclaim) if bound is None else bound) >= job.gpus:
             spent = "" if k.budget is None else self._spent if self._spent is not None else self._budget_spent()
-            if spent and self.waited_enough(r):
+            if spent and waited:
                 # Any victim would exceed a budget already spent: they are looked for only
                 # to be asked for a checkpoint before the budget allows their stop.
                 if self._ahead_walks > 0 and self._ahead_walk(key) and len(self._likely_victims) < self._likely_cap:
@@ -686,7 +700,7 @@ class PoolPlanner:
             return
 
         victims = [v for v, _ in choice.victims]
-        if not self.waited_enough(r):
+        if not waited:
             self._hold(r, bucket)
             delay = self.delay_for(r.claimed)
             knob = "tier_preemption_delay_s" if delay != k.preemption_delay_s or k.tier_preemption_delay_s.get(self.policy.tier_of(r.claimed)) is not None else "preemption_delay_s"
@@ -1037,12 +1051,6 @@ _is_set = partial(is_not, None)
 
 def _names(victims: list[RunningJob]) -> str:
     return ", ".join(f"{v.name} ({v.gpus} GPUs)" for v in victims)
-
-
-def waited_enough(job: PendingJob, knobs: PoolPolicy, now: float) -> bool:
-    """Whether a pending job has served its pool's preemption delay (`PoolPlanner.waited_enough`
-    also applies the tier delays and escalation)."""
-    return job.escalated or now - job.waiting_since() >= knobs.preemption_delay_s
 
 
 # -- the entry point -------------------------------------------------------------------------
