@@ -19,9 +19,9 @@ from dataclasses import replace
 from unittest.mock import patch
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given, settings, strategies as st
 
-from preemptor.core.model import Pool, Reason, Snapshot
+from preemptor.core.model import PastPreemption, Pool, Reason, Snapshot
 from preemptor.core.planner import Discipline, PoolPlanner, plan, rank_key, rank_pool
 from builders import pending, running, snapshot
 from preemptor.core.policy import Policy, PreemptionMode
@@ -133,6 +133,27 @@ def test_seeded_snapshots_plan_the_same_without_shortcuts(seed, roomy):
 @settings(max_examples=150, deadline=None)
 @given(rich_snapshots(max_pending=30), rich_policies())
 def test_rich_snapshots_plan_the_same_without_shortcuts(snap, p):
+    assert plan(snap, p, NOW) == _plain_plan(snap, p, NOW)
+
+
+# Copies of a pending job under another name: (which job, how long ago submitted, capacity
+# handed to it), so that the remembered outcomes (jobs alike) are given and looked at.
+_clones = st.lists(st.tuples(st.integers(0, 9), st.floats(0, 60 * 3600), st.booleans()), max_size=20)
+
+
+@settings(max_examples=400, deadline=None)
+@given(rich_snapshots(max_pending=10), rich_policies(), _clones, st.integers(0, 4))
+def test_queues_of_alike_jobs_plan_the_same_without_shortcuts(snap, p, clones, spent):
+    # Given a snapshot whose queue repeats some jobs, old enough to starve or handed
+    # capacity, and preemptions in the budget's window that may have spent it
+    pending = list(snap.pending)
+    for i, (k, age, handed) in enumerate(clones):
+        if k < len(snap.pending):
+            j = snap.pending[k]
+            pending.append(replace(j, name=f"c{i}", submitted_at=NOW - age, pending_since=None, nominated_at=NOW - 30 if handed else None))
+    history = tuple(PastPreemption(pool.name, NOW - 60, 8, 1e5) for pool in snap.pools for _ in range(spent))
+    snap = replace(snap, pending=tuple(pending), preemption_history=snap.preemption_history + history)
+    # Then the decisions with and without shortcuts are the same
     assert plan(snap, p, NOW) == _plain_plan(snap, p, NOW)
 
 
