@@ -143,3 +143,22 @@ def test_a_cut_wait_is_written_on_a_stop_still_waiting_and_not_held_against_the_
     store.conflict = True
     assert learning.cut_waits(store, Decision(wait_cuts=(cut,)), {"exp": waiting}, now=1200.0) == []
     assert store.logs == [("exp", "checkpoint-wait-kept", "conflict")]
+
+
+def test_a_requeue_tells_what_its_lost_gpu_seconds_are_against_the_stop_signal():
+    # The requeue counts the run's GPU time since the checkpoint it resumes from; its line
+    # says whether that checkpoint came after the stop signal (the work until the stop is
+    # kept: saved on SIGTERM), before it (the work since is redone), or not in this run
+    from preemptor.service.actions import _since_checkpoint
+
+    running = dict(status=JobState.PREEMPTING, started_at=1000.0, stop_signal_at=5000.0)
+    assert _since_checkpoint(record(**running, last_checkpoint_at=5060.0)) == (
+        " (since its checkpoint, written 60 s after the stop signal: the work until the stop is kept)"
+    )
+    assert _since_checkpoint(record(**running, last_checkpoint_at=4100.0)) == (
+        " (since its checkpoint, 900 s before the stop signal: that work is redone)"
+    )
+    for before_run in (None, 900.0):  # none, or one older than this run (it resumed from it)
+        assert _since_checkpoint(record(**running, last_checkpoint_at=before_run)) == " (no checkpoint in this run: its work is redone)"
+    # A run ended without the controller's signal (reconcile, an instance gone)
+    assert _since_checkpoint(record(**{**running, "stop_signal_at": None}, last_checkpoint_at=4100.0)) == " (since the checkpoint it resumes from)"

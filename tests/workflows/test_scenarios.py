@@ -55,6 +55,9 @@ def test_mission_story_experiment_is_relaunched_from_its_checkpoint_and_complete
     resumed = [t.why for t in mission.timeline if t.job == "experiment-r2" and "resumed at progress" in t.why]
     assert resumed == ["started: InProgress/Training, resumed at progress 6000s"]
     assert jobs["experiment"]["lost_gpu_seconds"] <= 120 * 512
+    # and its requeue says so: the GPU-seconds counted are after a checkpoint that kept the work
+    (requeued,) = [t.why for t in mission.timeline if t.job == "experiment" and t.what == "requeued"]
+    assert "written 60 s after the stop signal: the work until the stop is kept" in requeued
     saved = [t for t in mission.timeline if t.job == "experiment" and t.what == "checkpoint on SIGTERM"]
     assert len(saved) == 1
 

@@ -3,6 +3,8 @@ victim (statemachines/preempt.asl.json) executed on moto."""
 
 from __future__ import annotations
 
+import pytest
+
 from emulation import START, emulation
 
 from preemptor.core.model import JobState
@@ -74,10 +76,19 @@ def test_preempts_after_a_fresh_checkpoint_then_launches_the_preemptor():
         assert any('"sweep"' in a and '"prod"' in a for a in alerts)
 
 
-def test_checkpoint_timeout_stops_anyway_and_records_it():
-    # Given a policy that waits only 20 s for a checkpoint, and workloads that need 60 s to write one
+@pytest.mark.parametrize(
+    "write_s, told",
+    [
+        (60, "s after the stop signal: the work until the stop is kept)"),
+        (200, "(no checkpoint in this run: its work is redone)"),
+    ],
+    ids=["saves-within-the-grace", "never-saved"],
+)
+def test_checkpoint_timeout_stops_anyway_and_records_it(write_s, told):
+    # Given a policy that waits only 20 s for a checkpoint, and workloads that need 60 s
+    # (or 200 s: more than SageMaker's 120 s stop grace) to write one
     policy = {"checkpoint_max_age_s": 60, "checkpoint_poll_s": 10, "checkpoint_wait_max_s": 20}
-    with emulation(policy=policy, checkpoint_write_s=60) as env:
+    with emulation(policy=policy, checkpoint_write_s=write_s) as env:
         env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200)
         env.advance(600)
         env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1800)
@@ -89,6 +100,10 @@ def test_checkpoint_timeout_stops_anyway_and_records_it():
         assert sweep.stops_without_fresh_checkpoint == 1 and sweep.status is JobState.PENDING
         assert sweep.lost_gpu_seconds > 0
         assert env.job("prod").status is JobState.RUNNING
+        # And the requeue says what the GPU-seconds lost are: since a checkpoint saved on
+        # SIGTERM, which kept the work until the stop, or the whole run's
+        (requeued,) = [e["detail"] for e in env.store.history("sweep") if e["kind"] == "requeued"]
+        assert told in requeued, requeued
 
 
 def test_checkpoint_timeout_spares_the_victim_when_policy_says_so():

@@ -226,6 +226,20 @@ def requeue(
     return _back_to_queue(store, policy, record, fresh, now, "preempted", f"stopped for {record.preempted_by}", alerts)
 
 
+def _since_checkpoint(record: JobRecord) -> str:
+    """What the GPU-seconds a requeue counts lost are: the run's GPU time since the checkpoint
+    it resumes from (or since its start). Told against the stop signal: a checkpoint written
+    after it kept the work done until the stop, one before it did not."""
+    signal, saved = record.stop_signal_at, record.last_checkpoint_at
+    if saved is None or (record.started_at is not None and saved < record.started_at):
+        return " (no checkpoint in this run: its work is redone)"
+    if signal is None:
+        return " (since the checkpoint it resumes from)"
+    if saved > signal:
+        return f" (since its checkpoint, written {saved - signal:.0f} s after the stop signal: the work until the stop is kept)"
+    return f" (since its checkpoint, {signal - saved:.0f} s before the stop signal: that work is redone)"
+
+
 def _back_to_queue(
     store: JobsStore, policy: Policy, record: JobRecord, fresh: bool, now: float, reason: str, why: str, alerts: Alerts | None = None
 ) -> dict:
@@ -265,7 +279,7 @@ def _back_to_queue(
         now,
         "requeued",
         reason,
-        f"{why}; {lost:.0f} GPU-seconds lost; resumes from its checkpoint as {new.next_run_name}",
+        f"{why}; {lost:.0f} GPU-seconds lost{_since_checkpoint(record)}; resumes from its checkpoint as {new.next_run_name}",
         preemptor=record.preempted_by,
         lost_gpu_seconds=lost,
         fresh_checkpoint=fresh,
