@@ -321,7 +321,8 @@ def walk(
 
     `fits` None: the preemptor counts against no quota, and it fits when its `need` GPUs
     do (`Quotas.fits` without a bucket, inline: the test runs for every victim taken and
-    every one fill-back tries to drop).
+    every one fill-back tries to drop). With a quota, `need` is still its GPUs: short of
+    them, `fits` is not asked (its first test is the capacity).
 
     Each scan has a priority limit: a list in priority-major order (`by_priority`) is left
     at the first job above it, since nothing further may be preempted; any other order is
@@ -351,7 +352,10 @@ def walk(
                 if bucket is not None:  # its GPUs given back to its quota
                     given = freed.get(id(bucket))
                     freed[id(bucket)] = (bucket, v.gpus if given is None else given[1] + v.gpus)
-                ok, choice.short_of = fits(physical, freed)
+                if physical < need:  # `Quotas.fits`'s first test, inline: short of capacity
+                    ok, choice.short_of = False, "capacity"
+                else:
+                    ok, choice.short_of = fits(physical, freed)
             if ok:
                 break
         choice.scanned[key] = scanned
@@ -381,7 +385,7 @@ def walk(
         if bucket is not None:  # its GPUs no longer given back to its quota; kept: as they were
             given = freed.get(id(bucket), (bucket, 0))[1]
             freed[id(bucket)] = (bucket, given - v.gpus)
-        if fits(physical - v.gpus, freed)[0]:
+        if physical - v.gpus >= need and fits(physical - v.gpus, freed)[0]:  # capacity first, inline
             physical -= v.gpus
             del victims[i]
             choice.dropped.append(v)
