@@ -474,7 +474,7 @@ def print_result(result: DemoResult, out: TextIO) -> None:
         f"  preemptions: {report['preemptions']}, spot interruptions: {report['interruptions']}, "
         f"relaunches: {report['relaunches']}, "
         f"GPU time lost since the checkpoints the relaunches resume from: {report['lost_gpu_seconds']:,.0f} GPU-seconds "
-        f"({report['lost_gpu_seconds'] / 3600:,.1f} GPU-hours; the requeue lines say how much is work to redo), "
+        f"({report['lost_gpu_seconds'] / 3600:,.1f} GPU-hours; the requeue lines say whether it is work to redo), "
         f"stops without a fresh checkpoint: {report['stops_without_fresh_checkpoint']}\n"
     )
     for p in report["preemption_details"]:
