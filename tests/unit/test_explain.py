@@ -276,3 +276,13 @@ def test_a_checkpoint_asked_ahead_is_told_once():
     assert answer["running"]["checkpoint_ahead"]["for"] == "med"
     assert all(c["reason"] != "checkpoint-ahead-of-preemption" for c in answer["running"]["considered_for"])
     assert answer["text"].count("likely victim of med") == 1
+
+
+def test_a_tier_preemption_delay_is_told_with_what_is_left_of_it():
+    # Given a medium job 100 s into its tier's 900 s preemption delay, and a low job to preempt
+    knobs = policy(tier_preemption_delay_s={"medium": 900})
+    snap = snapshot(8).running(running("low", 50, 8, started_at=NOW - 1000)).pending(pending("med", 200, 8, submitted_at=NOW - 100)).build()
+    answer = explain("med", snap, knobs)
+    # Then what is in its way is the 800 s left of its tier's delay, as its decision says
+    assert "waits 800 s more" in answer["text"]
+    assert "in the way: delay: preempts only after 800 s more" in answer["text"]

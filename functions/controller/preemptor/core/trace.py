@@ -48,9 +48,10 @@ def pool_state(planner: PoolPlanner, r: RankedJob) -> dict:
             "lost_gpu_hours": round(planner.budget_lost / 3600.0, 3),
             "max_gpu_hours": budget.max_gpu_hours,
         }
-    if planner.knobs.preemption_delay_s:
+    delay = 0.0 if r.job.escalated else planner.delay_for(r.claimed)  # its tier's, else the pool's
+    if delay:
         waited = planner.now - r.job.waiting_since()
-        out["delay_left_s"] = round(max(0.0, planner.knobs.preemption_delay_s - waited), 3)
+        out["delay_left_s"] = round(max(0.0, delay - waited), 3)
     return out
 
 
