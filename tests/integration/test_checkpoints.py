@@ -84,18 +84,36 @@ def _killed_at(target, method: str) -> _FailsOnce:
     return _FailsOnce(target, method, Killed("Lambda.Unknown: the runtime was killed"))
 
 
+# The request marker of "sweep" (`_running_sweep`), in the checkpoint bucket.
+MARKER = "research/sweep/_preemptor/checkpoint-request.json"
+
+
+def _running_sweep(env, versioned: bool = False):
+    """A low job "sweep" running for 300 s, checkpointing every two hours; `versioned`: its
+    bucket keeps every version of its marker (`_versions`). Returns the stack's deps."""
+    if versioned:
+        s3, bucket = env.stack.client("s3"), env.stack.parameters["CheckpointBucketName"]
+        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=14400, checkpoint_every=7200)
+    env.advance(300)
+    return env.stack.deps()
+
+
+def _request(env, d, *, store=None, checkpoints=None, execution: str | None = "preempt-sweep-1", reason: str = "preemption", later_s: float = 0.0) -> dict:
+    """The `checkpoint:request` step for "sweep", with the stack's stores unless given."""
+    return actions.request_checkpoint(
+        store=store or d.store, checkpoints=checkpoints or d.checkpoints, job="sweep", reason=reason,
+        now=env.clock.now() + later_s, execution=execution,
+    )
+
+
 def test_a_retried_checkpoint_request_answers_with_its_first_attempt_and_writes_its_line_once():
     with emulation() as env:
-        d = env.stack.deps()
-        s3, bucket = env.stack.client("s3"), env.stack.parameters["CheckpointBucketName"]
-        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=14400, checkpoint_every=7200)
-        env.advance(300)
-        key = "research/sweep/_preemptor/checkpoint-request.json"
+        d = _running_sweep(env)
+        s3, bucket, key = env.stack.client("s3"), env.stack.parameters["CheckpointBucketName"], MARKER
 
         def request(store, execution):
-            return actions.request_checkpoint(
-                store=store, checkpoints=d.checkpoints, job="sweep", reason="preemption", now=env.clock.now(), execution=execution
-            )
+            return _request(env, d, store=store, execution=execution)
 
         def lines():
             return [e for e in d.store.history("sweep") if e["kind"] == "checkpoint-requested"]
@@ -136,64 +154,45 @@ def _versions(env, key: str) -> list[float]:
 
 def test_a_request_step_that_died_before_its_marker_writes_it_on_retry_with_the_first_time():
     with emulation() as env:
-        d = env.stack.deps()
-        s3, bucket = env.stack.client("s3"), env.stack.parameters["CheckpointBucketName"]
-        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
-        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=14400, checkpoint_every=7200)
-        env.advance(300)
-        key = "research/sweep/_preemptor/checkpoint-request.json"
-
-        def request(checkpoints):
-            return actions.request_checkpoint(
-                store=d.store, checkpoints=checkpoints, job="sweep", reason="preemption", now=env.clock.now(), execution="preempt-sweep-1"
-            )
-
+        d = _running_sweep(env, versioned=True)
         # Given a request step whose Lambda died after recording the request, as it wrote the marker
         dying = _killed_at(d.checkpoints, "request")
         asked_at = env.clock.now()
         with pytest.raises(Killed):
-            request(dying)
-        assert dying.failed and _versions(env, key) == [] and env.job("sweep").checkpoint_requested_at == asked_at
+            _request(env, d, checkpoints=dying)
+        assert dying.failed and _versions(env, MARKER) == [] and env.job("sweep").checkpoint_requested_at == asked_at
         # When Step Functions retries it, 5 s later
         env.clock.advance(5)
-        again = request(d.checkpoints)
+        again = _request(env, d)
         # Then the marker is written, with the time the job's record and the workflow's wait
         # count from, and the line once
         assert again["again"] is True and again["requested_at"] == asked_at
-        assert _versions(env, key) == [asked_at]
+        assert _versions(env, MARKER) == [asked_at]
         assert [e["at"] for e in d.store.history("sweep") if e["kind"] == "checkpoint-requested"] == [asked_at]
 
 
 def test_a_request_step_that_died_before_recording_asks_once_on_retry():
     with emulation() as env:
-        d = env.stack.deps()
-        s3, bucket = env.stack.client("s3"), env.stack.parameters["CheckpointBucketName"]
-        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
-        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=14400, checkpoint_every=7200)
-        env.advance(300)
-        key = "research/sweep/_preemptor/checkpoint-request.json"
-
+        d = _running_sweep(env, versioned=True)
         # Given a request step whose Lambda died as it recorded the request (the marker,
         # written after the record, is not written either)
         dying = _killed_at(d.store, "note_learning")
         with pytest.raises(Killed):
-            actions.request_checkpoint(store=dying, checkpoints=d.checkpoints, job="sweep", reason="preemption", now=env.clock.now(), execution="preempt-sweep-1")
-        assert dying.failed and _versions(env, key) == []
+            _request(env, d, store=dying)
+        assert dying.failed and _versions(env, MARKER) == []
         # When it is retried
         env.clock.advance(5)
-        retried = actions.request_checkpoint(store=d.store, checkpoints=d.checkpoints, job="sweep", reason="preemption", now=env.clock.now(), execution="preempt-sweep-1")
+        retried = _request(env, d)
         # Then it is the one request: one marker, of the retry's time, on the record and in the line
         assert "again" not in retried
-        assert _versions(env, key) == [retried["requested_at"]] == [env.job("sweep").checkpoint_requested_at]
+        assert _versions(env, MARKER) == [retried["requested_at"]] == [env.job("sweep").checkpoint_requested_at]
 
 
 def test_a_request_the_location_refuses_leaves_the_job_its_earlier_request():
     with emulation() as env:
-        d = env.stack.deps()
-        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=14400, checkpoint_every=7200)
-        env.advance(300)
+        d = _running_sweep(env)
         # Given a job asked for a checkpoint ahead of time (by the schedule step)
-        first = actions.request_checkpoint(store=d.store, checkpoints=d.checkpoints, job="sweep", reason="ahead", now=env.clock.now())
+        first = _request(env, d, reason="ahead", execution=None)
         assert env.job("sweep").checkpoint_requested_at == first["requested_at"]
         # When its checkpoint bucket is gone as a preemption asks again
         s3, bucket = env.stack.client("s3"), env.stack.parameters["CheckpointBucketName"]
@@ -201,9 +200,7 @@ def test_a_request_the_location_refuses_leaves_the_job_its_earlier_request():
             for obj in page.get("Contents", []):
                 s3.delete_object(Bucket=bucket, Key=obj["Key"])
         s3.delete_bucket(Bucket=bucket)
-        refused = actions.request_checkpoint(
-            store=d.store, checkpoints=d.checkpoints, job="sweep", reason="preemption", now=env.clock.now() + 60, execution="preempt-sweep-1"
-        )
+        refused = _request(env, d, later_s=60)
         # Then the step says why, and the job keeps its earlier request: it was not asked
         # this one, so it cannot be found to have ignored it
         assert refused["marker"] is None and refused["error"] == "NoSuchBucket"
@@ -216,24 +213,16 @@ def test_a_request_whose_marker_write_is_throttled_is_asked_anew_on_retry():
     from preemptor.core.errors import Throttled
 
     with emulation() as env:
-        d = env.stack.deps()
-        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=14400, checkpoint_every=7200)
-        env.advance(300)
+        d = _running_sweep(env)
         before = env.job("sweep").checkpoint_requested_at
-
-        def request(checkpoints):
-            return actions.request_checkpoint(
-                store=d.store, checkpoints=checkpoints, job="sweep", reason="preemption", now=env.clock.now(), execution="preempt-sweep-1"
-            )
-
         # Given a request whose marker write S3 throttles: the step raises, for the workflow to retry
         with pytest.raises(Throttled):
-            request(_FailsOnce(d.checkpoints, "request", Throttled("PutObject: SlowDown")))
+            _request(env, d, checkpoints=_FailsOnce(d.checkpoints, "request", Throttled("PutObject: SlowDown")))
         # Then the job is not taken to have been asked (it cannot be found to ignore it)
         assert env.job("sweep").checkpoint_requested_at == before and env.job("sweep").checkpoint_request_by is None
         # And the retry asks anew: a marker, of its own time, on the record and in the line
         env.clock.advance(4)
-        retried = request(d.checkpoints)
+        retried = _request(env, d)
         assert "again" not in retried and retried["requested_at"] == env.clock.now() == env.job("sweep").checkpoint_requested_at
         assert [e["at"] for e in d.store.history("sweep") if e["kind"] == "checkpoint-requested"] == [retried["requested_at"]]
 
