@@ -83,6 +83,29 @@ BAD_FILES = {
     "request-missing-team": ("job.json", '{"name": "j", "priority": 50, "pool": "p5", "service": "sagemaker", "request": {}}', ["submit", "--file", "{f}", "--bus", "b"], "job request: field team:"),
     "replay-policy": ("policy.json", '{"teams": 3}', ["replay-events", "--policy", "{f}", str(EVENTS_DIR)], "policy: field teams:"),
     "trace-columns": ("trace.csv", "job_id,submit_s\n1,2\n", ["sim", "--trace", "{f}", "--gpus", "8", "--policy", "fifo"], "trace: missing column(s)"),
+    # JSON's 1e999 is valid JSON and reads as an infinity; Python's reader also takes NaN. A
+    # plan at time NaN, or aging at an infinite rate (every plan an OverflowError), is refused.
+    "snapshot-nan-clock": ("snap.json", '{"now": NaN, "pools": [], "running": [], "pending": []}', ["plan", "--snapshot", "{f}"], "snapshot: field now: Input should be a finite number"),
+    "snapshot-infinite-submission": (
+        "snap.json", '{"now": 1, "pools": [{"name": "p5", "gpus": 8}], "pending": [{"name": "j", "priority": 50, "pool": "p5", "gpus": 8, "submitted_at": -1e999}]}',
+        ["plan", "--snapshot", "{f}"], "snapshot: field pending.0.submitted_at: Input should be a finite number",
+    ),
+    "policy-infinite-aging": (
+        "policy.json", '{"aging": {"rate_per_hour": 1e999}}', ["plan", "--snapshot", "{snapshot}", "--policy", "{f}"], "policy: field aging.rate_per_hour: Input should be a finite number",
+    ),
+    "scenario-infinite-time": (
+        "scenario.yaml", "pools: [{name: p5, service: sagemaker, instance_type: ml.p5.48xlarge, instances: 1}]\n"
+        "jobs: [{name: j, team: t, priority: 50, pool: p5, gpus: 8, submit_at: .inf, duration: 60}]\n",
+        ["demo", "--scenario", "{f}"], "scenario: field jobs.0.submit_at: Input should be a finite number",
+    ),
+    "trace-nan-time": (
+        "trace.csv", "job_id,submit_s,duration_s,gpus,team,priority\na,0,60,1,t,50\nb,nan,60,1,t,50\n",
+        ["sim", "--trace", "{f}", "--gpus", "8", "--policy", "fifo"], "trace: 3: submit_s must be finite seconds >= 0, got 'nan'",
+    ),
+    "trace-endless-job": (
+        "trace.csv", "job_id,submit_s,duration_s,gpus,team,priority\na,0,inf,1,t,50\n",
+        ["sim", "--trace", "{f}", "--gpus", "8", "--policy", "fifo"], "trace: 2: duration_s must be finite seconds >= 0, got 'inf'",
+    ),
 }
 
 
@@ -145,16 +168,65 @@ def test_a_local_stack_that_does_not_answer_is_an_aws_error_in_one_line(tmp_path
     "argv, expected",
     [
         (["queue"], "which stack?"),
-        (["history", "--limit", "0", "--local"], "--limit must be positive"),
-        (["local", "up", "--speed", "0"], "must be positive"),
-        (["local", "up", "--port", "70000"], "is not a TCP port"),
+        (["history", "--limit", "0", "--local"], "history: argument --limit: must be an integer >= 1, got '0'"),
+        (["local", "up", "--speed", "0"], "local up: argument --speed: must be a finite number > 0, got '0'"),
+        (["local", "up", "--speed", "inf"], "argument --speed: must be a finite number > 0, got 'inf'"),
+        (["local", "up", "--port", "70000"], "argument --port: must be an integer >= 0 and <= 65535, got '70000'"),
+        (["submit", "--file", "job.json", "--bus", "b", "--wait", "--timeout", "nan"], "argument --timeout: must be a finite number > 0, got 'nan'"),
+        (["nosuch"], "argument command: invalid choice: 'nosuch'"),
     ],
-    ids=["no-stack", "history-limit", "local-speed", "local-port"],
+    ids=["no-stack", "history-limit", "local-speed", "local-speed-infinite", "local-port", "wait-timeout-nan", "unknown-command"],
 )
 def test_bad_operator_input_exits_2(monkeypatch, capsys, argv, expected):
     monkeypatch.delenv("PREEMPTOR_STACK", raising=False)
     assert main(argv) == 2
     assert expected in _one_line(capsys.readouterr().err)
+
+
+SIM = ["sim", "--trace", "trace.csv", "--policy", "fifo"]
+
+
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        (["--gpus", "0"], "argument --gpus: must be an integer >= 1, got '0'"),
+        (["--gpus", "8", "--stop-grace-s", "-5"], "argument --stop-grace-s: must be a finite number >= 0, got '-5'"),
+        (["--gpus", "8", "--checkpoint-write-s", "inf"], "argument --checkpoint-write-s: must be a finite number >= 0, got 'inf'"),
+        (["--gpus", "8", "--restart-overhead-s", "nan"], "argument --restart-overhead-s: must be a finite number >= 0, got 'nan'"),
+        (["--gpus", "8", "--relaunch-delay-s", "inf"], "argument --relaunch-delay-s: must be a finite number >= 0, got 'inf'"),
+        (["--gpus", "8", "--cooperative-fraction", "nan"], "argument --cooperative-fraction: must be a finite number >= 0 and <= 1, got 'nan'"),
+        (["--gpus", "8", "--cooperative-fraction", "1.5"], "argument --cooperative-fraction: must be a finite number >= 0 and <= 1, got '1.5'"),
+        (["--gpus", "8", "--checkpoint-interval", "abc"], "argument --checkpoint-interval: must be MIN:MAX or one value in seconds, got 'abc'"),
+        (["--gpus", "8", "--checkpoint-interval", "600:inf"], "argument --checkpoint-interval: must be finite seconds with 0 < MIN <= MAX, got '600:inf'"),
+        (["--gpus", "8", "--checkpoint-interval", "3600:600"], "argument --checkpoint-interval: must be finite seconds with 0 < MIN <= MAX, got '3600:600'"),
+        (["--gpus", "8", "--pending-window", "0"], "argument --pending-window: must be an integer >= 1, got '0'"),
+        (["--gpus", "8", "--start-s", "nan"], "argument --start-s: must be a finite number, got 'nan'"),
+        ([], "sim: the following arguments are required: --gpus"),
+    ],
+    ids=[
+        "no-gpus", "negative-grace", "endless-write", "nan-restart", "endless-relaunch", "nan-cooperative",
+        "cooperative-above-one", "interval-not-a-number", "interval-endless", "interval-reversed", "no-window", "nan-start", "missing",
+    ],
+)
+def test_a_simulator_option_out_of_range_is_refused_in_one_line_before_the_replay(tmp_path, monkeypatch, capsys, options, expected):
+    # Given a good trace, and an option NaN, infinite, out of range or missing (a NaN or an
+    # infinite time used to make the replay run forever; the others a traceback)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "trace.csv").write_text("job_id,submit_s,duration_s,gpus,team,priority\na,0,60,1,t,50\n")
+    # When the replay is asked for, Then: exit 2, one line naming the option and the value
+    assert main([*SIM, *options]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("preemptor: sim: ") and expected in line, line
+    # and the same trace with good options replays
+    assert main([*SIM, "--gpus", "8", "--json", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["jobs"] == 1
+
+
+def test_a_simulator_policy_that_is_neither_a_name_nor_a_file_exits_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "trace.csv").write_text("job_id,submit_s,duration_s,gpus,team,priority\na,0,60,1,t,50\n")
+    assert main(["sim", "--trace", "trace.csv", "--gpus", "8", "--policy", "nosuch"]) == 2
+    assert "--policy: 'nosuch' is neither a policy" in _one_line(capsys.readouterr().err)
 
 
 def test_tables_are_coloured_only_for_a_terminal_without_no_color():

@@ -490,11 +490,30 @@ def test_defaults_match_the_issue():
         pytest.param({"within_team": "Sometimes"}, "within_team", id="unknown-mode"),
         pytest.param({"near_completion": {"progress": 1.5}}, "progress", id="progress-above-one"),
         pytest.param({"tiers": {"x": 2000}}, "outside", id="tier-out-of-range"),
+        # Not a number, or an infinity (JSON's 1e999 reads as one): an infinite aging rate
+        # made every plan an OverflowError; an infinite time protects or delays forever.
+        pytest.param({"aging": {"rate_per_hour": float("inf")}}, "aging.rate_per_hour\n  Input should be a finite number", id="aging-rate-infinite"),
+        pytest.param({"min_runtime_s": float("nan")}, "min_runtime_s\n  Input should be a finite number", id="min-runtime-nan"),
+        pytest.param({"tier_preemption_delay_s": {"high": float("inf")}}, "tier_preemption_delay_s.high\n  Input should be a finite number", id="tier-delay-infinite"),
+        pytest.param({"tier_max_sla_s": {"critical": float("nan")}}, "tier_max_sla_s.critical\n  Input should be a finite number", id="sla-rule-nan"),
+        pytest.param({"budget": {"max_gpu_hours": float("inf")}}, "budget.max_gpu_hours\n  Input should be a finite number", id="budget-infinite"),
+        pytest.param({"pools": {"p5": {"checkpoint_max_age_s": float("inf")}}}, "pools.p5: (.|\n)*checkpoint_max_age_s\n  Input should be a finite number", id="pool-value-infinite"),
     ],
 )
 def test_invalid_policies_are_rejected_with_the_knob_named(config, message):
     with pytest.raises(ValidationError, match=message):
         Policy(**config)
+
+
+def test_a_deployed_policy_with_an_infinite_knob_is_refused_as_it_is_read():
+    # Given the stack's PolicyConfig as the functions read it: 1e999 is valid JSON, and an infinity
+    from preemptor.config import Settings
+
+    env = {"JOBS_TABLE": "jobs", "POLICY_CONFIG": '{"aging": {"rate_per_hour": 1e999}}'}
+    # Then reading the settings names the knob (`preemptor submit --policy` checks the same before a deploy)
+    with pytest.raises(ValidationError, match="aging.rate_per_hour\n  Input should be a finite number"):
+        Settings.from_env(env)
+    assert Settings.from_env({**env, "POLICY_CONFIG": '{"aging": {"rate_per_hour": 10}}'}).policy.aging.rate_per_hour == 10
 
 
 # -- the reference in docs/policy.md stays true --------------------------------------------------

@@ -12,6 +12,7 @@ Lost GPU-seconds = (work since the last checkpoint + stop grace + restart overhe
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -492,7 +493,9 @@ def test_ratios_compare_ours_with_every_baseline_of_the_same_run():
     [
         pytest.param("job_id,submit_s,gpus\n", "missing column", id="missing-column"),
         pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,x,1,1,t,50\n", ":2:", id="not-a-number"),
-        pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,-1,1,1,t,50\n", "negative", id="negative"),
+        pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,-1,1,1,t,50\n", ":2: submit_s must be finite seconds >= 0, got '-1'", id="negative"),
+        pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,nan,1,1,t,50\n", ":2: submit_s must be finite seconds >= 0, got 'nan'", id="nan-submission"),
+        pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,0,1,1,t,50\nb,0,inf,1,t,50\n", ":3: duration_s must be finite", id="endless-job"),
         pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,0,1,0,t,50\n", "0 GPUs", id="no-gpus"),
         pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,0,1,1,t,50\na,1,1,1,t,50\n", "duplicate", id="duplicate"),
     ],
@@ -502,6 +505,23 @@ def test_bad_traces_are_rejected_with_the_line(tmp_path, content, message):
     path.write_text(content)
     with pytest.raises(TraceError, match=message):
         load_trace(path)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("restart_overhead_s", float("nan"), "restart_overhead_s must be finite seconds >= 0, got nan"),
+        ("relaunch_delay_s", float("inf"), "relaunch_delay_s must be finite seconds >= 0, got inf"),
+        ("stop_grace_s", -1.0, "stop_grace_s must be finite seconds >= 0, got -1.0"),
+        ("checkpoint_interval_s", (600.0, float("inf")), "checkpoint_interval_s must be finite seconds"),
+        ("cooperative_fraction", float("nan"), "cooperative_fraction must be within 0..1, got nan"),
+        ("pending_window", 0, "pending_window must be positive, got 0"),
+    ],
+)
+def test_a_model_the_replay_could_not_finish_is_refused_with_the_field_named(field, value, message):
+    # A NaN or infinite time never lets the clock reach the next event: the replay would not end
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SimConfig(gpus=8, **{field: value})
 
 
 def test_trace_window_keeps_jobs_submitted_in_it():

@@ -20,7 +20,7 @@ class Mode(StrEnum):
 
 
 class Settings(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
 
     jobs_table: str
     alerts_topic_arn: str = ""

@@ -22,8 +22,8 @@ each takes --json:
   preemptor pools                                    capacity, used, borrowed, per team
   preemptor drain POOL [--note TEXT] | undrain POOL  admit nothing new, preempt nothing
 
-Exit codes: 0 ok; 1 not found (job, pool, local stack); 2 bad input (a wrong file, a request
-the stack refuses); 3 AWS error (one line on stderr, never a traceback); 4 `--wait` timed
+Exit codes: 0 ok; 1 not found (job, pool, local stack); 2 bad input (a wrong file or option,
+a request the stack refuses); 3 AWS error (one line on stderr, never a traceback); 4 `--wait` timed
 out; 5 `--wait` saw the job end failed or cancelled.
 """
 
@@ -37,13 +37,30 @@ from pathlib import Path
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from . import argtypes
 from .inputs import InputFileError, load
 
 EXIT_OK, EXIT_NOT_FOUND, EXIT_BAD_INPUT, EXIT_AWS, EXIT_TIMED_OUT, EXIT_JOB_FAILED = 0, 1, 2, 3, 4, 5
 
 
+class UsageError(Exception):
+    """The command line itself is wrong: an unknown option, a missing or bad value (exit 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that refuses as the rest of the CLI does: one line, exit code 2 (`main`),
+    instead of printing the usage and leaving the process."""
+
+    def error(self, message: str):
+        command = self.prog.partition(" ")[2]  # "sim" of "preemptor sim"; `_fail` names the program
+        raise UsageError(f"{command + ': ' if command else ''}{message} (see --help)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except UsageError as e:
+        return _fail(e, EXIT_BAD_INPUT)
     from . import ops
     from .local.state import LocalStackError, NoLocalStack
 
@@ -68,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="preemptor", description="Priority scheduler with checkpoint-aware preemption")
+    parser = _Parser(prog="preemptor", description="Priority scheduler with checkpoint-aware preemption")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="replay a scenario on emulated AWS and print the timeline")
@@ -115,7 +132,7 @@ def _parser() -> argparse.ArgumentParser:
 
     history = sub.add_parser("history", help="the decision log: one job's, or every job's")
     history.add_argument("job", nargs="?")
-    history.add_argument("--limit", type=int, help="only the newest N entries")
+    history.add_argument("--limit", type=argtypes.positive_int, help="only the newest N entries")
     _add_target_options(history)
 
     pools = sub.add_parser("pools", help="capacity, used, borrowed, per team")
@@ -135,11 +152,11 @@ def _parser() -> argparse.ArgumentParser:
     up = local_sub.add_parser("up", help="serve the local stack until `local down` or Ctrl-C")
     from .local.state import DEFAULT_PORT
 
-    up.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port on 127.0.0.1 (default {DEFAULT_PORT}; 0: any free one)")
-    up.add_argument("--speed", type=float, default=60.0, help="simulated seconds per real second (default 60)")
+    up.add_argument("--port", type=argtypes.port, default=DEFAULT_PORT, help=f"TCP port on 127.0.0.1 (default {DEFAULT_PORT}; 0: any free one)")
+    up.add_argument("--speed", type=argtypes.positive, default=60.0, help="simulated seconds per real second (default 60)")
     up.add_argument("--scenario", type=Path, help="scenario YAML whose pools and policy the stack runs (its jobs are not submitted)")
-    up.add_argument("--max-lifetime", type=float, default=8 * 3600, metavar="SECONDS", help="stop after this long (default 8 h)")
-    up.add_argument("--max-jobs", type=int, default=500, help="route at most this many submissions (default 500)")
+    up.add_argument("--max-lifetime", type=argtypes.positive, default=8 * 3600, metavar="SECONDS", help="stop after this long (default 8 h)")
+    up.add_argument("--max-jobs", type=argtypes.positive_int, default=500, help="route at most this many submissions (default 500)")
     for name in ("down", "status"):
         cmd = local_sub.add_parser(name, help={"down": "stop the local stack", "status": "where the local stack is"}[name])
         cmd.add_argument("--json", action="store_true", help="print the answer as JSON")
@@ -199,7 +216,7 @@ def _add_target_options(parser: argparse.ArgumentParser, group=None) -> None:
 
 def _add_wait_options(parser: argparse.ArgumentParser, until: str) -> None:
     parser.add_argument("--wait", action="store_true", help=f"poll and print state changes {until}")
-    parser.add_argument("--timeout", type=float, default=600.0, help="with --wait: give up after this many seconds (default 600)")
+    parser.add_argument("--timeout", type=argtypes.positive, default=600.0, help="with --wait: give up after this many seconds (default 600)")
 
 
 def _target(args):
@@ -385,8 +402,6 @@ def _history_command(args) -> int:
     from . import ops
     from .tables import render_history
 
-    if args.limit is not None and args.limit <= 0:
-        raise ops.BadInput(f"--limit must be positive, got {args.limit}")
     entries = ops.history(_target(args), args.job, args.limit)
     _print(args, entries, lambda data, painter: render_history(data, painter, one_job=args.job is not None))
     return EXIT_OK
@@ -420,10 +435,6 @@ def _local(args) -> int:
 
     path = args.state_file or local_state.default_state_path()
     if args.local_command == "up":
-        if not 0 <= args.port < 65536:
-            raise ops.BadInput(f"--port {args.port} is not a TCP port")
-        if not args.speed > 0 or not args.max_lifetime > 0 or args.max_jobs <= 0:
-            raise ops.BadInput("--speed, --max-lifetime and --max-jobs must be positive")
         from .local import server
         from .local.scenario import Scenario
 

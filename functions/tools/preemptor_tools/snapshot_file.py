@@ -33,13 +33,13 @@ from preemptor.core.requests import resolve_priority
 
 
 class _Pool(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str
     gpus: int = Field(gt=0)
 
 
 class _Job(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     name: str
     team: str = "default"
     priority: int | str
@@ -66,13 +66,13 @@ class _Pending(_Job):
 
 
 class _Usage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     gpu_seconds: float = Field(ge=0)
     at: float | None = None
 
 
 class _Preempted(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     pool: str
     at: float
     gpus: int = Field(default=0, ge=0)
@@ -81,7 +81,7 @@ class _Preempted(BaseModel):
 
 
 class SnapshotFile(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     now: float
     pools: list[_Pool]
     running: list[_Running] = Field(default_factory=list)

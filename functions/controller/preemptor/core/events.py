@@ -122,7 +122,7 @@ class EventRejected(PreemptorError):
 class _Event(BaseModel):
     # strict: the parser builds these from values it already checked, so a coercion
     # here would only hide a parser bug.
-    model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, strict=True, extra="forbid", allow_inf_nan=False)
 
     event_id: str
     time: float | None

@@ -84,7 +84,7 @@ class AgingCap(StrEnum):
 
 
 class _Knob(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class Aging(_Knob):
@@ -228,7 +228,7 @@ _OBJECT_KNOBS = (
 class PoolPolicy(BaseModel):
     """The knobs of one pool. `Policy` holds the defaults; `Policy.for_pool` the effective set."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     # -- ranking -------------------------------------------------------------------------
     aging: Aging = Field(default_factory=Aging)

@@ -45,7 +45,7 @@ class JobDefinition(BaseModel):
     or ARN). A definition that belongs to a team runs its command for that team only: other
     teams may submit it, but not with a `command` override."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1, max_length=1600)
     team: str | None = None
@@ -55,7 +55,7 @@ class PoolConfig(BaseModel):
     """A capacity pool: either instances x GPUs per instance, or a GPU count; and the
     allow-list of what its jobs run as."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1)
     service: Literal["sagemaker", "batch"] = "sagemaker"

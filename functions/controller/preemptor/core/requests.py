@@ -175,7 +175,7 @@ class JobRequest(BaseModel):
     the pool's GPUs per instance; a stated `gpus` or `instances` must agree with it.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str
     team: str

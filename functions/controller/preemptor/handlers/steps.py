@@ -22,7 +22,7 @@ Incarnation = Annotated[int, Field(ge=1)]
 
 
 class _Step(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class _JobStep(_Step):

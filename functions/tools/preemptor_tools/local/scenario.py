@@ -40,7 +40,7 @@ IMAGE = f"{ACCOUNT}.dkr.ecr.us-east-1.amazonaws.com/training:latest"
 
 
 class ScenarioJob(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str
     team: str
@@ -64,7 +64,7 @@ class ScenarioJob(BaseModel):
 class SpotInterruption(BaseModel):
     """Reclaim the spot instance under `job`'s current run at `at` (Batch pools only)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     at: float = Field(ge=0)
     job: str
@@ -74,7 +74,7 @@ class Chaos(BaseModel):
     """How hostile the emulated AWS is (see `hostile.py`): rates in [0, 1), and the seed every
     draw comes from, so a scenario replays the same way each time."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     seed: int = 0
     throttle_rate: float = Field(default=0.0, ge=0, lt=1)
@@ -87,7 +87,7 @@ class Chaos(BaseModel):
 class StopDenied(BaseModel):
     """From `at` for `duration` seconds, stopping any run of `job` fails with AccessDenied."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["stop_denied"]
     at: float = Field(ge=0)
@@ -98,7 +98,7 @@ class StopDenied(BaseModel):
 class StoppedByHand(BaseModel):
     """At `at`, someone stops `job`'s current run outside the controller."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["stopped_by_hand"]
     at: float = Field(ge=0)
@@ -108,7 +108,7 @@ class StoppedByHand(BaseModel):
 class WorkflowCrash(BaseModel):
     """The first workflow execution to run a step after `at` dies (ABORTED) after that step."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["workflow_crash"]
     at: float = Field(ge=0)
@@ -120,7 +120,7 @@ class CapacityError(BaseModel):
     `CapacityError` (a managed-spot one waits for spot, then fails `MaxWaitTimeExceeded`); a
     Batch job stays RUNNABLE (in `job_queue` only, when given)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["capacity_error"]
     at: float = Field(ge=0)
@@ -141,7 +141,7 @@ class SpotInterruptionFault(BaseModel):
     """At `at`, EC2 warns that the spot instance under `job`'s current run goes two minutes
     later, and reclaims it then (the same as an `interruptions:` entry)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["spot_interruption"]
     at: float = Field(ge=0)
@@ -154,7 +154,7 @@ Fault = Annotated[
 
 
 class Scenario(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     pools: list[PoolConfig]
     jobs: list[ScenarioJob]

@@ -14,43 +14,41 @@ import json
 import sys
 from pathlib import Path
 
+from .. import argtypes
 from .engine import DEFAULT_PENDING_WINDOW, SimConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = SimConfig(gpus=1)
     parser.add_argument("--trace", type=Path, required=True, help="CSV: job_id,submit_s,duration_s,gpus,team,priority")
-    parser.add_argument("--gpus", type=int, required=True, help="GPUs in the pool")
+    parser.add_argument("--gpus", type=argtypes.positive_int, required=True, help="GPUs in the pool")
     parser.add_argument("--policy", default="preemptor", help="preemptor|fifo|priority|blunt|kueue|slurm|oracle, or a Policy JSON file (ours)")
     parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
-    parser.add_argument("--start-s", type=float, help="keep jobs submitted at or after this time")
-    parser.add_argument("--end-s", type=float, help="keep jobs submitted before this time")
+    parser.add_argument("--start-s", type=argtypes.any_time, help="keep jobs submitted at or after this time")
+    parser.add_argument("--end-s", type=argtypes.any_time, help="keep jobs submitted before this time")
     parser.add_argument("--pool", default=defaults.pool, help="pool name (selects a Policy's per-pool overrides)")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of the per-job checkpoint intervals")
     parser.add_argument(
         "--checkpoint-interval",
-        default=f"{defaults.checkpoint_interval_s[0]:g}:{defaults.checkpoint_interval_s[1]:g}",
-        help="seconds between a job's checkpoints: uniform MIN:MAX, or one value (default %(default)s)",
+        type=argtypes.interval,
+        default=defaults.checkpoint_interval_s,
+        metavar="MIN:MAX",
+        help=f"seconds between a job's checkpoints: uniform MIN:MAX, or one value (default {defaults.checkpoint_interval_s[0]:g}:{defaults.checkpoint_interval_s[1]:g})",
     )
-    parser.add_argument("--stop-grace-s", type=float, default=defaults.stop_grace_s)
-    parser.add_argument("--checkpoint-write-s", type=float, default=defaults.checkpoint_write_s)
-    parser.add_argument("--restart-overhead-s", type=float, default=defaults.restart_overhead_s)
-    parser.add_argument("--relaunch-delay-s", type=float, default=defaults.relaunch_delay_s)
-    parser.add_argument("--cooperative-fraction", type=float, default=defaults.cooperative_fraction, help="share of jobs that checkpoint on request")
-    parser.add_argument("--pending-window", type=int, default=DEFAULT_PENDING_WINDOW, help="pending jobs the planner sees")
+    parser.add_argument("--stop-grace-s", type=argtypes.seconds, default=defaults.stop_grace_s)
+    parser.add_argument("--checkpoint-write-s", type=argtypes.seconds, default=defaults.checkpoint_write_s)
+    parser.add_argument("--restart-overhead-s", type=argtypes.seconds, default=defaults.restart_overhead_s)
+    parser.add_argument("--relaunch-delay-s", type=argtypes.seconds, default=defaults.relaunch_delay_s)
+    parser.add_argument("--cooperative-fraction", type=argtypes.fraction, default=defaults.cooperative_fraction, help="share of jobs that checkpoint on request")
+    parser.add_argument("--pending-window", type=argtypes.positive_int, default=DEFAULT_PENDING_WINDOW, help="pending jobs the planner sees")
     parser.add_argument("--declare-durations", action="store_true", help="jobs declare their true duration to the planner")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
-
-
-def parse_interval(text: str) -> tuple[float, float]:
-    lo, _, hi = text.partition(":")
-    lo_s = float(lo)
-    return (lo_s, float(hi) if hi else lo_s)
 
 
 def load_policy(spec: str, pool: str):
     """A policy by name, or ours with the knobs of a Policy JSON file."""
     from preemptor.core.policy import Policy
+    from .. import ops
     from .baselines import POLICY_NAMES, VARIANTS, policy_by_name, preemptor_policy
 
     if spec == "preemptor":
@@ -59,7 +57,7 @@ def load_policy(spec: str, pool: str):
         return policy_by_name(spec)
     path = Path(spec)
     if not path.is_file():
-        raise SystemExit(f"--policy: {spec!r} is neither a policy ({', '.join(POLICY_NAMES)}) nor a file")
+        raise ops.BadInput(f"--policy: {spec!r} is neither a policy ({', '.join(POLICY_NAMES)}) nor a file")
     from ..inputs import load
 
     return preemptor_policy(load(path, "policy", lambda d: Policy(**d)), pool=pool)
@@ -69,7 +67,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     return SimConfig(
         gpus=args.gpus,
         pool=args.pool,
-        checkpoint_interval_s=parse_interval(args.checkpoint_interval),
+        checkpoint_interval_s=args.checkpoint_interval,
         seed=args.seed,
         stop_grace_s=args.stop_grace_s,
         checkpoint_write_s=args.checkpoint_write_s,
@@ -86,7 +84,12 @@ def run(args: argparse.Namespace) -> int:
     from .metrics import summarize
     from .report import print_summary, progress_bar
 
-    config = config_from_args(args)
+    from .. import ops
+
+    try:
+        config = config_from_args(args)
+    except ValueError as e:  # the options' types refuse each value alone; this, their combination
+        raise ops.BadInput(f"sim: {e}") from None
     policy = load_policy(args.policy, config.pool)
     trace = _trace(args)
     show = not args.no_progress and sys.stderr.isatty()

@@ -102,11 +102,20 @@ class SimConfig:
     max_plans_per_instant: int = 10_000
 
     def __post_init__(self) -> None:
+        """Refuse a model that cannot be run, naming the field: a NaN or an infinite time
+        would never let the replay end."""
         lo, hi = self.checkpoint_interval_s
-        if self.gpus <= 0 or lo <= 0 or hi < lo or self.pending_window <= 0:
-            raise ValueError(f"invalid simulator configuration: {self}")
-        if not 0.0 <= self.cooperative_fraction <= 1.0:
-            raise ValueError("cooperative_fraction must be within 0..1")
+        if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
+            raise ValueError(f"checkpoint_interval_s must be finite seconds with 0 < min <= max, got {self.checkpoint_interval_s}")
+        for name in ("stop_grace_s", "checkpoint_write_s", "restart_overhead_s", "relaunch_delay_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be finite seconds >= 0, got {value}")
+        if not 0.0 <= self.cooperative_fraction <= 1.0:  # NaN fails it too
+            raise ValueError(f"cooperative_fraction must be within 0..1, got {self.cooperative_fraction}")
+        for name in ("gpus", "pending_window", "max_plans_per_instant"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
     def model(self) -> dict:
         return {

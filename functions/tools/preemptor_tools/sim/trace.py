@@ -9,6 +9,7 @@ cluster, Jeon et al., USENIX ATC'19, CC BY 4.0) is the reference trace.
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,8 +74,10 @@ def _parse_row(row: dict, path: Path, line: int) -> TraceJob:
         raise TraceError(f"{path}:{line}: {e}") from e
     if not job.job_id:
         raise TraceError(f"{path}:{line}: empty job_id")
-    if job.submit_s < 0 or job.duration_s < 0:
-        raise TraceError(f"{path}:{line}: negative time in {job}")
+    for column in ("submit_s", "duration_s"):
+        value = getattr(job, column)
+        if not math.isfinite(value) or value < 0:  # a NaN or infinite time would never let the replay end
+            raise TraceError(f"{path}:{line}: {column} must be finite seconds >= 0, got {row[column].strip()!r}")
     if job.gpus <= 0:
         raise TraceError(f"{path}:{line}: job {job.job_id} asks for {job.gpus} GPUs")
     return job
