@@ -79,6 +79,20 @@ BAD_FILES = {
     "snapshot-not-json": ("snap.json", '{"now": 1,', ["plan", "--snapshot", "{f}"], "not valid JSON at line 1"),
     "snapshot-not-an-object": ("snap.json", "[1, 2]", ["plan", "--snapshot", "{f}"], "snapshot: the document must be an object"),
     "policy-wrong-type": ("policy.json", '{"tiers": "x"}', ["explain", "j", "--snapshot", "{snapshot}", "--policy", "{f}"], "policy: field tiers:"),
+    # What explain formats is checked: these were a ValueError from inside a sentence, or a KeyError
+    "history-figure-not-a-number": (
+        "history.json", '[{"at": 5, "kind": "preemption-started", "extra": {"checkpoint_age_s": "old"}}]',
+        ["explain", "j", "--snapshot", "{snapshot}", "--history", "{f}"], "history: field 0.extra.checkpoint_age_s: Input should be a valid number",
+    ),
+    "history-fresh-not-a-bool": (
+        "history.json", '[{"at": 5, "kind": "preemption-started"}, {"at": 9, "kind": "requeued", "extra": {"fresh_checkpoint": "maybe"}}]',
+        ["explain", "j", "--snapshot", "{snapshot}", "--history", "{f}"], "history: field 1.extra.fresh_checkpoint: Input should be a valid boolean",
+    ),
+    "history-infinite-time": (
+        "history.json", '[{"at": 1e999, "kind": "requeued"}]',
+        ["explain", "j", "--snapshot", "{snapshot}", "--history", "{f}"], "history: field 0.at: Input should be a finite number",
+    ),
+    "history-no-kind": ("history.json", '[{"at": 5}]', ["explain", "j", "--snapshot", "{snapshot}", "--history", "{f}"], "history: field 0.kind: Field required"),
     "history-not-a-list": ("history.json", '{"kind": "x"}', ["explain", "j", "--snapshot", "{snapshot}", "--history", "{f}"], "history: the decision log must be a list"),
     "request-missing-team": ("job.json", '{"name": "j", "priority": 50, "pool": "p5", "service": "sagemaker", "request": {}}', ["submit", "--file", "{f}", "--bus", "b"], "job request: field team:"),
     "replay-policy": ("policy.json", '{"teams": 3}', ["replay-events", "--policy", "{f}", str(EVENTS_DIR)], "policy: field teams:"),
@@ -125,6 +139,21 @@ def test_a_wrong_file_gets_one_line_naming_the_file_and_the_field(tmp_path, caps
     assert code == 2
     assert len(err) == 1 and "Traceback" not in err[0], err
     assert err[0].startswith(f"preemptor: {path}: ") and expected in err[0], err[0]
+
+
+def test_a_decision_log_as_the_history_command_prints_it_is_explained(tmp_path, capsys):
+    # Given a log in the shape `preemptor history JOB --json` prints (missing fields as null)
+    log = [
+        {"at": 78000.0, "job": "a", "kind": "preemption-started", "reason": "lower-priority-victim", "detail": None,
+         "extra": {"preemptor": "x", "checkpoint_age_s": 900.0, "lost_gpu_seconds": 14400.0, "note": "kept"}},
+        {"at": 78100.0, "job": "a", "kind": "requeued", "reason": None, "detail": None, "extra": {"fresh_checkpoint": True, "lost_gpu_seconds": 1920}},
+    ]
+    (tmp_path / "h.json").write_text(json.dumps(log))
+    (tmp_path / "s.json").write_text(json.dumps({"now": 1, "pools": [{"name": "p5", "gpus": 8}], "running": [], "pending": []}))
+    # When a job is explained with it, Then its preemption is told with the log's figures
+    assert main(["explain", "a", "--snapshot", str(tmp_path / "s.json"), "--history", str(tmp_path / "h.json")]) == 0
+    out = capsys.readouterr().out
+    assert "preemption 1 at 78000: by x under lower-priority; checkpoint age 900 s, 1920 GPU-seconds lost, stopped after a fresh checkpoint" in out, out
 
 
 # -- the operator's commands without a stack to talk to: exit codes, one line on stderr -------

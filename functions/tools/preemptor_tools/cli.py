@@ -481,9 +481,11 @@ def _object(document):
 
 
 def _history(document) -> list[dict]:
+    from .history_file import load_history
+
     if not isinstance(document, list) or not all(isinstance(e, dict) for e in document):
         raise ValueError("the decision log must be a list of entries (objects)")
-    return document
+    return load_history(document)
 
 
 def _policy_text(path: Path) -> str:
