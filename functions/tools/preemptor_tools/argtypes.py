@@ -1,8 +1,9 @@
 """Types of the command line's numeric options.
 
-A value out of range, NaN or an infinity is refused by argparse before anything runs: one
-usage line and "argument --stop-grace-s: must be a finite number >= 0, got 'nan'", exit
-code 2 (bad input), never a traceback nor a replay that never ends.
+A value out of range, NaN or an infinity is refused by argparse before anything runs, in
+the CLI's one line (`cli._Parser`): "preemptor: sim: argument --stop-grace-s: must be a
+finite number >= 0, got 'nan'", exit code 2 (bad input), never a traceback nor a replay
+that never ends.
 """
 
 from __future__ import annotations

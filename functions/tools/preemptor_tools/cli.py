@@ -431,7 +431,6 @@ def _drain(args) -> int:
 
 def _local(args) -> int:
     from .local import state as local_state
-    from . import ops
 
     path = args.state_file or local_state.default_state_path()
     if args.local_command == "up":
