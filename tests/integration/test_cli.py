@@ -73,6 +73,10 @@ BAD_FILES = {
         "scenario.yaml", "pools: [{name: p5, service: sagemaker}]\njobs: []\n",
         ["demo", "--scenario", "{f}"], "scenario: field pools.0: pool 'p5' needs 'instances' or 'gpus'",
     ),
+    "scenario-two-pools-one-name": (
+        "scenario.yaml", "pools: [{name: p5, service: batch, gpus: 8}, {name: p5, service: batch, gpus: 16}]\njobs: []\n",
+        ["demo", "--scenario", "{f}"], "scenario: field (the whole document): one pool per name; repeated: p5",
+    ),
     "scenario-not-yaml": ("scenario.yaml", "pools: [\n", ["demo", "--scenario", "{f}"], "not valid YAML at line 2"),
     "scenario-absent": (None, None, ["demo", "--scenario", "{f}"], "cannot read the scenario: No such file"),
     "snapshot-wrong-type": ("snap.json", '{"now": "soon", "pools": [], "running": [], "pending": []}', ["plan", "--snapshot", "{f}"], "snapshot: field now:"),

@@ -6,12 +6,12 @@ import json
 from enum import StrEnum
 from typing import Mapping
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .core.policy import Policy
 from .core.pools import JobDefinition, PoolConfig
 
-__all__ = ["JobDefinition", "Mode", "PoolConfig", "Settings"]
+__all__ = ["JobDefinition", "Mode", "PoolConfig", "Settings", "first_problem"]
 
 
 class Mode(StrEnum):
@@ -42,6 +42,18 @@ class Settings(BaseModel):
     # change within it (`adapters.workflows.settled_schedule`); 0: each at once.
     settle_s: float = Field(default=3.0, ge=0, le=60)
 
+    @model_validator(mode="after")
+    def _consistent(self) -> "Settings":
+        names = [p.name for p in self.pools]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:  # the second would never be planned: `pool` finds the first
+            raise ValueError(f"pools: one pool per name; repeated: {', '.join(repeated)}")
+        unknown = [t for t in self.wait_alarm_tiers if t not in self.policy.tiers]
+        if unknown:  # a job of a misspelt tier is never escalated, and the alarm never fires for it
+            # (the policy's tier names are lower case, and so are the alarm's metric dimensions)
+            raise ValueError(f"wait_alarm_tiers: unknown tier(s) {', '.join(unknown)} (tiers: {', '.join(sorted(self.policy.tiers))})")
+        return self
+
     def pool(self, name: str) -> PoolConfig | None:
         return next((p for p in self.pools if p.name == name), None)
 
@@ -70,3 +82,15 @@ class Settings(BaseModel):
                 if env.get(var)
             },
         )
+
+
+def first_problem(error: ValueError) -> str:
+    """A refused configuration in one line: pydantic's first problem with the field it is
+    in, and how many more there are; any other ValueError as it says."""
+    if not isinstance(error, ValidationError):
+        return str(error)
+    first = error.errors()[0]
+    field = ".".join(str(p) for p in first["loc"])
+    message = str(first["msg"]).removeprefix("Value error, ")
+    more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    return f"{'field ' + field + ': ' if field else ''}{message}{more}"

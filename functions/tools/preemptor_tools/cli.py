@@ -62,11 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         return _fail(e, EXIT_BAD_INPUT)
     from . import ops
-    from .local.state import LocalStackError, NoLocalStack
+    from .local.state import DeployFailed, LocalStackError, NoLocalStack
 
     try:
         return _dispatch(args)
-    except (InputFileError, ops.BadInput) as e:
+    except (InputFileError, ops.BadInput, DeployFailed) as e:  # DeployFailed: the emulated stack's configuration check
         return _fail(e, EXIT_BAD_INPUT)
     except (ops.NotFound, NoLocalStack) as e:
         return _fail(e, EXIT_NOT_FOUND if isinstance(e, ops.NotFound) or args.command == "local" else EXIT_AWS)

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from preemptor.adapters.store import JobsStore
 from preemptor.adapters.workflows import WorkflowStarter, execution_name
-from preemptor.config import Settings
+from preemptor.config import Settings, first_problem
 from preemptor.core.jobs import JobRecord
 from preemptor.core.model import JobState
 from preemptor.core.requests import JobRequest, RequestRefused, admit_request
@@ -97,17 +97,21 @@ class Target:
     def settings(self) -> Settings:
         """The functions' settings, from the stack's parameters and outputs."""
         p, o = self.parameters, self.outputs
-        return Settings.from_env(
-            {
-                "JOBS_TABLE": o["JobsTableName"],
-                "MODE": p.get("Mode") or "enforce",
-                "POOLS_CONFIG": p.get("PoolsConfig") or "[]",
-                "POLICY_CONFIG": p.get("PolicyConfig") or "{}",
-                "CHECKPOINT_BUCKET": p.get("CheckpointBucketName", ""),
-                "TRAINING_ROLE_ARN": p.get("ManagedRoleArnForTraining", ""),
-                "SCHEDULE_STATE_MACHINE_ARN": o.get("ScheduleStateMachineArn", ""),
-            }
-        )
+        env = {
+            "JOBS_TABLE": o["JobsTableName"],
+            "MODE": p.get("Mode") or "enforce",
+            "POOLS_CONFIG": p.get("PoolsConfig") or "[]",
+            "POLICY_CONFIG": p.get("PolicyConfig") or "{}",
+            "CHECKPOINT_BUCKET": p.get("CheckpointBucketName", ""),
+            "TRAINING_ROLE_ARN": p.get("ManagedRoleArnForTraining", ""),
+            "SCHEDULE_STATE_MACHINE_ARN": o.get("ScheduleStateMachineArn", ""),
+        }
+        if p.get("WaitAlarmTiers"):  # the watched tiers must be the policy's: the stack's own, not the default
+            env["WAIT_ALARM_TIERS"] = p["WaitAlarmTiers"]
+        try:
+            return Settings.from_env(env)
+        except ValueError as e:  # pydantic's ValidationError too: a what-if --policy the stack's parameters do not fit
+            raise BadInput(f"the stack's configuration with this policy: {first_problem(e)}") from None
 
     @cached_property
     def store(self) -> JobsStore:

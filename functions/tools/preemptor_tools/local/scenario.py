@@ -170,6 +170,9 @@ class Scenario(BaseModel):
     @model_validator(mode="after")
     def _jobs_fit_their_pools(self) -> "Scenario":
         pools = {p.name: p for p in self.pools}
+        if len(pools) < len(self.pools):
+            repeated = sorted({p.name for p in self.pools if [q.name for q in self.pools].count(p.name) > 1})
+            raise ValueError(f"one pool per name; repeated: {', '.join(repeated)}")
         names = set()
         for job in self.jobs:
             if job.name in names:

@@ -38,14 +38,16 @@ from moto.stepfunctions.responses import get_backend as stepfunctions_backend
 from preemptor import clock as clock_module
 from preemptor.adapters.store import item_to_record
 from preemptor.core.jobs import JobRecord
-from preemptor.handlers import wiring
+from preemptor.handlers import config_check, wiring
 from . import aws_calls, moto_patches
 from .clock import SimClock
 from .executions import ExecutionStillRunning
 from .hostile import HostileWorld
+from .state import DeployFailed
 
 from ..paths import REPO_ROOT as ROOT
 TEMPLATE = ROOT / "template.yaml"
+CONFIG_CHECK = "Custom::PreemptorConfigCheck"
 ACCOUNT = "123456789012"
 _DRAIN_POLL_S = 0.002
 
@@ -189,7 +191,11 @@ class EmulatedStack:
         self.session = boto3.session.Session(region_name=self.region)
         self._clients: dict[str, Any] = {}
         self._clients_lock = threading.Lock()
-        self._deploy(load_template(self.template_path))
+        try:
+            self._deploy(load_template(self.template_path))
+        except Exception:
+            self.stop()  # as CloudFormation rolls back: nothing of the stack is left running
+            raise
         wiring.reset()
         self._quiet_function_logs()
         self._configure_function_metrics()
@@ -264,6 +270,15 @@ class EmulatedStack:
         for logical, res in resources.items():
             self.resources[logical] = self._physical_id(logical, res)
             self.types[logical] = res["Type"]
+
+        # The configuration check CloudFormation runs before any function (`ConfigCheck`):
+        # a configuration the functions could not run fails this deploy too, named.
+        for logical, res in resources.items():
+            if res["Type"] == CONFIG_CHECK:
+                properties = {k: self.resolve(v) for k, v in res["Properties"].items() if k != "ServiceToken"}
+                found = config_check.problem(properties)
+                if found:
+                    raise DeployFailed(f"{logical}: CREATE_FAILED: {found}")
 
         for logical, res in resources.items():
             kind, props = res["Type"], res.get("Properties", {})

@@ -29,6 +29,12 @@ def default_state_path(env: dict[str, str] | None = None) -> Path:
     return Path(".preemptor") / "local.json"
 
 
+class DeployFailed(Exception):
+    """The emulated stack could not be deployed: the reason CloudFormation would give, one
+    line (its configuration check, `preemptor.handlers.config_check`). Here, where the CLI
+    finds it without importing the emulator."""
+
+
 class LocalStackError(Exception):
     """The local stack cannot start, or cannot be reached."""
 

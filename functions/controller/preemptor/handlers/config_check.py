@@ -1,0 +1,107 @@
+"""The stack's configuration, checked as it is deployed: the custom resource `ConfigCheck`.
+
+CloudFormation creates or updates `ConfigCheck` (template.yaml) with the parameters every
+function reads (`PolicyConfig`, `PoolsConfig`, `WaitAlarmTiers`) before it updates the
+functions, which depend on it. A configuration the functions could not run fails the deploy
+with the parameter and the field named, and CloudFormation rolls the stack back:
+
+    ConfigCheck: CREATE_FAILED: PolicyConfig: field aging.rate_per_hour: Input should be a finite number
+
+Without it each function would fail every invocation with that configuration, and every
+event given to it would end in the dead-letter queue. What is checked is what the functions
+read (`Settings.from_env`): a knob misspelt or out of range, a number NaN or infinite
+(JSON's 1e999 reads as an infinity), a pool without its size, two pools of one name, a
+watched tier the policy does not have.
+
+The answer goes to the request's pre-signed `ResponseURL` (the custom resource protocol);
+a Delete always succeeds, so that a stack stays removable whatever it was deployed with.
+The function makes no AWS call.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+import urllib.request
+from typing import Any, Mapping
+
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from pydantic import TypeAdapter
+
+from ..config import Settings, first_problem
+from ..core.policy import Policy
+from ..core.pools import PoolConfig
+from .observability import logger
+
+# The resource's properties, and the environment variables the functions read them from.
+PARAMETERS = {"PolicyConfig": "POLICY_CONFIG", "PoolsConfig": "POOLS_CONFIG", "WaitAlarmTiers": "WAIT_ALARM_TIERS"}
+MAX_REASON = 1000  # CloudFormation shows the reason in the stack's events; keep it one line
+_POOLS = TypeAdapter(list[PoolConfig])
+
+
+def problem(properties: Mapping[str, Any]) -> str | None:
+    """What the functions could not run in these parameters, in one line; None when they
+    can. `properties` holds the parameters by name (`PARAMETERS`); a missing one is its
+    template default."""
+    policy_text = str(properties.get("PolicyConfig") or "{}")
+    pools_text = str(properties.get("PoolsConfig") or "[]")
+    for name, text, kind in (("PolicyConfig", policy_text, dict), ("PoolsConfig", pools_text, list)):
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError as e:
+            return f"{name} is not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}"
+        if not isinstance(document, kind):
+            return f"{name} must be a JSON {'object' if kind is dict else 'list of pools'}, got {type(document).__name__}"
+        try:
+            Policy(**document) if kind is dict else _POOLS.validate_python(document)
+        except ValueError as e:  # pydantic's ValidationError is one
+            return f"{name}: {first_problem(e)}"
+    env = {"JOBS_TABLE": "config-check", "POLICY_CONFIG": policy_text, "POOLS_CONFIG": pools_text}
+    if properties.get("WaitAlarmTiers") is not None:
+        env["WAIT_ALARM_TIERS"] = str(properties["WaitAlarmTiers"])
+    try:
+        Settings.from_env(env)
+    except ValueError as e:  # pydantic's ValidationError is one
+        return f"stack parameters: {first_problem(e)}"
+    return None
+
+
+@logger.inject_lambda_context(clear_state=True)
+def handler(event: dict, context: LambdaContext) -> None:
+    """Answer CloudFormation's request: SUCCESS, or FAILED with `problem`'s line."""
+    request = event.get("RequestType")
+    try:
+        found = None if request == "Delete" else problem(event.get("ResourceProperties") or {})
+    except Exception as e:  # noqa: BLE001 - a check that breaks must still answer, or the deploy hangs for an hour
+        logger.exception("the configuration check failed")
+        found = f"the configuration check failed: {type(e).__name__}: {e}"
+    status = "FAILED" if found else "SUCCESS"
+    logger.info("configuration checked", extra={"request": request, "status": status, "problem": found})
+    respond(event, status, found or "configuration valid")
+
+
+def respond(event: Mapping[str, Any], status: str, reason: str) -> None:
+    """PUT the answer to the request's pre-signed URL (the custom resource protocol). A
+    failure to answer raises: Lambda retries the asynchronous invocation."""
+    url = str(event["ResponseURL"])
+    if urllib.parse.urlsplit(url).scheme not in ("https", "http"):
+        raise ValueError(f"ResponseURL must be an http(s) URL, got scheme {urllib.parse.urlsplit(url).scheme!r}")
+    # Kept on an update (a new one would make CloudFormation delete the old); on a create,
+    # the stack's name: arn:aws:cloudformation:<region>:<account>:stack/<name>/<id>.
+    stack = str(event.get("StackId", "")).split("/")
+    physical = event.get("PhysicalResourceId") or f"{stack[1] if len(stack) > 2 else 'stack'}-config-check"
+    body = json.dumps(
+        {
+            "Status": status,
+            "Reason": " ".join(reason.split())[:MAX_REASON],
+            "PhysicalResourceId": physical,
+            "StackId": event["StackId"],
+            "RequestId": event["RequestId"],
+            "LogicalResourceId": event["LogicalResourceId"],
+            "Data": {},
+        }
+    ).encode()
+    # The URL is CloudFormation's pre-signed S3 URL: signed for an empty content type.
+    put = urllib.request.Request(url, data=body, method="PUT", headers={"Content-Type": "", "Content-Length": str(len(body))})
+    with urllib.request.urlopen(put, timeout=30) as answer:  # noqa: S310 - http(s) only, checked above
+        answer.read()

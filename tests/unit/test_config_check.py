@@ -1,0 +1,183 @@
+"""The configuration check as the stack deploys (`ConfigCheck`, a custom resource): what the
+functions could not run fails the deploy, named, before any function runs with it."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from preemptor.handlers import config_check
+from preemptor_tools.local.clock import SimClock
+from preemptor_tools.local.stack import EmulatedStack, LambdaContext
+from preemptor_tools.local.state import DeployFailed
+from template_support import REPO_ROOT, load_template, resources_of_type
+
+DEFAULTS = {"PolicyConfig": "{}", "PoolsConfig": '[{"name": "p5", "instance_type": "ml.p5.48xlarge", "instances": 64}]', "WaitAlarmTiers": "critical,high"}
+
+
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({"PolicyConfig": '{"aging": {"rate_per_hour": 1e999}}'}, "PolicyConfig: field aging.rate_per_hour: Input should be a finite number"),
+        ({"PolicyConfig": '{"min_runtime_s": 600, "aging": {"rate": 10}}'}, "PolicyConfig: field aging.rate: Extra inputs are not permitted"),
+        ({"PolicyConfig": '{"tiers": {"gold": 900}, "tier_max_sla_s": {"platinum": 60}}'}, "PolicyConfig: tier_max_sla_s: unknown tier 'platinum' (tiers: gold)"),
+        ({"PolicyConfig": '{"aging": '}, "PolicyConfig is not valid JSON at line 1, column 11"),
+        ({"PolicyConfig": "[]"}, "PolicyConfig must be a JSON object, got list"),
+        ({"PoolsConfig": '[{"name": "p5", "service": "sagemaker"}]'}, "PoolsConfig: field 0: pool 'p5' needs 'instances' or 'gpus'"),
+        ({"PoolsConfig": '{"name": "p5"}'}, "PoolsConfig must be a JSON list of pools, got dict"),
+        ({"PoolsConfig": '[{"name": "p5", "gpus": 8}, {"name": "p5", "gpus": 16}]'}, "stack parameters: pools: one pool per name; repeated: p5"),
+        ({"WaitAlarmTiers": "critical,urgent"}, "stack parameters: wait_alarm_tiers: unknown tier(s) urgent (tiers: critical, high, low, medium)"),
+        # the alarm's metric and the planner's tier names are lower case: 'Critical' never matches
+        ({"WaitAlarmTiers": "Critical"}, "wait_alarm_tiers: unknown tier(s) Critical"),
+        ({"PolicyConfig": '{"tiers": {"gold": 900, "bronze": 10}}'}, "wait_alarm_tiers: unknown tier(s) critical, high (tiers: bronze, gold)"),
+    ],
+    ids=[
+        "infinite-knob", "misspelt-knob", "unknown-tier", "not-json", "policy-not-an-object", "pool-without-size",
+        "pools-not-a-list", "two-pools-one-name", "unknown-watched-tier", "watched-tier-capitalised", "tiers-renamed-alarm-not",
+    ],
+)
+def test_a_configuration_the_functions_could_not_run_is_named(changes, expected):
+    found = config_check.problem({**DEFAULTS, **changes})
+    assert found is not None and expected in found, found
+
+
+def test_the_template_defaults_and_the_example_policy_pass():
+    template = load_template()
+    defaults = {name: template["Parameters"][name]["Default"] for name in config_check.PARAMETERS}
+    assert config_check.problem(defaults) is None
+    assert config_check.problem({**defaults, "PolicyConfig": (REPO_ROOT / "examples" / "policy.json").read_text()}) is None
+    assert config_check.problem({}) is None  # the functions' own defaults
+
+
+# -- the custom resource protocol: the answer is a PUT to the request's pre-signed URL ----------
+class _CloudFormation:
+    """A ResponseURL that records what is PUT to it."""
+
+    def __init__(self):
+        answers = self.answers = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_PUT(self):  # noqa: N802 - the http.server hook
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                answers.append((self.headers.get("Content-Type"), json.loads(body)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = HTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}/response?X-Amz-Signature=x"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def cloudformation():
+    cfn = _CloudFormation()
+    yield cfn
+    cfn.close()
+
+
+def _request(url: str, kind: str, properties: dict, **extra) -> dict:
+    return {
+        "RequestType": kind,
+        "ResponseURL": url,
+        "StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/preemptor/5b6f-11ee",
+        "RequestId": "req-1",
+        "ResourceType": "Custom::PreemptorConfigCheck",
+        "LogicalResourceId": "ConfigCheck",
+        "ResourceProperties": {"ServiceToken": "arn:aws:lambda:us-east-1:123456789012:function:check", **properties},
+        **extra,
+    }
+
+
+CONTEXT = LambdaContext(function_name="config-check")
+
+
+def test_a_bad_configuration_fails_the_create_and_a_good_one_passes_the_update(cloudformation):
+    # When CloudFormation creates the check with an infinite aging rate
+    config_check.handler(_request(cloudformation.url, "Create", {**DEFAULTS, "PolicyConfig": '{"aging": {"rate_per_hour": 1e999}}'}), CONTEXT)
+    # Then it answers FAILED with the parameter and the field, for the request it was given
+    content_type, answer = cloudformation.answers[-1]
+    assert content_type == ""  # what the pre-signed URL is signed for
+    assert answer["Status"] == "FAILED"
+    assert answer["Reason"] == "PolicyConfig: field aging.rate_per_hour: Input should be a finite number"
+    assert (answer["StackId"], answer["RequestId"], answer["LogicalResourceId"]) == ("arn:aws:cloudformation:us-east-1:123456789012:stack/preemptor/5b6f-11ee", "req-1", "ConfigCheck")
+    assert answer["PhysicalResourceId"] == "preemptor-config-check"
+    # When the stack is updated with a good one, Then SUCCESS, and the resource keeps its id
+    config_check.handler(_request(cloudformation.url, "Update", DEFAULTS, PhysicalResourceId="preemptor-config-check"), CONTEXT)
+    assert cloudformation.answers[-1][1]["Status"] == "SUCCESS"
+    assert cloudformation.answers[-1][1]["PhysicalResourceId"] == "preemptor-config-check"
+
+
+def test_a_delete_always_succeeds_so_the_stack_stays_removable(cloudformation):
+    config_check.handler(_request(cloudformation.url, "Delete", {"PolicyConfig": "not json"}, PhysicalResourceId="preemptor-config-check"), CONTEXT)
+    assert cloudformation.answers[-1][1]["Status"] == "SUCCESS"
+
+
+def test_a_check_that_breaks_still_answers_so_the_deploy_does_not_hang(cloudformation, monkeypatch):
+    # Given a check that raises (a bug): unanswered, CloudFormation would wait an hour
+    def broken(properties):
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(config_check, "problem", broken)
+    config_check.handler(_request(cloudformation.url, "Create", DEFAULTS), CONTEXT)
+    answer = cloudformation.answers[-1][1]
+    assert answer["Status"] == "FAILED" and answer["Reason"] == "the configuration check failed: KeyError: 'surprise'"
+
+
+def test_an_answer_goes_only_to_an_http_url(cloudformation):
+    with pytest.raises(ValueError, match="ResponseURL must be an http"):
+        config_check.handler(_request("file:///etc/passwd", "Create", DEFAULTS), CONTEXT)
+    assert cloudformation.answers == []
+
+
+# -- the template: the functions are deployed after the check, the check after its log group ----
+def test_every_function_waits_for_the_check_of_the_configuration_they_read():
+    template = load_template()
+    check = template["Resources"]["ConfigCheck"]
+    assert check["Type"] == "Custom::PreemptorConfigCheck"
+    assert check["Properties"]["ServiceToken"] == {"Fn::GetAtt": ["ConfigCheckFunction", "Arn"]}
+    # the check is given each parameter the functions read, so a change of any re-runs it
+    assert set(check["Properties"]) - {"ServiceToken"} == set(config_check.PARAMETERS)
+    env = template["Globals"]["Function"]["Environment"]["Variables"]
+    for name, variable in config_check.PARAMETERS.items():
+        assert name in json.dumps(env[variable]) and name in json.dumps(check["Properties"][name])
+    assert check["DependsOn"] == "ConfigCheckFunctionLogGroup"
+    functions = resources_of_type(template, "AWS::Serverless::Function")
+    assert {name for name, f in functions.items() if f.get("DependsOn") != "ConfigCheck"} == {"ConfigCheckFunction"}
+    # it makes no AWS call: no policy beyond the logs and traces SAM gives every function
+    assert "Policies" not in functions["ConfigCheckFunction"]["Properties"]
+
+
+# -- the emulated stack runs the same check -----------------------------------------------------
+def test_the_emulated_stack_refuses_to_deploy_what_the_check_refuses_and_deploys_after():
+    with pytest.raises(DeployFailed, match=r"^ConfigCheck: CREATE_FAILED: PolicyConfig: field aging.rate_per_hour: Input should be a finite number$"):
+        with EmulatedStack(SimClock(0.0), parameters={"PolicyConfig": '{"aging": {"rate_per_hour": 1e999}}'}):
+            pass
+    # nothing of the failed deploy is left behind: the next one deploys
+    with EmulatedStack(SimClock(0.0)) as stack:
+        assert "ConfigCheckFunction" in json.dumps(stack.resources)
+
+
+# -- the operator's CLI reads the same settings from the stack's parameters ---------------------
+def test_the_cli_reads_the_stacks_watched_tiers_and_refuses_a_what_if_policy_they_do_not_fit():
+    from preemptor_tools import ops
+
+    renamed = {"PolicyConfig": '{"tiers": {"gold": 900, "bronze": 10}}', "PoolsConfig": '[{"name": "p5", "gpus": 8}]', "WaitAlarmTiers": "gold"}
+    # Given a stack whose policy renames the tiers and whose alarm watches one of them
+    target = ops.Target("preemptor", {"JobsTableName": "jobs"}, renamed, session=None)
+    # Then its settings are read with its own watched tiers (not the default critical,high)
+    assert target.settings.wait_alarm_tiers == ("gold",)
+    # And a what-if policy without that tier is refused in one line, not a traceback
+    what_if = ops.Target("preemptor", {"JobsTableName": "jobs"}, {**renamed, "PolicyConfig": "{}"}, session=None)
+    with pytest.raises(ops.BadInput, match=r"^the stack's configuration with this policy: wait_alarm_tiers: unknown tier\(s\) gold \(tiers: critical, high, low, medium\)$"):
+        what_if.settings
