@@ -192,7 +192,8 @@ def test_the_training_job_runs_with_what_the_pool_and_the_team_set():
         role_arn="arn:aws:iam::123456789012:role/p5-training", output_s3_uri="s3://ml-artifacts/p5",
         subnets=("subnet-0a",), security_group_ids=("sg-0a",), network_isolation=True, kms_key_id="alias/p5",
     )
-    with emulation(pools=[pool]) as env:
+    # (a pool's own role must be the stack's training role: the one its IAM may pass)
+    with emulation(pools=[pool], parameters={"ManagedRoleArnForTraining": "arn:aws:iam::123456789012:role/p5-training"}) as env:
         # When the research team submits a job that states none of them
         assert env.put(_sample("preemptor/job-submitted-sagemaker.json")).results[0]["outcome"] == "accepted"
         # Then SageMaker runs it under the pool's settings and the team's checkpoint prefix

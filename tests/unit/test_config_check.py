@@ -15,7 +15,15 @@ from preemptor_tools.local.stack import EmulatedStack, LambdaContext
 from preemptor_tools.local.state import DeployFailed
 from template_support import REPO_ROOT, load_template, resources_of_type
 
-DEFAULTS = {"PolicyConfig": "{}", "PoolsConfig": '[{"name": "p5", "instance_type": "ml.p5.48xlarge", "instances": 64}]', "WaitAlarmTiers": "critical,high"}
+ROLE = "arn:aws:iam::123456789012:role/training"
+DEFAULTS = {
+    "PolicyConfig": "{}",
+    "PoolsConfig": '[{"name": "p5", "instance_type": "ml.p5.48xlarge", "instances": 64}]',
+    "WaitAlarmTiers": "critical,high",
+    "ManagedRoleArnForTraining": ROLE,
+    "TrainingInstanceTypes": "ml.p5.48xlarge,ml.p5e.48xlarge",
+}
+FALLBACK = '[{"name": "p5", "instance_type": "ml.p5.48xlarge", "instances": 8, "fallback_instance_types": ["ml.p4d.24xlarge"]}]'
 
 
 @pytest.mark.parametrize(
@@ -33,10 +41,16 @@ DEFAULTS = {"PolicyConfig": "{}", "PoolsConfig": '[{"name": "p5", "instance_type
         # the alarm's metric and the planner's tier names are lower case: 'Critical' never matches
         ({"WaitAlarmTiers": "Critical"}, "wait_alarm_tiers: unknown tier(s) Critical"),
         ({"PolicyConfig": '{"tiers": {"gold": 900, "bronze": 10}}'}, "wait_alarm_tiers: unknown tier(s) critical, high (tiers: bronze, gold)"),
+        # what IAM would deny at every launch: the pools must fit the role's grants
+        ({"PoolsConfig": FALLBACK}, "PoolsConfig: pool 'p5' launches on ml.p4d.24xlarge, not in TrainingInstanceTypes (ml.p5.48xlarge, ml.p5e.48xlarge)"),
+        ({"PoolsConfig": '[{"name": "g6", "instance_type": "ml.g6.48xlarge", "instances": 2}]', "TrainingInstanceTypes": "ml.p5.48xlarge"}, "pool 'g6' launches on ml.g6.48xlarge"),
+        ({"PoolsConfig": '[{"name": "p5", "gpus": 8, "role_arn": "arn:aws:iam::123456789012:role/other"}]'}, "PoolsConfig: pool 'p5' passes role arn:aws:iam::123456789012:role/other, but the controller may pass only ManagedRoleArnForTraining (arn:aws:iam::123456789012:role/training)"),
+        ({"PoolsConfig": '[{"name": "p5", "gpus": 8, "role_arn": "arn:aws:iam::123456789012:role/other"}]', "ManagedRoleArnForTraining": ""}, "may pass only ManagedRoleArnForTraining (empty)"),
     ],
     ids=[
         "infinite-knob", "misspelt-knob", "unknown-tier", "not-json", "policy-not-an-object", "pool-without-size",
         "pools-not-a-list", "two-pools-one-name", "unknown-watched-tier", "watched-tier-capitalised", "tiers-renamed-alarm-not",
+        "fallback-type-not-granted", "pool-type-not-granted", "pool-role-not-passable", "pool-role-without-stack-role",
     ],
 )
 def test_a_configuration_the_functions_could_not_run_is_named(changes, expected):
@@ -50,6 +64,10 @@ def test_the_template_defaults_and_the_example_policy_pass():
     assert config_check.problem(defaults) is None
     assert config_check.problem({**defaults, "PolicyConfig": (REPO_ROOT / "examples" / "policy.json").read_text()}) is None
     assert config_check.problem({}) is None  # the functions' own defaults
+    # a Batch pool has no instance types of its own, a SageMaker pool of the stack's role passes
+    batch = '[{"name": "g5", "service": "batch", "gpus": 32}, {"name": "p5", "gpus": 8, "role_arn": "%s"}]' % ROLE
+    assert config_check.problem({**DEFAULTS, "PoolsConfig": batch, "TrainingInstanceTypes": ""}) is None
+    assert config_check.problem({**DEFAULTS, "PoolsConfig": FALLBACK, "TrainingInstanceTypes": "ml.p5.48xlarge,ml.p4d.24xlarge"}) is None
 
 
 # -- the custom resource protocol: the answer is a PUT to the request's pre-signed URL ----------
@@ -148,9 +166,13 @@ def test_every_function_waits_for_the_check_of_the_configuration_they_read():
     assert check["Properties"]["ServiceToken"] == {"Fn::GetAtt": ["ConfigCheckFunction", "Arn"]}
     # the check is given each parameter the functions read, so a change of any re-runs it
     assert set(check["Properties"]) - {"ServiceToken"} == set(config_check.PARAMETERS)
+    for name in config_check.PARAMETERS:
+        assert {"Ref": name} in (check["Properties"][name], *check["Properties"][name].get("Fn::Join", [None, [None]])[1:])
     env = template["Globals"]["Function"]["Environment"]["Variables"]
-    for name, variable in config_check.PARAMETERS.items():
-        assert name in json.dumps(env[variable]) and name in json.dumps(check["Properties"][name])
+    for name, variable in config_check.ENVIRONMENT.items():
+        assert name in json.dumps(env[variable])
+    # the instance types are the CreateTrainingJob condition's
+    assert '"sagemaker:InstanceTypes": {"Ref": "TrainingInstanceTypes"}' in json.dumps(template["Resources"]["JobControlFunction"])
     assert check["DependsOn"] == "ConfigCheckFunctionLogGroup"
     functions = resources_of_type(template, "AWS::Serverless::Function")
     assert {name for name, f in functions.items() if f.get("DependsOn") != "ConfigCheck"} == {"ConfigCheckFunction"}

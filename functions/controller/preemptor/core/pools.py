@@ -64,7 +64,9 @@ class PoolConfig(BaseModel):
     gpus_per_instance: int = Field(default=8, gt=0)
     gpus: int | None = Field(default=None, gt=0)
     # -- SageMaker: what CreateTrainingJob gets from the pool -----------------------------
-    role_arn: str | None = None  # None: the stack's training role (ManagedRoleArnForTraining)
+    # None: the stack's training role (ManagedRoleArnForTraining), the only one the
+    # controller's role may pass: another fails the deploy (handlers/config_check.py).
+    role_arn: str | None = None
     output_s3_uri: str | None = None  # None: s3://<checkpoint bucket>/_output
     image_prefixes: tuple[str, ...] = ()  # allowed TrainingImage prefixes; empty: any image
     subnets: tuple[str, ...] = ()

@@ -1,7 +1,8 @@
 """The stack's configuration, checked as it is deployed: the custom resource `ConfigCheck`.
 
 CloudFormation creates or updates `ConfigCheck` (template.yaml) with the parameters every
-function reads (`PolicyConfig`, `PoolsConfig`, `WaitAlarmTiers`) before it updates the
+function reads (`PolicyConfig`, `PoolsConfig`, `WaitAlarmTiers`, `ManagedRoleArnForTraining`)
+and those the roles are granted by (`TrainingInstanceTypes`) before it updates the
 functions, which depend on it. A configuration the functions could not run fails the deploy
 with the parameter and the field named, and CloudFormation rolls the stack back:
 
@@ -11,7 +12,9 @@ Without it each function would fail every invocation with that configuration, an
 event given to it would end in the dead-letter queue. What is checked is what the functions
 read (`Settings.from_env`): a knob misspelt or out of range, a number NaN or infinite
 (JSON's 1e999 reads as an infinity), a pool without its size, two pools of one name, a
-watched tier the policy does not have.
+watched tier the policy does not have; and a SageMaker pool the controller's role could
+never launch on (an instance type outside `TrainingInstanceTypes`, a role other than the
+one it may pass).
 
 The answer goes to the request's pre-signed `ResponseURL` (the custom resource protocol);
 a Delete always succeeds, so that a stack stays removable whatever it was deployed with.
@@ -33,8 +36,16 @@ from ..core.policy import Policy
 from ..core.pools import PoolConfig
 from .observability import logger
 
-# The resource's properties, and the environment variables the functions read them from.
-PARAMETERS = {"PolicyConfig": "POLICY_CONFIG", "PoolsConfig": "POOLS_CONFIG", "WaitAlarmTiers": "WAIT_ALARM_TIERS"}
+# The resource's properties that the functions read, and the environment variables they
+# read them from; and those the roles are granted by (template.yaml, JobControlFunction's
+# CreateTrainingJob and PassRole statements), which a pool must fit.
+ENVIRONMENT = {
+    "PolicyConfig": "POLICY_CONFIG",
+    "PoolsConfig": "POOLS_CONFIG",
+    "WaitAlarmTiers": "WAIT_ALARM_TIERS",
+    "ManagedRoleArnForTraining": "TRAINING_ROLE_ARN",
+}
+PARAMETERS = (*ENVIRONMENT, "TrainingInstanceTypes")
 MAX_REASON = 1000  # CloudFormation shows the reason in the stack's events; keep it one line
 _POOLS = TypeAdapter(list[PoolConfig])
 
@@ -57,12 +68,39 @@ def problem(properties: Mapping[str, Any]) -> str | None:
         except ValueError as e:  # pydantic's ValidationError is one
             return f"{name}: {first_problem(e)}"
     env = {"JOBS_TABLE": "config-check", "POLICY_CONFIG": policy_text, "POOLS_CONFIG": pools_text}
-    if properties.get("WaitAlarmTiers") is not None:
-        env["WAIT_ALARM_TIERS"] = str(properties["WaitAlarmTiers"])
+    for name in ("WaitAlarmTiers", "ManagedRoleArnForTraining"):
+        if properties.get(name) is not None:
+            env[ENVIRONMENT[name]] = str(properties[name])
     try:
-        Settings.from_env(env)
+        settings = Settings.from_env(env)
     except ValueError as e:  # pydantic's ValidationError is one
         return f"stack parameters: {first_problem(e)}"
+    return _outside_grants(settings, properties)
+
+
+def _outside_grants(settings: Settings, properties: Mapping[str, Any]) -> str | None:
+    """A SageMaker pool the controller's role could never launch on: an instance type
+    (its own or a fallback) outside `TrainingInstanceTypes` (the CreateTrainingJob
+    condition), or a role of its own other than `ManagedRoleArnForTraining` (the only one
+    it may pass). Every launch there would be AccessDenied."""
+    sagemaker = [p for p in settings.pools if p.service == "sagemaker"]
+    if properties.get("TrainingInstanceTypes") is not None:
+        allowed = {t.strip() for t in str(properties["TrainingInstanceTypes"]).split(",") if t.strip()}
+        for pool in sagemaker:
+            outside = [t for t in pool.instance_types if t not in allowed]
+            if outside:
+                return (
+                    f"PoolsConfig: pool {pool.name!r} launches on {', '.join(outside)}, not in TrainingInstanceTypes "
+                    f"({', '.join(sorted(allowed)) or 'empty'}): the controller may not create training jobs there"
+                )
+    if properties.get("ManagedRoleArnForTraining") is not None:
+        role = str(properties["ManagedRoleArnForTraining"])
+        for pool in sagemaker:
+            if pool.role_arn and pool.role_arn != role:
+                return (
+                    f"PoolsConfig: pool {pool.name!r} passes role {pool.role_arn}, but the controller may pass only "
+                    f"ManagedRoleArnForTraining ({role or 'empty'})"
+                )
     return None
 
 
