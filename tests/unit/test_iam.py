@@ -34,6 +34,7 @@ from replays import GROUP, RUNS, replay
 from preemptor_tools.local.aws_calls import AwsCall
 from preemptor_tools.local.clock import SimClock
 from preemptor_tools.local.stack import EmulatedStack
+from template_support import REPO_ROOT
 
 # One worker replays every scenario once for this module and test_scenarios (make test runs
 # pytest with --dist loadgroup).
@@ -325,6 +326,8 @@ def test_creating_a_training_job_outside_the_configured_pools_is_denied(stack):
         "other-type": _training_job(stack, "other-type", {"preemptor:managed": "true"}, instance_type="ml.p4d.24xlarge"),
         "untagged": _training_job(stack, "untagged", {"preemptor:team": "research"}),
         "too-long": {**_training_job(stack, "too-long", {"preemptor:managed": "true"}), "StoppingCondition": {"MaxRuntimeInSeconds": 2419200}},
+        # a run time left to SageMaker's default: the condition's key is missing from the request
+        "runtime-unstated": {**_training_job(stack, "runtime-unstated", {"preemptor:managed": "true"}), "StoppingCondition": {}},
     }
     for name, request in cases.items():
         # When the controller's role creates it
@@ -335,6 +338,38 @@ def test_creating_a_training_job_outside_the_configured_pools_is_denied(stack):
     ok = _decisions(stack, "JobControlFunction", lambda: sm.create_training_job(**_training_job(stack, "in-pool", {"preemptor:managed": "true"})))
     assert all(allowed for _, _, allowed, _ in ok), ok
     assert {a for a, *_ in ok} == {"sagemaker:CreateTrainingJob", "iam:PassRole", "sagemaker:AddTags"}
+
+
+def test_a_request_that_leaves_the_run_time_to_sagemaker_is_launched_with_it_stated(stack):
+    """The role may create a run only with sagemaker:MaxRuntimeInSeconds in the request (a
+    missing key fails the condition): the controller states SageMaker's default itself, and
+    refuses, with the reason, a run time above MaxTrainingRuntimeSeconds that every launch
+    would be denied."""
+    from preemptor.core.requests import JobRequest, RequestRefused, admit_request
+    from preemptor.config import Settings
+
+    settings = Settings.from_env(stack.functions[stack.resources["IntakeFunction"]].environment)
+    detail = json.loads((REPO_ROOT / "events" / "preemptor" / "job-submitted-sagemaker.json").read_text())["detail"]
+    detail["request"]["StoppingCondition"] = {}  # required by SageMaker; MaxRuntimeInSeconds in it is not
+    request = JobRequest.model_validate(detail)
+    pool = settings.pool("p5")
+    # When the team's request states no run time, Then the launch states SageMaker's default
+    admitted = admit_request(request, pool, checkpoint_bucket=settings.checkpoint_bucket, default_role_arn=settings.training_role_arn,
+                             max_runtime_s=settings.max_training_runtime_s)
+    assert admitted.request["StoppingCondition"] == {"MaxRuntimeInSeconds": 86_400}
+    # and IAM allows it
+    body = {**admitted.request, "TrainingJobName": "runtime-stated", "Tags": [{"Key": "preemptor:managed", "Value": "true"}]}
+    decisions = _decisions(stack, "JobControlFunction", lambda: stack.client("sagemaker").create_training_job(**body))
+    assert _verdict(decisions, "sagemaker:CreateTrainingJob") is True, decisions
+    # When it asks for more than the stack's MaxTrainingRuntimeSeconds, Then it is refused with that reason
+    assert settings.max_training_runtime_s == int(stack.parameters["MaxTrainingRuntimeSeconds"]) == 432_000
+    over = {**detail["request"], "StoppingCondition": {"MaxRuntimeInSeconds": 432_001}}
+    with pytest.raises(RequestRefused, match=r"432001 s is more than this stack lets a training job run \(432000 s, MaxTrainingRuntimeSeconds\)"):
+        admit_request(JobRequest.model_validate({**detail, "request": over}), pool, checkpoint_bucket=settings.checkpoint_bucket,
+                      default_role_arn=settings.training_role_arn, max_runtime_s=settings.max_training_runtime_s)
+    # and so is the default, on a stack that allows less than a day
+    with pytest.raises(RequestRefused, match=r"86400 s \(SageMaker's default, as the request gives none\) is more than"):
+        admit_request(request, pool, checkpoint_bucket=settings.checkpoint_bucket, default_role_arn=settings.training_role_arn, max_runtime_s=3600)
 
 
 def test_submitting_an_untagged_batch_job_is_denied(stack):

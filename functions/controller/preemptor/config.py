@@ -33,6 +33,9 @@ class Settings(BaseModel):
     # role a SageMaker pool without its own `role_arn` passes (the one iam:PassRole allows).
     checkpoint_bucket: str = ""
     training_role_arn: str | None = None
+    # The longest run time the stack's role may give a training job (MaxTrainingRuntimeSeconds,
+    # the sagemaker:MaxRuntimeInSeconds condition); None: no limit known here.
+    max_training_runtime_s: int | None = Field(default=None, gt=0)
     # The wait alarm (template.yaml `WaitAlarm`): the tiers it watches, its threshold, and
     # its name, by which the controller knows its state changes (the escalation).
     wait_alarm_name: str = ""
@@ -68,6 +71,7 @@ class Settings(BaseModel):
             policy=Policy(**json.loads(env.get("POLICY_CONFIG") or "{}")),
             checkpoint_bucket=env.get("CHECKPOINT_BUCKET", ""),
             training_role_arn=env.get("TRAINING_ROLE_ARN") or None,
+            max_training_runtime_s=int(float(env["MAX_TRAINING_RUNTIME_S"])) if env.get("MAX_TRAINING_RUNTIME_S") else None,
             wait_alarm_name=env.get("WAIT_ALARM_NAME", ""),
             wait_alarm_tiers=tuple(t.strip() for t in env.get("WAIT_ALARM_TIERS", "critical,high").split(",") if t.strip()),
             wait_alarm_minutes=float(env.get("WAIT_ALARM_MINUTES") or 10),

@@ -104,6 +104,7 @@ class Target:
             "POLICY_CONFIG": p.get("PolicyConfig") or "{}",
             "CHECKPOINT_BUCKET": p.get("CheckpointBucketName", ""),
             "TRAINING_ROLE_ARN": p.get("ManagedRoleArnForTraining", ""),
+            "MAX_TRAINING_RUNTIME_S": p.get("MaxTrainingRuntimeSeconds", ""),
             "SCHEDULE_STATE_MACHINE_ARN": o.get("ScheduleStateMachineArn", ""),
         }
         if p.get("WaitAlarmTiers"):  # the watched tiers must be the policy's: the stack's own, not the default
@@ -324,7 +325,11 @@ def preflight(target: Target, request: JobRequest) -> JobRequest:
         raise BadInput(f"unknown-pool: pool {request.pool!r} is not configured in stack {target.name} (pools: {known})")
     try:
         admit_request(
-            request, pool, checkpoint_bucket=settings.checkpoint_bucket, default_role_arn=settings.training_role_arn
+            request,
+            pool,
+            checkpoint_bucket=settings.checkpoint_bucket,
+            default_role_arn=settings.training_role_arn,
+            max_runtime_s=settings.max_training_runtime_s,
         )
     except RequestRefused as e:
         raise BadInput(str(e)) from e

@@ -337,13 +337,16 @@ def admit_request(
     *,
     checkpoint_bucket: str,
     default_role_arn: str | None = None,
+    max_runtime_s: int | None = None,
 ) -> AdmittedRequest:
     """Build the service call for `req` in `pool`, or refuse it.
 
     The pool sets the training role (its `role_arn`, else `default_role_arn`), the
     output location (`<output_s3_uri>/<team>/`), the VPC, network isolation,
     inter-container encryption, the KMS key, the Batch job queue; the job definition must
-    be one the pool allows. The checkpoint prefix is `checkpoint_prefix(bucket, team, name)`.
+    be one the pool allows. A SageMaker run's `MaxRuntimeInSeconds` is always stated (the
+    stack's role may create only runs that state it), at most `max_runtime_s` (the stack's
+    MaxTrainingRuntimeSeconds). The checkpoint prefix is `checkpoint_prefix(bucket, team, name)`.
     A request may leave these out, or repeat exactly what the pool sets; any other value is
     refused with `Refusal.SET_BY_POOL` naming the field. GPU demand is checked against the
     pool (`Refusal.BAD_DEMAND`): a SageMaker request is counted in instances of the pool's
@@ -363,7 +366,7 @@ def admit_request(
             Refusal.SET_BY_POOL, "checkpoint_s3_uri", f"set by the controller to the team's own prefix {checkpoint}"
         )
     if req.service == "sagemaker":
-        body, gpus = _sagemaker_request(req, pool, checkpoint, checkpoint_bucket, default_role_arn)
+        body, gpus = _sagemaker_request(req, pool, checkpoint, checkpoint_bucket, default_role_arn, max_runtime_s)
     else:
         body, gpus = _batch_request(req, pool, checkpoint)
     if gpus > pool.capacity_gpus:
@@ -374,7 +377,7 @@ def admit_request(
 
 
 def _sagemaker_request(
-    req: JobRequest, pool: PoolConfig, checkpoint: str, bucket: str, default_role: str | None
+    req: JobRequest, pool: PoolConfig, checkpoint: str, bucket: str, default_role: str | None, max_runtime_s: int | None = None
 ) -> tuple[dict[str, Any], int]:
     body = copy.deepcopy(req.request)
     _only_keys(body, _SAGEMAKER_KEYS, "request")
@@ -422,7 +425,7 @@ def _sagemaker_request(
     checkpoint_config["S3Uri"] = checkpoint
     body["CheckpointConfig"] = checkpoint_config
     _check_user_tags(body.get("Tags"), "request.Tags", as_list=True)
-    _capacity_type(body, pool)
+    _capacity_type(body, pool, max_runtime_s)
 
     resources = _object(body, "ResourceConfig", "request")
     _only_keys(resources, _RESOURCE_CONFIG_KEYS, "request.ResourceConfig")
@@ -440,18 +443,30 @@ def _sagemaker_request(
     return body, gpus
 
 
-def _capacity_type(body: dict[str, Any], pool: PoolConfig) -> None:
+def _capacity_type(body: dict[str, Any], pool: PoolConfig, max_runtime_s: int | None = None) -> None:
     """Spot or on-demand is the pool's (`capacity_type`): a spot pool's jobs run on managed
-    spot, waiting for spot capacity up to `spot_wait_s` beyond their run time."""
+    spot, waiting for spot capacity up to `spot_wait_s` beyond their run time.
+
+    The run time is stated even when the team left it to SageMaker's default: the stack's
+    role may create a training job only with `sagemaker:MaxRuntimeInSeconds` in the request,
+    at most MaxTrainingRuntimeSeconds (`max_runtime_s`); a run time above that is refused
+    here, with the reason, instead of being denied at every launch."""
     spot = pool.capacity_type == "spot"
     _pool_sets(body, "EnableManagedSpotTraining", True if spot else None, "request", absent_means=False)
     stopping = _object(body, "StoppingCondition", "request")
     runtime = stopping.get("MaxRuntimeInSeconds", DEFAULT_MAX_RUNTIME_S)
     if not isinstance(runtime, int) or isinstance(runtime, bool) or runtime <= 0:
         raise RequestRefused(Refusal.NOT_ALLOWED, "request.StoppingCondition.MaxRuntimeInSeconds", "expected a positive integer")
+    if max_runtime_s is not None and runtime > max_runtime_s:
+        stated = "" if "MaxRuntimeInSeconds" in stopping else " (SageMaker's default, as the request gives none)"
+        raise RequestRefused(
+            Refusal.NOT_ALLOWED,
+            "request.StoppingCondition.MaxRuntimeInSeconds",
+            f"{runtime} s{stated} is more than this stack lets a training job run ({max_runtime_s} s, MaxTrainingRuntimeSeconds)",
+        )
+    stopping["MaxRuntimeInSeconds"] = runtime
     _pool_sets(stopping, "MaxWaitTimeInSeconds", runtime + pool.spot_wait_s if spot else None, "request.StoppingCondition")
-    if stopping:
-        body["StoppingCondition"] = stopping
+    body["StoppingCondition"] = stopping
 
 
 def spot_launch(request: dict[str, Any], spot: bool, spot_wait_s: int = DEFAULT_SPOT_WAIT_S) -> dict[str, Any]:
