@@ -36,9 +36,10 @@ from ..core.policy import Policy
 from ..core.pools import PoolConfig
 from .observability import logger
 
-# The resource's properties that the functions read, and the environment variables they
-# read them from; and those the roles are granted by (template.yaml, JobControlFunction's
-# CreateTrainingJob and PassRole statements), which a pool must fit.
+# The resource's properties: the parameters the functions read (with the environment
+# variables they read them from), and TrainingInstanceTypes, which only the roles are
+# granted by (template.yaml, JobControlFunction's CreateTrainingJob condition; its PassRole
+# is of ManagedRoleArnForTraining): a pool must fit both grants.
 ENVIRONMENT = {
     "PolicyConfig": "POLICY_CONFIG",
     "PoolsConfig": "POOLS_CONFIG",
