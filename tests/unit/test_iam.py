@@ -352,10 +352,11 @@ def test_a_request_that_leaves_the_run_time_to_sagemaker_is_launched_with_it_sta
     detail = json.loads((REPO_ROOT / "events" / "preemptor" / "job-submitted-sagemaker.json").read_text())["detail"]
     detail["request"]["StoppingCondition"] = {}  # required by SageMaker; MaxRuntimeInSeconds in it is not
     request = JobRequest.model_validate(detail)
-    pool = settings.pool("p5")
+    admit = functools.partial(
+        admit_request, pool=settings.pool("p5"), checkpoint_bucket=settings.checkpoint_bucket, default_role_arn=settings.training_role_arn
+    )
     # When the team's request states no run time, Then the launch states SageMaker's default
-    admitted = admit_request(request, pool, checkpoint_bucket=settings.checkpoint_bucket, default_role_arn=settings.training_role_arn,
-                             max_runtime_s=settings.max_training_runtime_s)
+    admitted = admit(request, max_runtime_s=settings.max_training_runtime_s)
     assert admitted.request["StoppingCondition"] == {"MaxRuntimeInSeconds": 86_400}
     # and IAM allows it
     body = {**admitted.request, "TrainingJobName": "runtime-stated", "Tags": [{"Key": "preemptor:managed", "Value": "true"}]}
@@ -363,13 +364,12 @@ def test_a_request_that_leaves_the_run_time_to_sagemaker_is_launched_with_it_sta
     assert _verdict(decisions, "sagemaker:CreateTrainingJob") is True, decisions
     # When it asks for more than the stack's MaxTrainingRuntimeSeconds, Then it is refused with that reason
     assert settings.max_training_runtime_s == int(stack.parameters["MaxTrainingRuntimeSeconds"]) == 432_000
-    over = {**detail["request"], "StoppingCondition": {"MaxRuntimeInSeconds": 432_001}}
+    over = JobRequest.model_validate({**detail, "request": {**detail["request"], "StoppingCondition": {"MaxRuntimeInSeconds": 432_001}}})
     with pytest.raises(RequestRefused, match=r"432001 s is more than this stack lets a training job run \(432000 s, MaxTrainingRuntimeSeconds\)"):
-        admit_request(JobRequest.model_validate({**detail, "request": over}), pool, checkpoint_bucket=settings.checkpoint_bucket,
-                      default_role_arn=settings.training_role_arn, max_runtime_s=settings.max_training_runtime_s)
+        admit(over, max_runtime_s=settings.max_training_runtime_s)
     # and so is the default, on a stack that allows less than a day
     with pytest.raises(RequestRefused, match=r"86400 s \(SageMaker's default, as the request gives none\) is more than"):
-        admit_request(request, pool, checkpoint_bucket=settings.checkpoint_bucket, default_role_arn=settings.training_role_arn, max_runtime_s=3600)
+        admit(request, max_runtime_s=3600)
 
 
 def test_submitting_an_untagged_batch_job_is_denied(stack):
