@@ -4,6 +4,7 @@ functions could not run fails the deploy, named, before any function runs with i
 from __future__ import annotations
 
 import json
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -182,12 +183,16 @@ def test_every_function_waits_for_the_check_of_the_configuration_they_read():
 
 # -- the emulated stack runs the same check -----------------------------------------------------
 def test_the_emulated_stack_refuses_to_deploy_what_the_check_refuses_and_deploys_after():
+    before = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("POWERTOOLS_TRACE_DISABLED")
     with pytest.raises(DeployFailed, match=r"^ConfigCheck: CREATE_FAILED: PolicyConfig: field aging.rate_per_hour: Input should be a finite number$"):
         with EmulatedStack(SimClock(0.0), parameters={"PolicyConfig": '{"aging": {"rate_per_hour": 1e999}}'}):
             pass
-    # nothing of the failed deploy is left behind: the next one deploys
+    # nothing of the failed deploy is left behind: the environment it set is restored, and the
+    # next deploy starts emulated AWS again and creates the functions
+    assert (os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("POWERTOOLS_TRACE_DISABLED")) == before
     with EmulatedStack(SimClock(0.0)) as stack:
-        assert "ConfigCheckFunction" in json.dumps(stack.resources)
+        assert len(stack.functions) == len(resources_of_type(load_template(), "AWS::Serverless::Function"))
+        assert stack.client("dynamodb").describe_table(TableName=stack.resources["JobsTable"])["Table"]["TableStatus"] == "ACTIVE"
 
 
 # -- the operator's CLI reads the same settings from the stack's parameters ---------------------
@@ -201,5 +206,5 @@ def test_the_cli_reads_the_stacks_watched_tiers_and_refuses_a_what_if_policy_the
     assert target.settings.wait_alarm_tiers == ("gold",)
     # And a what-if policy without that tier is refused in one line, not a traceback
     what_if = ops.Target("preemptor", {"JobsTableName": "jobs"}, {**renamed, "PolicyConfig": "{}"}, session=None)
-    with pytest.raises(ops.BadInput, match=r"^the stack's configuration with this policy: wait_alarm_tiers: unknown tier\(s\) gold \(tiers: critical, high, low, medium\)$"):
+    with pytest.raises(ops.BadInput, match=r"^stack preemptor: the functions could not run this configuration: wait_alarm_tiers: unknown tier\(s\) gold \(tiers: critical, high, low, medium\)$"):
         what_if.settings

@@ -33,7 +33,6 @@ def number(low: float | None = None, high: float | None = None, *, above: bool =
             raise argparse.ArgumentTypeError(f"{wanted}, got {text!r}")
         return value
 
-    parse.__name__ = "integer" if integer else "number"  # argparse names the type in some errors
     return parse
 
 

@@ -112,7 +112,7 @@ class Target:
         try:
             return Settings.from_env(env)
         except ValueError as e:  # pydantic's ValidationError too: a what-if --policy the stack's parameters do not fit
-            raise BadInput(f"the stack's configuration with this policy: {first_problem(e)}") from None
+            raise BadInput(f"stack {self.name}: the functions could not run this configuration: {first_problem(e)}") from None
 
     @cached_property
     def store(self) -> JobsStore:

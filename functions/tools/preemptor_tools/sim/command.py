@@ -84,12 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from .metrics import summarize
     from .report import print_summary, progress_bar
 
-    from .. import ops
-
-    try:
-        config = config_from_args(args)
-    except ValueError as e:  # the options' types refuse each value alone; this, their combination
-        raise ops.BadInput(f"sim: {e}") from None
+    config = config_from_args(args)  # every value is checked by its option's type (`argtypes`)
     policy = load_policy(args.policy, config.pool)
     trace = _trace(args)
     show = not args.no_progress and sys.stderr.isatty()
