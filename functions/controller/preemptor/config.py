@@ -88,13 +88,15 @@ class Settings(BaseModel):
         )
 
 
-def first_problem(error: ValueError) -> str:
-    """A refused configuration in one line: pydantic's first problem with the field it is
-    in, and how many more there are; any other ValueError as it says."""
+def first_problem(error: ValueError, whole: str = "") -> str:
+    """A refused configuration or file in one line: pydantic's first problem with the field
+    it is in (`whole` names a problem of the whole document; none by default), and how many
+    more there are; any other ValueError as it says."""
     if not isinstance(error, ValidationError):
         return str(error)
     first = error.errors()[0]
-    field = ".".join(str(p) for p in first["loc"])
+    field = ".".join(str(p) for p in first["loc"]) or whole
     message = str(first["msg"]).removeprefix("Value error, ")
-    more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
-    return f"{'field ' + field + ': ' if field else ''}{message}{more}"
+    more = error.error_count() - 1
+    tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    return f"{'field ' + field + ': ' if field else ''}{message}{tail}"

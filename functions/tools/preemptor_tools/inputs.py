@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import yaml
+from preemptor.config import first_problem
 from pydantic import ValidationError
 
 T = TypeVar("T")
@@ -54,12 +55,7 @@ def validated(path: Path, what: str, build: Callable[[], T]) -> T:
     try:
         return build()
     except ValidationError as e:
-        errors = e.errors()
-        first = errors[0]
-        field = ".".join(str(p) for p in first["loc"]) or "(the whole document)"
-        message = str(first["msg"]).removeprefix("Value error, ")
-        more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
-        raise InputFileError(path, f"{what}: field {field}: {message}{more}") from None
+        raise InputFileError(path, f"{what}: {first_problem(e, whole='(the whole document)')}") from None
     except (ValueError, TypeError, KeyError) as e:
         detail = str(e).strip("'\"") or type(e).__name__
         raise InputFileError(path, f"{what}: {detail}") from None
