@@ -137,6 +137,47 @@ def test_a_bad_configuration_fails_the_create_and_a_good_one_passes_the_update(c
     assert cloudformation.answers[-1][1]["PhysicalResourceId"] == "preemptor-config-check"
 
 
+VERSION = "arn:aws:lambda:us-east-1:123456789012:function:check:{}"
+
+
+def test_a_code_update_rechecks_an_unchanged_configuration_and_a_rollback_is_not_refused(cloudformation):
+    # Given a stack deployed with a configuration the check of version 3 passed, which the
+    # stricter check of version 4 refuses
+    deployed = {**DEFAULTS, "PolicyConfig": '{"aging": {"rate_per_hour": 1e999}}', "CodeVersion": VERSION.format(3)}
+    # When a code update publishes version 4, the configuration unchanged
+    config_check.handler(
+        _request(cloudformation.url, "Update", {**deployed, "CodeVersion": VERSION.format(4)}, PhysicalResourceId="preemptor-config-check",
+                 OldResourceProperties=deployed),
+        CONTEXT,
+    )
+    # Then the check runs again, and the update fails
+    assert cloudformation.answers[-1][1]["Status"] == "FAILED"
+    assert cloudformation.answers[-1][1]["Reason"].startswith("PolicyConfig: field aging.rate_per_hour")
+    # When CloudFormation rolls back, giving the new code the properties of version 3
+    config_check.handler(
+        _request(cloudformation.url, "Update", deployed, PhysicalResourceId="preemptor-config-check",
+                 OldResourceProperties={**deployed, "CodeVersion": VERSION.format(4)}),
+        CONTEXT,
+    )
+    # Then it passes: refused, the stack would be left in UPDATE_ROLLBACK_FAILED
+    answer = cloudformation.answers[-1][1]
+    assert answer["Status"] == "SUCCESS" and answer["Reason"].startswith("rollback to a configuration an earlier version")
+    # So does a rollback to a template from before the check had a code version
+    pre = {k: v for k, v in deployed.items() if k != "CodeVersion"}
+    config_check.handler(
+        _request(cloudformation.url, "Update", pre, PhysicalResourceId="preemptor-config-check", OldResourceProperties={**pre, "CodeVersion": VERSION.format(4)}),
+        CONTEXT,
+    )
+    assert cloudformation.answers[-1][1]["Status"] == "SUCCESS"
+    # But an update to such a template, or with the same version and a new configuration, is checked
+    for old in (pre, deployed):
+        config_check.handler(
+            _request(cloudformation.url, "Update", deployed, PhysicalResourceId="preemptor-config-check", OldResourceProperties={**old, "PolicyConfig": "{}"}),
+            CONTEXT,
+        )
+        assert cloudformation.answers[-1][1]["Status"] == "FAILED"
+
+
 def test_a_delete_always_succeeds_so_the_stack_stays_removable(cloudformation):
     config_check.handler(_request(cloudformation.url, "Delete", {"PolicyConfig": "not json"}, PhysicalResourceId="preemptor-config-check"), CONTEXT)
     assert cloudformation.answers[-1][1]["Status"] == "SUCCESS"
@@ -166,7 +207,10 @@ def test_every_function_waits_for_the_check_of_the_configuration_they_read():
     assert check["Type"] == "Custom::PreemptorConfigCheck"
     assert check["Properties"]["ServiceToken"] == {"Fn::GetAtt": ["ConfigCheckFunction", "Arn"]}
     # the check is given each parameter the functions read, so a change of any re-runs it
-    assert set(check["Properties"]) - {"ServiceToken"} == set(config_check.PARAMETERS)
+    assert set(check["Properties"]) - {"ServiceToken", config_check.CODE_VERSION} == set(config_check.PARAMETERS)
+    # and its own code version (published per code change): a code update re-runs it too
+    assert check["Properties"][config_check.CODE_VERSION] == {"Ref": "ConfigCheckFunction.Version"}
+    assert template["Resources"]["ConfigCheckFunction"]["Properties"]["AutoPublishAlias"]
     for name in config_check.PARAMETERS:
         assert {"Ref": name} in (check["Properties"][name], *check["Properties"][name].get("Fn::Join", [None, [None]])[1:])
     env = template["Globals"]["Function"]["Environment"]["Variables"]

@@ -16,6 +16,14 @@ watched tier the policy does not have; and a SageMaker pool the controller's rol
 never launch on (an instance type outside `TrainingInstanceTypes`, a role other than the
 one it may pass).
 
+The check is given the version of its own code (`CodeVersion`, published per code change),
+so a code update re-checks the configuration it deploys with. A rollback is not checked:
+when an update fails later in the stack, CloudFormation gives the check the properties it
+passed before, while its code is still the new one (the function rolls back after it); a
+stricter new check refusing them would leave the stack in UPDATE_ROLLBACK_FAILED. An update
+is a rollback when it goes back to a lower code version than the one it leaves (versions
+only grow), or to properties without one.
+
 The answer goes to the request's pre-signed `ResponseURL` (the custom resource protocol);
 a Delete always succeeds, so that a stack stays removable whatever it was deployed with.
 The function makes no AWS call.
@@ -47,6 +55,7 @@ ENVIRONMENT = {
     "ManagedRoleArnForTraining": "TRAINING_ROLE_ARN",
 }
 PARAMETERS = (*ENVIRONMENT, "TrainingInstanceTypes")
+CODE_VERSION = "CodeVersion"  # the check's own published version (an ARN ending in :<n>), not a parameter
 MAX_REASON = 1000  # CloudFormation shows the reason in the stack's events; keep it one line
 _POOLS = TypeAdapter(list[PoolConfig])
 
@@ -108,15 +117,36 @@ def _outside_grants(settings: Settings, properties: Mapping[str, Any]) -> str | 
 @logger.inject_lambda_context(clear_state=True)
 def handler(event: dict, context: LambdaContext) -> None:
     """Answer CloudFormation's request: SUCCESS, or FAILED with `problem`'s line."""
-    request = event.get("RequestType")
+    request, passed = event.get("RequestType"), "configuration valid"
     try:
-        found = None if request == "Delete" else problem(event.get("ResourceProperties") or {})
+        if request == "Delete":
+            found, passed = None, "deleted"
+        elif request == "Update" and rolls_back(event):
+            found, passed = None, "rollback to a configuration an earlier version of the check passed: not checked again"
+        else:
+            found = problem(event.get("ResourceProperties") or {})
     except Exception as e:  # noqa: BLE001 - a check that breaks must still answer, or the deploy hangs for an hour
         logger.exception("the configuration check failed")
         found = f"the configuration check failed: {type(e).__name__}: {e}"
     status = "FAILED" if found else "SUCCESS"
-    logger.info("configuration checked", extra={"request": request, "status": status, "problem": found})
-    respond(event, status, found or "configuration valid")
+    logger.info("configuration checked", extra={"request": request, "status": status, "problem": found, "answer": found or passed})
+    respond(event, status, found or passed)
+
+
+def rolls_back(event: Mapping[str, Any]) -> bool:
+    """Whether an update goes back to properties an earlier version of the check passed: a
+    code version lower than the one it leaves, or none (the module docstring)."""
+    old = _version((event.get("OldResourceProperties") or {}).get(CODE_VERSION))
+    if old is None:
+        return False
+    new = _version((event.get("ResourceProperties") or {}).get(CODE_VERSION))
+    return new is None or new < old
+
+
+def _version(arn: Any) -> int | None:
+    """The version number of a published version's ARN (arn:aws:lambda:...:function:<name>:<n>)."""
+    number = str(arn).rsplit(":", 1)[-1] if arn else ""
+    return int(number) if number.isdigit() else None
 
 
 def respond(event: Mapping[str, Any], status: str, reason: str) -> None:
