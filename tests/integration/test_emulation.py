@@ -477,6 +477,43 @@ def test_catch_routes_a_lambda_error_by_class_name(emulation: Emulation) -> None
     assert json.loads(error["Cause"])["errorMessage"] == "still writing"
 
 
+@pytest.mark.parametrize("resource", ["function", "lambda:invoke"])
+def test_a_path_the_input_does_not_have_fails_the_execution_as_states_runtime(emulation: Emulation, resource: str) -> None:
+    # Given a task whose Parameters read a path its input does not have, under a Retry and a
+    # Catch of States.ALL (on AWS neither matches States.Runtime)
+    calls: list[dict] = []
+    function_arn = create_function(emulation, "note", lambda event: calls.append(event) or {})
+    arn_or_invoke = (
+        {"Resource": function_arn, "Parameters": {"job.$": "$.victim.job"}}
+        if resource == "function"
+        else {"Resource": "arn:aws:states:::lambda:invoke", "Parameters": {"FunctionName": function_arn, "Payload": {"job.$": "$.victim.job"}}}
+    )
+    definition = {
+        "StartAt": "Note",
+        "States": {
+            "Note": {
+                "Type": "Task",
+                **arn_or_invoke,
+                "Retry": [{"ErrorEquals": ["States.ALL"], "MaxAttempts": 2}],
+                "Catch": [{"ErrorEquals": ["States.ALL"], "Next": "Go on"}],
+                "End": True,
+            },
+            "Go on": {"Type": "Pass", "End": True},
+        },
+    }
+
+    # When the workflow runs on an input without it
+    result = run_state_machine(emulation, f"runtime-{resource.replace(':', '-')}", definition, {"job": "j"})
+
+    # Then the execution fails there, once, and the function is never called
+    assert result["status"] == "FAILED"
+    assert result["error"] == "States.Runtime"
+    assert "$.victim.job" in result["cause"]
+    assert calls == []
+    failures = [e for e in history(emulation, result) if e["type"] == "TaskFailed"]
+    assert len(failures) == 1
+
+
 def test_start_execution_sns_publish_map_and_choice_tasks_run(emulation: Emulation) -> None:
     # Given a child workflow, an alerts topic with a queue subscribed, and a parent workflow
     # that maps over jobs, chooses, starts the child (fire and forget) and publishes an alert

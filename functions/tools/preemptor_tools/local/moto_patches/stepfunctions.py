@@ -19,6 +19,12 @@ Gaps filled, each by patching the hook moto itself provides:
   parsed before builds no components at all.
 - `StateTaskLambda._eval_execution` is wrapped only to tell listeners (the hostile emulator)
   that a Lambda step returned, with its execution, so they can make that execution die there.
+- A JSONPath of a task's `Parameters` or `ResultSelector` that the state's input does not
+  have is, in moto, an ordinary task failure (`States.TaskFailed`, or a Lambda "Exception")
+  that `States.ALL` catches. On AWS it is `States.Runtime`, which no Retry or Catch matches
+  (`States.ALL` included): the execution fails there. `ExecutionState._evaluate_with_timeout`
+  raises it as AWS does, and `ErrorEqualsDecl` matches it with nothing, so a path the input
+  does not have fails the workflow in the tests as it would on AWS.
 """
 
 from __future__ import annotations
@@ -32,7 +38,16 @@ from typing import Any
 import botocore.session
 from botocore import xform_name
 from botocore.exceptions import UnknownServiceError
+from moto.stepfunctions.parser.api import HistoryEventType, TaskFailedEventDetails
+from moto.stepfunctions.parser.asl.component.common.error_name.error_equals_decl import ErrorEqualsDecl
+from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
+    FailureEvent,
+    FailureEventException,
+)
+from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
+from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import StatesErrorNameType
 from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
+from moto.stepfunctions.parser.asl.component.state.exec.execute_state import ExecutionState
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service import (
     StateTaskService,
 )
@@ -40,6 +55,8 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.state_task_la
 from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_function import WaitFunction
 from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
 from moto.stepfunctions.parser.asl.parse.preprocessor import Preprocessor
+from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
+from moto.stepfunctions.parser.asl.utils.json_path import NoSuchJsonPathError
 from moto.stepfunctions.parser.models import StepFunctionsParserBackend
 
 from ._core import _STATE, notify, replace, subscribe
@@ -56,6 +73,8 @@ def patch() -> None:
     replace(StateTaskLambda, "_eval_execution", _lambda_eval_execution)
     replace(AmazonStateLanguageParser, "parse", staticmethod(_parse))
     replace(StepFunctionsParserBackend, "_validate_definition", staticmethod(_validate_definition))
+    replace(ExecutionState, "_evaluate_with_timeout", _evaluate_with_timeout)
+    replace(ErrorEqualsDecl, "_eval_body", _error_equals)
 
 
 def on_lambda_task_returned(callback: LambdaTaskReturned) -> Callable[[], None]:
@@ -118,6 +137,37 @@ def _lambda_eval_execution(self: StateTaskLambda, env: Any) -> None:
         return
     context = env.states.context_object.context_object_data
     notify(_LAMBDA_TASK_RETURNED, context["Execution"]["Id"], context["State"]["Name"])
+
+
+# --------------------------------------------------------------------------- States.Runtime
+
+_ORIGINAL_EVALUATE_WITH_TIMEOUT = ExecutionState._evaluate_with_timeout
+_ORIGINAL_ERROR_EQUALS = ErrorEqualsDecl._eval_body
+_RUNTIME = StatesErrorNameType.StatesRuntime
+
+
+def _evaluate_with_timeout(self: ExecutionState, env: Any) -> None:
+    try:
+        _ORIGINAL_EVALUATE_WITH_TIMEOUT(self, env)
+    except NoSuchJsonPathError as e:
+        cause = f"The JSONPath '{e.json_path}' could not be found in the input of state '{self.name}'"
+        raise FailureEventException(
+            FailureEvent(
+                env=env,
+                error_name=StatesErrorName(typ=_RUNTIME),
+                event_type=HistoryEventType.TaskFailed,
+                event_details=EventDetails(taskFailedEventDetails=TaskFailedEventDetails(error=_RUNTIME.to_name(), cause=cause)),
+            )
+        ) from None
+
+
+def _error_equals(self: ErrorEqualsDecl, env: Any) -> None:
+    error_name = env.stack[-1]
+    if isinstance(error_name, StatesErrorName) and error_name.typ == _RUNTIME:
+        env.stack.pop()
+        env.stack.append(False)  # no Retry or Catch matches States.Runtime
+        return
+    _ORIGINAL_ERROR_EQUALS(self, env)
 
 
 # --------------------------------------------------------------------------- service tasks
