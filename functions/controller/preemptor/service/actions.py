@@ -405,6 +405,11 @@ def launch(
             break
         except ConflictError:
             current = store.get(job)
+            if current is not None and current.incarnation == incarnation and current.run_id == run_id and current.status is not JobState.ADMITTED:
+                # Another invocation of this step (a Retry while the first still ran) created
+                # the same run, found it its own (the name is the run's identity), and
+                # recorded it first: it is the job's run, not one nobody accounts for.
+                return {"launched": True, "run_id": run_id, "run_name": current.run_name, "pool": record.pool, "relaunch": record.incarnation > 1, "recorded": "already"}
             if current is None or current.status is not JobState.ADMITTED or current.incarnation != incarnation:
                 # Released or cancelled while the run was being created: nobody accounts
                 # for that run, so it must not keep running.
