@@ -103,6 +103,32 @@ def test_a_job_that_has_not_waited_past_the_threshold_is_not_escalated_and_an_al
         assert [e["kind"] for e in env.store.history("incident")].count("escalated") == 1
 
 
+def _waits(documents: list[dict], tier: str) -> list[float]:
+    """The OldestPendingWaitSeconds values the functions reported for `tier` (EMF documents)."""
+    values = [d["OldestPendingWaitSeconds"] for d in documents if "OldestPendingWaitSeconds" in d and d.get("Tier") == tier]
+    return [v for value in values for v in (value if isinstance(value, list) else [value])]
+
+
+def test_a_requeued_victims_hours_of_running_are_not_reported_as_waiting_nor_escalate_it():
+    documents: list[dict] = []
+    with emulation(metrics=documents) as env:
+        # Given a high job that ran for three hours, then was preempted by a critical one
+        env.submit(name="sweep", team="research", priority="high", pool="p5", instances=8, duration=4 * 3600, checkpoint_every=300)
+        env.advance(3 * 3600)
+        before = len(documents)
+        env.submit(name="incident", team="production", priority="critical", pool="p5", instances=8, duration=3600, checkpoint_every=300)
+        env.advance(120)
+        sweep = env.job("sweep")
+        assert sweep.status is JobState.PENDING and env.clock.now() - sweep.pending_since <= 120
+        # Then the wait the functions report for its tier is its wait since the requeue
+        waits = _waits(documents[before:], "high")
+        assert waits and max(waits) <= 120
+        # And the wait alarm firing (for another job) does not escalate it
+        result = env.put(_alarm_event(env)).results[0]
+        assert "sweep" not in result["reason"]
+        assert env.job("sweep").escalated_at is None
+
+
 def test_an_escalation_whose_schedule_start_is_throttled_plans_the_pool_when_the_event_is_retried():
     with emulation(policy={"min_runtime_s": 3600}) as env:
         _incident_held_back(env)

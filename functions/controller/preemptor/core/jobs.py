@@ -111,10 +111,15 @@ class JobRecord:
         """Service job name of the current incarnation: `name`, then `name-r2`, `name-r3`..."""
         return self.name if self.incarnation == 1 else f"{self.name}-r{self.incarnation}"
 
+    def waiting_since(self) -> float:
+        """When its current wait began: when it last became pending (a requeued job's wait
+        starts again at its requeue), else its submission."""
+        return self.submitted_at if self.pending_since is None else self.pending_since
+
     def as_pending(self, escalates_after_s: float | None = None) -> PendingJob:
         """The job as the planner sees it; `escalates_after_s`: the wait after which the
         wait alarm escalates it (its tier is watched), None when it never does."""
-        escalated = self.escalated_at is not None and self.escalated_at >= (self.pending_since or self.submitted_at)
+        escalated = self.escalated_at is not None and self.escalated_at >= self.waiting_since()
         return PendingJob(
             name=self.name,
             team=self.team,
@@ -131,8 +136,9 @@ class JobRecord:
             nominated_at=self.nominated_at,
             # Escalated while it waits now (a later requeue starts a new wait).
             escalated=escalated,
-            # The alarm's metric is the wait since submission (`service.escalation`).
-            escalates_at=None if escalated or escalates_after_s is None else self.submitted_at + escalates_after_s,
+            # The alarm's metric is the current wait (`service.escalation`): a requeued job's
+            # time running is not time waiting.
+            escalates_at=None if escalated or escalates_after_s is None else self.waiting_since() + escalates_after_s,
         )
 
     def as_running(self) -> RunningJob:

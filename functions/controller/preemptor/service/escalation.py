@@ -31,13 +31,13 @@ def escalate(
     for pool in settings.pools:
         mine, replan = [], False
         for record in store.pending(pool.name, settings.pending_window):
-            waited = now - record.submitted_at
+            waited = now - record.waiting_since()  # the current wait: a requeue starts a new one
             if settings.policy.tier_of(record.priority) not in watched or waited <= threshold_s:
                 continue
             if not store.escalate(record.name, now):
                 # Escalated in this wait already (else no longer pending): an earlier delivery
                 # whose schedule start failed is retried by EventBridge, so plan the pool again.
-                replan = replan or (record.escalated_at is not None and record.escalated_at >= (record.pending_since or record.submitted_at))
+                replan = replan or (record.escalated_at is not None and record.escalated_at >= record.waiting_since())
                 continue
             mine.append(record.name)
             store.log(

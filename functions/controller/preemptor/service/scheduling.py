@@ -108,11 +108,13 @@ def preemption_names(job: str, incarnation: int, marked_at: float) -> tuple[str,
 
 
 def oldest_wait_by_tier(pending: list[JobRecord], policy: Policy, now: float) -> dict[str, float]:
-    """How long the oldest pending job of each tier has waited (the alarm's metric)."""
+    """How long the oldest pending job of each tier has waited in its current wait (the
+    alarm's metric): a requeued victim's wait starts at its requeue, not its submission, or
+    its hours of running would page the operators and escalate it at once."""
     oldest: dict[str, float] = {}
     for job in pending:
         tier = policy.tier_of(job.priority)
-        oldest[tier] = max(oldest.get(tier, 0.0), now - job.submitted_at)
+        oldest[tier] = max(oldest.get(tier, 0.0), now - job.waiting_since())
     return oldest
 
 
@@ -243,11 +245,11 @@ def _next_wake_s(decision: Decision, by_name: dict[str, JobRecord], active: list
             continue
         if e.reason is Reason.PREEMPTION_DELAYED:
             delay = knobs.tier_preemption_delay_s.get(policy.tier_of(record.priority), knobs.preemption_delay_s)
-            ends.append((record.pending_since or record.submitted_at) + delay)
+            ends.append(record.waiting_since() + delay)
         elif lowest_protected is not None and lowest_protected < record.priority and e.reason in _ESCALATION_MAY_HELP:
             after = escalates_after_s(settings, record.priority)
             if after is not None:
-                ends.append(record.submitted_at + after - lead)
+                ends.append(record.waiting_since() + after - lead)
     future = [t - now for t in ends if t > now]
     return min(MAX_WAKE_S, math.ceil(min(future)) + 1) if future else None
 
