@@ -415,8 +415,8 @@ def test_job_record_maps_policy_fields_into_planner_inputs():
 @pytest.mark.parametrize(
     "priority, alarm, escalates_at",
     [
-        (1000, "stack-job-waiting-too-long", 10 + 600),  # critical: watched, 10 minutes after submission
-        (500, "stack-job-waiting-too-long", 10 + 600),  # high: watched
+        (1000, "stack-job-waiting-too-long", 300 + 600),  # critical: watched, 10 minutes into its wait (since its requeue at 300)
+        (500, "stack-job-waiting-too-long", 300 + 600),  # high: watched
         (200, "stack-job-waiting-too-long", None),  # medium: not watched
         (1000, "", None),  # no wait alarm: nothing escalates
     ],
