@@ -671,6 +671,59 @@ def test_a_failed_upload_is_counted_and_the_local_checkpoint_stays_usable(tmp_pa
     assert LocalStore(tmp_path).newest().step == 1
 
 
+def s3_steps(client) -> list[str]:
+    """The checkpoint directories in S3 that hold their manifest."""
+    return sorted(k.split("/")[2] for k in keys(client) if "/step-" in k and k.endswith("/" + MANIFEST))
+
+
+def test_checkpoints_that_could_not_be_copied_never_prune_the_good_ones_from_s3(tmp_path, s3):
+    from aws_faults import aws_says_no, error_response
+
+    model, clock = Model(), Clock()
+    with checkpointer(tmp_path / "host-1", model, clock, s3_uri=URI, s3_client=s3, every_s=1.0, keep=2, poll_s=1e9) as ckpt:
+        ckpt.resume()
+        # Given two checkpoints copied to S3
+        run_steps(ckpt, model, clock, range(2))
+        assert s3_steps(s3) == ["step-000000000001", "step-000000000002"]
+        # When the next three cannot be copied (writes denied), while the local ones are pruned
+        with aws_says_no(s3, "PutObject", error_response("AccessDenied", "Access Denied", 403)) as refused:
+            run_steps(ckpt, model, clock, range(2, 5))
+        assert refused and ckpt.stats["upload-failed:AccessDenied"] == 3
+        assert checkpoint_dirs(tmp_path / "host-1") == ["step-000000000004", "step-000000000005"]
+        # Then S3 still holds the two it had: a relaunch on a fresh host resumes at step 2
+        assert s3_steps(s3) == ["step-000000000001", "step-000000000002"]
+        fresh = Model()
+        with checkpointer(tmp_path / "host-2", fresh, Clock(clock.now), s3_uri=URI, s3_client=s3, poll_s=1e9) as other:
+            assert other.resume() == 2
+        assert fresh.trained == [0, 1]
+        # And once copies succeed again, S3 is pruned to the two newest it holds
+        run_steps(ckpt, model, clock, range(5, 6))
+        assert s3_steps(s3) == ["step-000000000002", "step-000000000006"]
+        run_steps(ckpt, model, clock, range(6, 7))
+    assert s3_steps(s3) == ["step-000000000006", "step-000000000007"]
+    assert {k.split("/")[2] for k in keys(s3) if "/step-" in k} == {"step-000000000006", "step-000000000007"}
+
+
+def test_a_torn_copy_in_s3_that_cannot_be_deleted_does_not_stop_the_resume(tmp_path, s3):
+    from aws_faults import aws_says_no, error_response
+
+    # Given a complete checkpoint at step 3 in S3 and a torn copy of step 5 beside it
+    first, clock = Model(), Clock()
+    with checkpointer(tmp_path / "host-1", first, clock, s3_uri=URI, s3_client=s3, every_s=3.0, poll_s=1e9) as ckpt:
+        ckpt.resume()
+        run_steps(ckpt, first, clock, range(3))
+    s3.put_object(Bucket=BUCKET, Key="checkpoints/experiment/step-000000000005/weights.json", Body=b"{")
+    # When a relaunch may read but not delete (a role without s3:DeleteObject)
+    second = Model()
+    with aws_says_no(s3, "DeleteObjects", error_response("AccessDenied", "Access Denied", 403)):
+        with checkpointer(tmp_path / "host-2", second, Clock(clock.now + 60), s3_uri=URI, s3_client=s3, poll_s=1e9) as ckpt2:
+            start = ckpt2.resume()
+    # Then it resumes from the complete one, says the torn copy was left, and never reads it
+    assert (start, second.trained) == (3, [0, 1, 2])
+    assert ckpt2.stats["s3-torn-left:AccessDenied"] == 1
+    assert "checkpoints/experiment/step-000000000005/weights.json" in keys(s3)
+
+
 def test_an_unreadable_mirror_at_start_refuses_to_train_from_scratch(tmp_path, s3):
     # Given a Batch job whose checkpoint location cannot be read when it starts
     model, clock = Model(), Clock()

@@ -144,6 +144,10 @@ class Checkpointer:
         self._next_poll_at = 0.0
         self._request_etag: str | None = None
         self._request_stat: tuple[int, int] | None = None
+        # The checkpoints known complete in S3 (oldest first), and those pruned here that S3
+        # may still hold: S3 is pruned by what it holds, never by what was meant to reach it.
+        self._mirrored: list[str] = []
+        self._unpruned: set[str] = set()
         self._sigterm_at: float | None = None
         self._signalled = threading.Event()
         self._finished = threading.Event()
@@ -228,9 +232,9 @@ class Checkpointer:
         assert self.s3 is not None
         try:
             complete, torn = self.s3.complete()
+            self._mirrored = [m.path for m in reversed(complete)]
             if torn:
-                self.s3.remove(torn)
-                self._note("s3-torn-removed", logging.WARNING, "torn checkpoints removed from %s: %s", self.s3.location, ", ".join(torn))
+                self._remove_torn_from_s3(torn)
             if not complete or (local is not None and local.step >= complete[0].step):
                 return local
             remote = complete[0]
@@ -243,6 +247,18 @@ class Checkpointer:
         except S3Error as e:
             self._note(f"s3-restore-failed:{e.code}", logging.ERROR, "could not restore from %s: %s", self.s3.location, e)
             raise RestoreFailed(e) from e
+
+    def _remove_torn_from_s3(self, torn: list[str]) -> None:
+        """Torn copies are never resumed from: one that cannot be deleted (a role that may
+        read but not delete) is left for the prune, and the resume goes on."""
+        assert self.s3 is not None
+        try:
+            self.s3.remove(torn)
+        except S3Error as e:
+            self._unpruned.update(torn)
+            self._note(f"s3-torn-left:{e.code}", logging.WARNING, "torn checkpoints left in %s (%s): %s", self.s3.location, e, ", ".join(torn))
+            return
+        self._note("s3-torn-removed", logging.WARNING, "torn checkpoints removed from %s: %s", self.s3.location, ", ".join(torn))
 
     # -- the step boundary -----------------------------------------------------------------
     def step_done(self, step: int) -> None:
@@ -305,6 +321,8 @@ class Checkpointer:
                 self.s3.upload(self.store.root, manifest)
             except S3Error as e:
                 self._note(f"upload-failed:{e.code}", logging.ERROR, "checkpoint %s not copied to %s: %s", manifest.path, self.s3.location, e)
+            else:
+                self._mirrored = [p for p in self._mirrored if p != manifest.path] + [manifest.path]
         self.store.publish(manifest)
         self.last = manifest
         self._note(f"checkpoint:{reason.value}", logging.INFO, "checkpoint %s (%s) in %.2f s", manifest.path, reason.value, save_s)
@@ -340,12 +358,23 @@ class Checkpointer:
         return manifest
 
     def _prune(self) -> None:
+        """Keep `keep` checkpoints here and `keep` in S3. The two differ while copies fail:
+        a checkpoint pruned here stays in S3 as long as it is one of the `keep` newest that
+        S3 holds, so a location whose writes fail keeps the last good ones to resume from."""
         removed = self.store.prune(self.keep)
-        if removed and self.upload and self.s3 is not None:
-            try:
-                self.s3.remove(removed)
-            except S3Error as e:
-                self._note(f"s3-prune-failed:{e.code}", logging.WARNING, "old checkpoints left in %s: %s", self.s3.location, e)
+        if not (self.upload and self.s3 is not None):
+            return
+        self._unpruned.update(removed)
+        doomed = sorted(self._unpruned - set(self._mirrored[-self.keep :]))
+        if not doomed:
+            return
+        try:
+            self.s3.remove(doomed)
+        except S3Error as e:
+            self._note(f"s3-prune-failed:{e.code}", logging.WARNING, "old checkpoints left in %s: %s", self.s3.location, e)
+            return
+        self._unpruned.difference_update(doomed)
+        self._mirrored = [p for p in self._mirrored if p not in doomed]
 
     # -- requests --------------------------------------------------------------------------
     def _read_requests(self, now: float) -> None:
