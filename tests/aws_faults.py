@@ -89,3 +89,26 @@ def aws_says_no(
         yield refused
     finally:
         client.meta.events.unregister(event, unique_id=f"aws-says-no-{id(handler)}")
+
+
+@contextmanager
+def answer_lost(client: Any, operation: str, times: int = 1) -> Iterator[list[int]]:
+    """The call of `operation` reaches AWS and is applied, but its answer is lost on the way
+    back (a connection reset): botocore sends the same request again, and the second answer
+    is the one the caller sees. Yields the attempt numbers that were resent."""
+    resent: list[int] = []
+    service = client.meta.service_model.service_id.hyphenize()
+    event = f"needs-retry.{service}.{operation}"
+    unique = f"answer-lost-{id(resent)}"
+
+    def handler(attempts: int, **_: Any) -> float | None:
+        if len(resent) >= times:
+            return None
+        resent.append(attempts)
+        return 0.0  # retry at once: the applied call is sent again
+
+    client.meta.events.register(event, handler, unique_id=unique)
+    try:
+        yield resent
+    finally:
+        client.meta.events.unregister(event, unique_id=unique)

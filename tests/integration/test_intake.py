@@ -11,7 +11,9 @@ from eventfiles import all_event_files, load_raw
 
 import pytest
 
+from aws_faults import aws_says_no, error_response
 from preemptor.config import JobDefinition, PoolConfig
+from preemptor.core.errors import EventInProgress, Throttled
 from preemptor.core.model import JobState
 from preemptor.handlers import intake
 from preemptor_tools.local.stack import LambdaContext
@@ -183,6 +185,44 @@ def test_submission_sample_is_accepted_and_launched_and_resubmission_is_a_duplic
         # Exactly one SageMaker training job exists for it
         jobs = env.stack.client("sagemaker").list_training_jobs()["TrainingJobSummaries"]
         assert [j["TrainingJobName"] for j in jobs] == ["llm-pretrain-7b"]
+
+
+def test_the_event_of_a_handler_killed_mid_way_is_handled_by_lambdas_retry():
+    with emulation() as env:
+        event = _sample("preemptor/job-submitted-sagemaker.json")
+        # Given a handling of the submission killed at the function's timeout, after its claim
+        env.store.claim_event(event["id"], env.clock.now(), owner="killed-at-timeout")
+        # When Lambda retries the delivery a minute later, while that handling might still run
+        env.clock.advance_to(env.clock.now() + 60)
+        # Then the delivery fails, to be retried: it is not dropped as a duplicate
+        with pytest.raises(EventInProgress):
+            env.put(event)
+        assert env.store.get("llm-pretrain-7b") is None
+        # And Lambda's second retry, two minutes later, handles it
+        env.clock.advance_to(env.clock.now() + 120)
+        assert env.put(event).results[0]["outcome"] == "accepted"
+        assert env.job("llm-pretrain-7b").status is JobState.RUNNING
+
+
+def test_a_failed_submission_whose_claim_could_not_be_given_back_is_handled_by_lambdas_retry():
+    throttled = error_response("ThrottlingException", "Rate of requests exceeds the allowed throughput.", 400)
+    with emulation() as env:
+        event = _sample("preemptor/job-submitted-sagemaker.json")
+        client = env.store.client
+        # Given DynamoDB throttles the job's record and then the claim's release
+        job_put = lambda params: throttled if params.get("Item", {}).get("sk", {}).get("S") == "JOB" else None  # noqa: E731
+        with aws_says_no(client, "PutItem", job_put) as refused_puts, aws_says_no(client, "DeleteItem", throttled) as refused_deletes:
+            with pytest.raises(Throttled):
+                env.put(event)
+        assert (len(refused_puts), len(refused_deletes)) == (1, 1)
+        # When Lambda retries a minute later, Then the claim left behind defers it
+        env.clock.advance_to(env.clock.now() + 60)
+        with pytest.raises(EventInProgress):
+            env.put(event)
+        # And the second retry handles the submission: nothing was lost
+        env.clock.advance_to(env.clock.now() + 120)
+        assert env.put(event).results[0]["outcome"] == "accepted"
+        assert env.job("llm-pretrain-7b").status is JobState.RUNNING
 
 
 def test_the_training_job_runs_with_what_the_pool_and_the_team_set():

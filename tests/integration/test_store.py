@@ -7,9 +7,9 @@ import pytest
 from moto import mock_aws
 from template_support import table_key_schema
 
-from aws_faults import aws_says_no, transaction_conflict
+from aws_faults import answer_lost, aws_says_no, transaction_conflict
 from preemptor.adapters.store import EVENT_CLAIM_S, GSI, USAGE_SETTLE_S, JobsStore, record_to_item
-from preemptor.core.errors import CapacityExhausted, ConflictError, TransactionConflict
+from preemptor.core.errors import CapacityExhausted, ConflictError, EventInProgress, Retryable, TransactionConflict
 from preemptor.core.jobs import JobRecord
 from preemptor.core.model import JobState
 
@@ -187,27 +187,60 @@ def test_a_transaction_conflict_that_persists_is_a_retryable_error_not_a_conflic
 
 def test_an_event_is_claimed_by_one_handler_only(store):
     # Given two deliveries of one event handled at the same time
-    # When both try to claim it
-    first = store.claim_event("evt-1", now=100.0)
-    second = store.claim_event("evt-1", now=100.5)
-    # Then exactly one may handle it
-    assert (first, second) == (True, False)
+    assert store.claim_event("evt-1", now=100.0, owner="first")
+    # When the second tries to claim it while the first is at it
+    # Then it is told to come back (Lambda retries it), not that the event was handled
+    with pytest.raises(EventInProgress) as raised:
+        store.claim_event("evt-1", now=100.5, owner="second")
+    assert isinstance(raised.value, Retryable)
+    # And once the first finished, any later delivery is a duplicate
     store.finish_event("evt-1", now=101.0, outcome="accepted")
-    assert store.claim_event("evt-1", now=5000.0) is False
+    assert store.claim_event("evt-1", now=101.5, owner="third") is False
+    assert store.claim_event("evt-1", now=5000.0, owner="fourth") is False
+
+
+def test_a_claim_whose_answer_was_lost_is_this_handlings_own(store):
+    # Given the put of a claim reached DynamoDB but its answer was lost, so botocore sent it
+    # again and the second put found the first one's item
+    with answer_lost(store.client, "PutItem") as resent:
+        claimed = store.claim_event("evt-5", now=100.0, owner="me")
+    assert resent == [1]
+    # Then the handling has its claim (the event is not dropped as handled by somebody else)
+    assert claimed is True
 
 
 def test_a_claim_given_back_after_a_failure_lets_the_retry_handle_the_event(store):
-    assert store.claim_event("evt-2", now=100.0)
+    assert store.claim_event("evt-2", now=100.0, owner="first")
     # When handling failed and the claim is given back
-    store.release_event("evt-2")
-    # Then EventBridge's retry of the event is handled
-    assert store.claim_event("evt-2", now=160.0)
+    store.release_event("evt-2", owner="first")
+    # Then Lambda's retry of the event is handled
+    assert store.claim_event("evt-2", now=160.0, owner="retry")
 
 
-def test_a_claim_of_a_crashed_handler_expires(store):
-    assert store.claim_event("evt-3", now=100.0)
-    assert not store.claim_event("evt-3", now=100.0 + 30)
-    assert store.claim_event("evt-3", now=100.0 + EVENT_CLAIM_S + 1)
+def test_only_its_own_claim_is_given_back(store):
+    # Given a handling that outlived its claim, taken over by a retry
+    assert store.claim_event("evt-4", now=100.0, owner="slow")
+    assert store.claim_event("evt-4", now=100.0 + EVENT_CLAIM_S + 1, owner="retry")
+    # When the slow one fails and gives its claim back
+    store.release_event("evt-4", owner="slow")
+    # Then the retry's claim holds: a third delivery waits for it
+    with pytest.raises(EventInProgress):
+        store.claim_event("evt-4", now=100.0 + EVENT_CLAIM_S + 2, owner="third")
+    # And a finished event is never given back
+    store.finish_event("evt-4", now=200.0, outcome="accepted")
+    store.release_event("evt-4", owner="retry")
+    assert store.claim_event("evt-4", now=201.0, owner="late") is False
+
+
+def test_a_claim_of_a_crashed_handler_expires_before_lambdas_retries_end(store):
+    # Given a handling killed at the intake function's timeout, holding its claim
+    assert store.claim_event("evt-3", now=100.0, owner="killed")
+    # Then a delivery while it might still run is retried, not dropped
+    with pytest.raises(EventInProgress):
+        store.claim_event("evt-3", now=100.0 + 30, owner="early")
+    # And the claim outlives the 60 s timeout but ends before Lambda's second retry (3 min)
+    assert 60 < EVENT_CLAIM_S < 180
+    assert store.claim_event("evt-3", now=100.0 + EVENT_CLAIM_S + 1, owner="retry")
 
 
 def _lagging_index(params: dict) -> dict | None:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
-from ..core.errors import CapacityExhausted, ConflictError, JobNotFound, TransactionConflict
+from ..core.errors import CapacityExhausted, ConflictError, EventInProgress, JobNotFound, TransactionConflict
 from ..core.jobs import JobRecord
 from ..core.model import JobState, PastPreemption, TeamUsage
 from ..core.s3uri import S3Uri
@@ -33,7 +33,10 @@ from .errors import translate
 
 GSI = "ByPoolStatus"
 EVENT_TTL_S = 7 * 24 * 3600
-EVENT_CLAIM_S = 15 * 60  # a claim outlives the intake function's timeout; then a retry may take it
+# A claim outlives the intake function's 60 s timeout (a live handling is never taken
+# over), and ends before Lambda's retries of a failed delivery (1 min, then 2 min more,
+# after the failure): a handling killed mid-way is redone by a retry, not lost as a duplicate.
+EVENT_CLAIM_S = 90
 USAGE_SETTLE_S = 5 * 60  # far beyond the index's propagation delay (normally under a second)
 TRANSACT_ATTEMPTS = 5
 TRANSACT_BACKOFF_S = 0.05  # full jitter: attempt n sleeps up to 0.05 x 2^n s
@@ -869,10 +872,15 @@ class JobsStore:
         return entry
 
     # -- intake idempotency ---------------------------------------------------------------
-    def claim_event(self, event_id: str, now: float) -> bool:
-        """Claim an event for handling (a conditional put: of two deliveries handled at
-        once, one wins). False if it was handled, or is being handled, already. A claim
-        whose handler died expires after EVENT_CLAIM_S, so a retry may handle the event."""
+    def claim_event(self, event_id: str, now: float, owner: str) -> bool:
+        """Claim an event for the handling `owner` (a token of its own; a conditional put: of
+        two deliveries handled at once, one wins). True: this handling has it, including when
+        the put was resent after its answer was lost. False: the event was handled already.
+
+        Raises:
+            EventInProgress: another handling holds a live claim (it may still finish, or it
+                died and its claim ends after EVENT_CLAIM_S): the delivery is retried.
+        """
         try:
             self._call(
                 "put_item",
@@ -882,17 +890,25 @@ class JobsStore:
                         "pk": f"EVENT#{event_id}",
                         "sk": "EVENT",
                         "state": "in-progress",
+                        "owner": owner,
                         "claim_expires": now + EVENT_CLAIM_S,
                         "expires_at": int(now + EVENT_TTL_S),
                     }
                 ),
-                ConditionExpression="attribute_not_exists(pk) OR (#state = :progress AND claim_expires < :now)",
-                ExpressionAttributeNames={"#state": "state"},
-                ExpressionAttributeValues={":progress": {"S": "in-progress"}, ":now": _to_attr(now)},
+                ConditionExpression="attribute_not_exists(pk) OR (#state = :progress AND (claim_expires < :now OR #owner = :me))",
+                ExpressionAttributeNames={"#state": "state", "#owner": "owner"},
+                ExpressionAttributeValues={":progress": {"S": "in-progress"}, ":now": _to_attr(now), ":me": {"S": owner}},
             )
             return True
         except ConflictError:
+            pass
+        held = self._call(
+            "get_item", TableName=self.table, Key={"pk": {"S": f"EVENT#{event_id}"}, "sk": {"S": "EVENT"}}, ConsistentRead=True
+        ).get("Item")
+        claim = _unmarshal(held) if held else {}
+        if claim.get("state") == "done":
             return False
+        raise EventInProgress(f"event {event_id} is being handled (claim until {claim.get('claim_expires')})")
 
     def finish_event(self, event_id: str, now: float, outcome: str) -> None:
         """Mark a claimed event handled, with its outcome (kept for EVENT_TTL_S)."""
@@ -905,16 +921,18 @@ class JobsStore:
             ExpressionAttributeValues={":done": {"S": "done"}, ":o": _to_attr(outcome), ":e": _to_attr(int(now + EVENT_TTL_S))},
         )
 
-    def release_event(self, event_id: str) -> None:
-        """Give a claim back after a failed handling, so EventBridge's retry handles it."""
+    def release_event(self, event_id: str, owner: str) -> None:
+        """Give `owner`'s claim back after a failed handling, so Lambda's retry handles the
+        event. Never another handling's claim (one that took over an expired claim of ours),
+        never a finished event."""
         try:
             self._call(
                 "delete_item",
                 TableName=self.table,
                 Key={"pk": {"S": f"EVENT#{event_id}"}, "sk": {"S": "EVENT"}},
-                ConditionExpression="#state = :progress",
-                ExpressionAttributeNames={"#state": "state"},
-                ExpressionAttributeValues={":progress": {"S": "in-progress"}},
+                ConditionExpression="#state = :progress AND #owner = :me",
+                ExpressionAttributeNames={"#state": "state", "#owner": "owner"},
+                ExpressionAttributeValues={":progress": {"S": "in-progress"}, ":me": {"S": owner}},
             )
         except ConflictError:
-            pass  # already finished: nothing to give back
+            pass  # finished, taken over, or already given back: nothing of ours to give back

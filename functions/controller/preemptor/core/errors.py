@@ -30,6 +30,12 @@ class TransactionConflict(Retryable):
     """
 
 
+class EventInProgress(Retryable):
+    """Another handling of the same event holds its claim and may still finish it (or may
+    have died): this delivery fails, so Lambda's retry comes back after the claim ends,
+    instead of the event being dropped as a duplicate of one that never completed."""
+
+
 # -- conflicts: the stored state is not what the caller expected --------------------------
 class ConflictError(PreemptorError):
     """A conditional write lost a race: the item was not in the state the caller expected.

@@ -1,13 +1,16 @@
 """EventBridge → intake: SageMaker/Batch state changes, EC2 warnings, submissions, cancels.
 
 Never raises for a bad event: a malformed or unknown event is logged with its reason and
-counted (metric `RejectedEvents`), so EventBridge does not retry it into a storm.
+counted (metric `RejectedEvents`), so EventBridge does not retry it into a storm. Raises
+for an event another handling still holds (`EventInProgress`) or a failed one: Lambda
+retries the delivery, then sends it to the dead-letter queue.
 """
 
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from .. import clock
+from ..core.errors import EventInProgress
 from ..service.intake import Intake
 from .observability import emit, logger, metrics, tracer
 from .wiring import deps
@@ -22,7 +25,14 @@ def handler(event: dict, context: LambdaContext) -> dict:
         store=d.store, workflows=d.workflows, runners=d.runners, settings=d.settings, instances=d.instances, alerts=d.alerts,
         clock=clock.CLOCK.now,
     )
-    result = intake.handle(event, clock.CLOCK.now())
+    try:
+        result = intake.handle(event, clock.CLOCK.now())
+    except EventInProgress as e:
+        # Not a duplicate yet: the other handling may die. Failing this delivery makes Lambda
+        # retry it after the claim ends (then the event is handled, or found done).
+        logger.warning("event held by another handling: retried later", extra={"event_id": _event_id(event), "reason": str(e)})
+        metrics.add_metric(name="EventsInProgress", unit=MetricUnit.Count, value=1)
+        raise
     if result.job:
         logger.set_correlation_id(result.job)
     if result.outcome == "rejected":

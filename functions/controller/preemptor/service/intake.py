@@ -15,6 +15,7 @@ starts with a stable code (a `Refusal`), which the handler logs and counts.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from ..adapters.store import JobsStore
 from ..adapters.workflows import WorkflowStarter, execution_name, settled_schedule
 from ..config import Settings
 from ..core import events as ev
+from ..core.errors import PreemptorError
 from ..core.jobs import JobRecord
 from ..core.model import JobState
 from ..core.requests import Refusal, RequestRefused, admit_request
@@ -100,12 +102,18 @@ class Intake:
             return IntakeResult("rejected", f"{e.reason}: {e.detail}")
         if isinstance(event, ev.Ignored):
             return IntakeResult("ignored", event.reason)
-        if not self.store.claim_event(event.event_id, now):
+        # A claim of this handling's own: a delivery handled while another is still at it
+        # (or died mid-way) raises EventInProgress, and Lambda's retry comes back for it.
+        owner = uuid.uuid4().hex
+        if not self.store.claim_event(event.event_id, now, owner):
             return IntakeResult("duplicate", f"event {event.event_id} already handled")
         try:
             result = self._dispatch(event, now)
         except BaseException:
-            self.store.release_event(event.event_id)  # EventBridge retries it
+            try:
+                self.store.release_event(event.event_id, owner)  # Lambda's retry handles it
+            except PreemptorError:
+                pass  # the claim ends by itself after EVENT_CLAIM_S, before Lambda's last retry
             raise
         self.store.finish_event(event.event_id, now, result.outcome)
         return result
