@@ -39,6 +39,22 @@ def test_a_checkpoint_counts_once_its_manifest_is_written_and_a_torn_one_never()
         assert checkpoints.newest(uri) == written
 
 
+def test_the_first_checkpoint_of_the_helpers_layout_counts_only_once_its_manifest_is_written():
+    with emulation() as env:
+        checkpoints = env.stack.deps().checkpoints
+        uri = f"s3://{env.stack.parameters['CheckpointBucketName']}/research/first"
+        # Given a job's first save in the helper's layout, its files uploaded, its manifest not
+        # (a save in progress, or one cut short by a stop: torn, never resumed from)
+        _put(env, "research/first/step-000000000100/weights.pt")
+        _put(env, "research/first/step-000000000100/optimizer/state.bin")
+        # Then the location has no checkpoint: a stop now would lose everything
+        assert checkpoints.newest(uri) is None
+        # And once its manifest is written, it counts
+        env.clock.advance(5)
+        written = _put(env, "research/first/step-000000000100/manifest.json")
+        assert checkpoints.newest(uri) == written
+
+
 def test_a_location_without_manifests_counts_its_newest_object():
     with emulation() as env:
         checkpoints = env.stack.deps().checkpoints

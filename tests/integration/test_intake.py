@@ -423,6 +423,27 @@ def test_checkpoint_writes_announced_by_s3_keep_the_last_checkpoint_time():
         assert env.put(other).results[0]["outcome"] == "ignored"
 
 
+def test_a_file_of_a_helper_checkpoint_counts_only_when_its_manifest_is_announced():
+    with emulation() as env:
+        env.put(_sample("preemptor/job-submitted-sagemaker.json"))
+        before = env.job("llm-pretrain-7b").last_checkpoint_at
+        created = json.loads(load_raw("s3/constructed__s3-object-created__checkpoint.json"))
+        created["time"] = "2026-11-30T09:00:00Z"
+        # Given the training helper uploading a checkpoint: its files first
+        for n, key in enumerate(["step-000000000420/weights.pt", "step-000000000420/optimizer/state.bin"]):
+            part = copy.deepcopy(created)
+            part["id"], part["detail"]["object"]["key"] = f"part-{n}", f"research/llm-pretrain-7b/{key}"
+            result = env.put(part).results[0]
+            # Then a file of a checkpoint whose manifest is not written is no checkpoint yet
+            assert result["outcome"] == "ignored" and "manifest" in result["reason"]
+        assert env.job("llm-pretrain-7b").last_checkpoint_at == before
+        # And its manifest, written last, makes it one
+        done = copy.deepcopy(created)
+        done["id"], done["detail"]["object"]["key"] = "manifest", "research/llm-pretrain-7b/step-000000000420/manifest.json"
+        assert env.put(done).results[0]["outcome"] == "accepted"
+        assert env.job("llm-pretrain-7b").last_checkpoint_at == calendar.timegm((2026, 11, 30, 9, 0, 0))
+
+
 def _managed_spot_event(job: str, status: str, secondary: str, event_id: str) -> dict:
     """The real SageMaker state-change sample, as managed spot sends it for `job`'s run."""
     event = _sample(

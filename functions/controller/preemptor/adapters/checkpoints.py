@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -14,6 +15,16 @@ from .errors import classify, code_of, translate
 MANIFEST = "manifest.json"  # the training helper's, written after a checkpoint's files
 CONTROL_DIR = "_preemptor"
 REQUEST_KEY = f"{CONTROL_DIR}/checkpoint-request.json"
+# A checkpoint directory of the training helper (docs/training.md: `step-<12 digits>/`): its
+# files count only once its manifest is written, even before the location holds any manifest.
+HELPER_DIR = re.compile(r"step-\d{12}")
+
+
+def in_unsealed_helper_checkpoint(key: str) -> bool:
+    """Whether `key` is a file inside a checkpoint directory of the training helper other than
+    its manifest: such a file does not make a checkpoint (its manifest, written last, does)."""
+    parts = key.split("/")
+    return parts[-1] != MANIFEST and any(HELPER_DIR.fullmatch(p) for p in parts[:-1])
 
 
 class CheckpointStore:
@@ -25,8 +36,10 @@ class CheckpointStore:
 
         Where the training helper's layout is in use (`<dir>/manifest.json` written after the
         checkpoint's files, docs/training.md), the newest checkpoint is the newest directory
-        with its manifest and a file beside it; otherwise, the newest object. Objects under
-        `<uri>/_preemptor/` are the controller's own and do not count.
+        with its manifest and a file beside it; otherwise, the newest object. The layout is
+        in use once any manifest or any helper directory (`step-<12 digits>/`) is there: the
+        files of a first save whose manifest is not written yet are no checkpoint. Objects
+        under `<uri>/_preemptor/` are the controller's own and do not count.
 
         Raises:
             CheckpointLocationUnavailable: the location is invalid, its bucket does not
@@ -39,6 +52,7 @@ class CheckpointStore:
         newest = None
         manifests: dict[str, float] = {}  # checkpoint directory -> its manifest's time
         files: set[str] = set()  # directories holding a file besides their manifest
+        helper = False  # a directory of the training helper's layout is there
         try:
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=location.bucket, Prefix=prefix):
                 for obj in page.get("Contents", []):
@@ -48,13 +62,14 @@ class CheckpointStore:
                     stamp = obj["LastModified"].timestamp()
                     newest = stamp if newest is None else max(newest, stamp)
                     directory, _, name = relative.partition("/")  # the checkpoint's top directory
+                    helper = helper or (bool(name) and HELPER_DIR.fullmatch(directory) is not None)
                     if name == MANIFEST:
                         manifests[directory] = stamp
                     elif name:
                         files.add(directory)
         except ClientError as e:
             raise _translate(e, f"ListObjectsV2 {location}") from e
-        if manifests:
+        if manifests or helper:
             # The training helper's layout: a checkpoint is complete once its own manifest is
             # written, after its files. Files without a manifest are a save still in progress
             # (or torn): they never count as a fresh checkpoint.

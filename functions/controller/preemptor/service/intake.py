@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..adapters.alerts import Alerts
-from ..adapters.checkpoints import CONTROL_DIR
+from ..adapters.checkpoints import CONTROL_DIR, MANIFEST, in_unsealed_helper_checkpoint
 from ..adapters.instances import InstanceResolver
 from ..adapters.runners import Runner
 from ..adapters.store import JobsStore
@@ -472,6 +472,10 @@ class Intake:
         they would really lose without listing S3 on the scheduling path."""
         if f"/{CONTROL_DIR}/" in f"/{event.key}":
             return IntakeResult("ignored", f"controller marker s3://{event.bucket}/{event.key}")
+        if in_unsealed_helper_checkpoint(event.key):
+            # The helper writes a checkpoint's files, then its manifest: until the manifest,
+            # the files are a save in progress (or torn), never a checkpoint to stop on.
+            return IntakeResult("ignored", f"file of a checkpoint not complete until its {MANIFEST}: s3://{event.bucket}/{event.key}")
         job = self.store.find_checkpoint_owner(event.bucket, event.key)
         if job is None:
             return IntakeResult("ignored", f"no job checkpoints under s3://{event.bucket}/{event.key}")
