@@ -268,3 +268,44 @@ def test_the_local_stack_stops_on_local_down(local):
     assert main(["local", "down", "--state-file", str(local.state_file)]) == 1
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", state.port), timeout=2).close()
+
+
+def _state_file(tmp_path: Path, **changes) -> Path:
+    state = {
+        "pid": os.getpid(), "port": 4599, "region": "us-east-1", "stack": "preemptor", "outputs": {}, "parameters": {},
+        "speed": 60.0, "sim_now": 0.0, "real_at": 0.0, "started_at": 0.0, "stops_at": 0.0, **changes,
+    }
+    path = tmp_path / "local.json"
+    path.write_text(json.dumps(state))
+    return path
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        pytest.param({"pid": -1}, "field pid", id="pid-minus-one-would-signal-every-process"),
+        pytest.param({"pid": 0}, "field pid", id="pid-zero-would-signal-the-process-group"),
+        pytest.param({"pid": "1234"}, "field pid", id="pid-a-string"),
+        pytest.param({"pid": True}, "field pid", id="pid-a-boolean"),
+        pytest.param({"port": "http"}, "field port", id="port-a-string"),
+        pytest.param({"speed": None}, "field speed", id="speed-null"),
+    ],
+)
+def test_local_down_refuses_a_state_file_with_wrong_values_in_one_line_and_signals_nothing(capsys, tmp_path, monkeypatch, changes, named):
+    signalled: list[tuple[int, int]] = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: signalled.append((pid, sig)))
+    path = _state_file(tmp_path, **changes)
+    # When `local down` reads it
+    code = main(["local", "down", "--state-file", str(path)])
+    # Then it says which file and which field, in one line, and signals no process
+    err = capsys.readouterr().err
+    assert code != 0 and len(err.strip().splitlines()) == 1 and str(path) in err and named in err, err
+    assert signalled == []
+    with pytest.raises(LocalStackError, match=named):
+        LocalState.read(path)
+
+
+def test_a_state_file_that_is_a_directory_is_refused_in_one_line(capsys, tmp_path):
+    code = main(["queue", "--local", "--state-file", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code != 0 and len(err.strip().splitlines()) == 1 and str(tmp_path) in err, err

@@ -68,6 +68,26 @@ class LocalState:
         wall = time.time() if wall is None else wall
         return self.sim_now + max(0.0, wall - self.real_at) * self.speed
 
+    def _problem(self) -> str | None:
+        """What is wrong with the file's values, if anything. The pid is signalled by `local
+        down`: 0 or a negative one would signal a process group, or every process the user
+        may signal."""
+        if type(self.pid) is not int or self.pid < 2:
+            return f"field pid: expected a process id > 1, got {self.pid!r}"
+        if type(self.port) is not int or not 0 < self.port < 65536:
+            return f"field port: expected a TCP port, got {self.port!r}"
+        for name in ("speed", "sim_now", "real_at", "started_at", "stops_at"):
+            value = getattr(self, name)
+            if type(value) not in (int, float):
+                return f"field {name}: expected a number, got {value!r}"
+        for name in ("region", "stack"):
+            if not isinstance(getattr(self, name), str):
+                return f"field {name}: expected a string, got {getattr(self, name)!r}"
+        for name in ("outputs", "parameters"):
+            if not isinstance(getattr(self, name), dict):
+                return f"field {name}: expected an object, got {getattr(self, name)!r}"
+        return None
+
     def to_dict(self) -> dict:
         return {**self.__dict__, "endpoint_url": self.endpoint_url}
 
@@ -80,7 +100,12 @@ class LocalState:
         except FileNotFoundError:
             raise NoLocalStack(f"no local stack is running (no {path}): start one with `preemptor local up`") from None
         except (ValueError, KeyError, TypeError) as e:
-            raise LocalStackError(f"{path} is not a local stack's state file ({e})") from None
+            raise LocalStackError(f"{path} is not a local stack's state file ({type(e).__name__}: {e})") from None
+        except OSError as e:
+            raise LocalStackError(f"{path}: cannot be read as a local stack's state file ({e.strerror or e})") from None
+        problem = state._problem()
+        if problem:
+            raise LocalStackError(f"{path} is not a local stack's state file ({problem})")
         if not alive(state.pid):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
