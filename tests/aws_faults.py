@@ -112,3 +112,28 @@ def answer_lost(client: Any, operation: str, times: int = 1) -> Iterator[list[in
         yield resent
     finally:
         client.meta.events.unregister(event, unique_id=unique)
+
+
+@contextmanager
+def answer_lost_after_applied(client: Any, operation: str, times: int = 1) -> Iterator[list[int]]:
+    """The call of `operation` reaches AWS and is applied, and then no answer comes back
+    before the read timeout, after every retry the client makes: the caller sees botocore's
+    `ReadTimeoutError`, not knowing the call was applied. Yields the list of calls lost (its
+    length)."""
+    from botocore.exceptions import ReadTimeoutError
+
+    lost: list[int] = []
+    service = client.meta.service_model.service_id.hyphenize()
+    event = f"after-call.{service}.{operation}"
+    unique = f"answer-lost-after-applied-{id(lost)}"
+
+    def handler(**_: Any) -> None:
+        if len(lost) < times:
+            lost.append(1)
+            raise ReadTimeoutError(endpoint_url=f"https://{service}.emulated")
+
+    client.meta.events.register(event, handler, unique_id=unique)
+    try:
+        yield lost
+    finally:
+        client.meta.events.unregister(event, unique_id=unique)

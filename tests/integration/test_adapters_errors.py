@@ -199,6 +199,18 @@ def test_create_training_job_errors(sagemaker, response, expected):
             SageMakerRunner(sagemaker).launch(_record())
 
 
+def test_a_request_botocore_refuses_to_send_is_a_rejection_not_a_crash(sagemaker):
+    # Given a request missing what CreateTrainingJob requires (botocore checks it against
+    # the API model and raises before anything is sent)
+    broken = {k: v for k, v in _sagemaker_request().items() if k != "RoleArn"}
+    # Then the launch is refused for good (counted, backed off, then failed with the
+    # reason), never an unknown error that fails the workflow step again and again
+    with pytest.raises(ServiceRejected) as refused:
+        SageMakerRunner(sagemaker).launch(_record(request=broken))
+    assert refused.value.code == "ParamValidation" and "RoleArn" in str(refused.value)
+    assert sagemaker.list_training_jobs()["TrainingJobSummaries"] == []
+
+
 def test_a_denied_stop_is_access_denied(sagemaker):
     # Given a run the controller may not stop (IAM: only runs tagged preemptor:managed=true)
     sagemaker.create_training_job(TrainingJobName="adopted", **_sagemaker_request())

@@ -9,15 +9,17 @@ from typing import Callable
 
 import boto3
 import pytest
-from aws_faults import aws_says_no, error_response
+from aws_faults import THROTTLING, answer_lost_after_applied, aws_says_no, error_response
 from moto import mock_aws
 from template_support import table_key_schema
 
-from preemptor.adapters.runners import SageMakerRunner, controller_tags
+from preemptor.adapters.runners import BatchRunner, SageMakerRunner, controller_tags
 from preemptor.adapters.store import JobsStore
+from preemptor.core.errors import ServiceUnavailable, Throttled
 from preemptor.core.jobs import JobRecord
 from preemptor.core.model import JobState
 from preemptor.service import actions
+from preemptor.service.reconcile import STUCK_ADMISSION_S, repair_stuck_admission
 
 REGION = "us-east-1"
 REQUEST = {
@@ -40,12 +42,12 @@ class _Overtaken(SageMakerRunner):
         self.overtaken: dict | None = None
         self.stops: list[tuple[str, str]] = []
 
-    def launch(self, record, offering=None):
+    def launch(self, record, offering=None, offerings=()):
         if self.overtake is not None:
             overtake, self.overtake = self.overtake, None
             self.overtaken = overtake()
         with aws_says_no(self.client, "CreateTrainingJob", error_response("ResourceInUse", "Training job names must be unique within an AWS account and region", 400)):
-            return super().launch(record, offering)
+            return super().launch(record, offering, offerings)
 
     def stop(self, run_id, reason):
         self.stops.append((run_id, reason))
@@ -104,3 +106,101 @@ def test_a_run_created_for_a_job_no_longer_admitted_is_still_withdrawn(world):
 
 def _tags(store: JobsStore) -> dict[str, str]:
     return controller_tags(store.require("train-c"))
+
+
+# -- a launch that died between creating its run and recording it ---------------------------
+STUCK = 10.0 + STUCK_ADMISSION_S + 1  # when reconcile finds train-c's admission stuck
+
+
+def test_a_run_created_by_a_launch_that_died_before_recording_it_is_recorded_not_released(world):
+    store, sagemaker = world
+    # Given the launch created train-c's run, then its Lambda died before recording it
+    sagemaker.create_training_job(TrainingJobName="train-c", **REQUEST, Tags=[{"Key": k, "Value": v} for k, v in _tags(store).items()])
+    # When reconcile finds the admission stuck
+    repair = repair_stuck_admission(store, SageMakerRunner(sagemaker), (), store.require("train-c"), STUCK)
+    # Then the run is the job's: recorded as running, its GPUs still counted (released, they
+    # would be admitted to another job while it runs: oversubscribed)
+    assert repair["repair"] == "stuck-admission-recorded" and repair["run"] == "train-c"
+    job = store.require("train-c")
+    assert (job.status, job.run_id, job.run_name) == (JobState.RUNNING, "train-c", "train-c")
+    assert store.pool("p5")["used_gpus"] == 8
+    assert store.find_run("sagemaker", "train-c") == ("train-c", 1)
+    assert [e["kind"] for e in store.history("train-c")] == ["launched"]
+
+
+def test_a_stuck_admission_with_no_run_goes_back_to_the_queue(world):
+    store, sagemaker = world
+    repair = repair_stuck_admission(store, SageMakerRunner(sagemaker), (), store.require("train-c"), STUCK)
+    assert repair["repair"] == "stuck-admission-released"
+    assert store.require("train-c").status is JobState.PENDING and store.pool("p5")["used_gpus"] == 0
+
+
+def test_a_stuck_admission_whose_run_cannot_be_looked_up_keeps_its_gpus(world):
+    store, sagemaker = world
+    # Given SageMaker throttles the look-up of the run the launch may have created
+    with aws_says_no(sagemaker, "DescribeTrainingJob", THROTTLING["sagemaker"]):
+        with pytest.raises(Throttled):
+            repair_stuck_admission(store, SageMakerRunner(sagemaker), (), store.require("train-c"), STUCK)
+    # Then nothing is released on a guess: the job stays admitted, its GPUs counted
+    assert store.require("train-c").status is JobState.ADMITTED and store.pool("p5")["used_gpus"] == 8
+
+
+BATCH_QUEUES = ("g5-queue", "g5-spot")
+
+
+@pytest.fixture
+def batch_world():
+    # The emulated stack's Batch: jobs wait for the fleet (plain moto runs them in Docker)
+    from emulation import emulation
+    from test_job_ended_and_spot import _batch_queue
+
+    with emulation() as env:
+        _batch_queue(env, *BATCH_QUEUES)
+        record = JobRecord(
+            name="train-b", team="vision", priority=100, pool="g5", service="batch", gpus=8,
+            request={"jobQueue": "g5-queue", "jobDefinition": "g5-training"},
+            checkpoint_s3_uri="s3://preemptor-checkpoints/vision/train-b", submitted_at=0.0, status=JobState.ADMITTED,
+        )
+        yield env.stack.client("batch"), record
+
+
+def _live_jobs(batch) -> list[str]:
+    return [
+        j["jobId"] for queue in BATCH_QUEUES for status in ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING")
+        for j in batch.list_jobs(jobQueue=queue, jobStatus=status)["jobSummaryList"]
+    ]
+
+
+def test_a_batch_launch_retried_on_another_queue_of_the_pool_takes_the_job_its_first_attempt_submitted(batch_world):
+    batch, record = batch_world
+    runner = BatchRunner(batch)
+    # Given a first attempt that submitted to the pool's fallback queue, then died
+    first = runner.launch(record, "g5-spot", BATCH_QUEUES)
+    # When the retry chooses the pool's own queue (the unavailable-offerings cache moved on)
+    second = runner.launch(record, "g5-queue", BATCH_QUEUES)
+    # Then it found the first job, in the other queue, and submitted nothing
+    assert second == first and _live_jobs(batch) == [first]
+
+
+def test_a_batch_submit_is_sent_once_and_no_answer_is_retryable_after_a_look(batch_world):
+    batch, record = batch_world
+    # Given SubmitJob reaches Batch, which submits the job, and the answer is lost
+    runner = BatchRunner(batch, submit_client=batch)
+    with answer_lost_after_applied(batch, "SubmitJob") as lost:
+        with pytest.raises(ServiceUnavailable):
+            runner.launch(record, None, BATCH_QUEUES)
+    assert len(lost) == 1 and len(_live_jobs(batch)) == 1
+    # When the step is retried, Then it takes that job: one job, never two
+    assert runner.launch(record, None, BATCH_QUEUES) == _live_jobs(batch)[0]
+    assert len(_live_jobs(batch)) == 1
+
+
+def test_the_controllers_batch_submits_are_sent_once():
+    # botocore's own retries would resend a SubmitJob whose answer was lost: a second job
+    from emulation import emulation
+
+    with emulation() as env:
+        runner = env.stack.deps().runners["batch"]
+        # (botocore's `max_attempts` counts retries; `total_max_attempts`, every attempt)
+        assert runner.submit_client.meta.config.retries["total_max_attempts"] == 1
+        assert runner.client.meta.config.retries["total_max_attempts"] > 1

@@ -241,6 +241,28 @@ def test_shadow_mode_launches_and_stops_nothing_and_reports_what_enforce_mode_wo
     assert {(k.removeprefix("shadow-"), j, f) for k, j, f in logged} == set(would)
 
 
+def test_an_adopted_run_preempted_in_enforce_mode_is_stopped_and_left_to_its_team_to_relaunch():
+    from preemptor_tools.local import demo
+
+    # Given the research team's own run, adopted (tagged preemptor:managed=true, so it may be
+    # stopped), and a critical fine-tune submitted to the controller in enforce mode
+    scenario = Scenario.load(SCENARIOS / "shadow-mode.yaml").model_copy(update={"mode": "enforce"})
+    result = demo.run(scenario, tick_s=60)
+    jobs = _jobs(result.report)
+    # Then the fine-tune preempted it and ran to its end
+    assert jobs["production-finetune"]["state"] == "Completed"
+    assert jobs["experiment"]["preemptions"] == 1
+    # And the experiment, whose request the controller never had, was not relaunched by it
+    # (a relaunch of nothing would fail in the service and block the pool): it ended, with
+    # the reason, and its team was told
+    assert jobs["experiment"]["state"] == "Cancelled"
+    said = [t for t in result.timeline if t.source == "controller" and t.job == "experiment"]
+    [ended] = [t for t in said if t.what == "preempted-not-relaunched"]
+    assert "launched outside the controller" in ended.why
+    assert not any(t.what == "launched" for t in said)
+    assert violations(result, scenario) == []
+
+
 def test_the_wait_alarm_escalates_a_job_held_back_by_the_minimum_runtime():
     # Given every running job protected for an hour, and a critical job behind a sweep (escalation.yaml)
     scenario = Scenario.load(SCENARIOS / "escalation.yaml")

@@ -10,9 +10,9 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, HTTPClientError, ParamValidationError
 
-from ..core.errors import RunNameTaken, ServiceJobNotFound
+from ..core.errors import RunNameTaken, ServiceJobNotFound, ServiceRejected, ServiceUnavailable
 from ..core.jobs import JobRecord
 from ..core.pools import parse_offering
 from ..core.requests import spot_launch
@@ -52,7 +52,9 @@ class RunState:
 class Runner(Protocol):
     service: str
 
-    def launch(self, record: JobRecord, offering: str | None = None) -> str: ...
+    def launch(self, record: JobRecord, offering: str | None = None, offerings: tuple[str, ...] = ()) -> str: ...
+
+    def find_run(self, record: JobRecord, offerings: tuple[str, ...] = ()) -> "LiveRun | None": ...
 
     def stop(self, run_id: str, reason: str) -> None: ...
 
@@ -94,7 +96,7 @@ class SageMakerRunner:
     def __init__(self, client: Any):
         self.client = client
 
-    def launch(self, record: JobRecord, offering: str | None = None) -> str:
+    def launch(self, record: JobRecord, offering: str | None = None, offerings: tuple[str, ...] = ()) -> str:
         """Create the training job of the record's current incarnation (idempotent by name),
         on `offering` when given (one of the pool's: an instance type, on spot or on-demand)."""
         request = copy.deepcopy(record.request)
@@ -113,6 +115,13 @@ class SageMakerRunner:
         request["Tags"] = [{"Key": k, "Value": v} for k, v in sorted(tags.items())]
         try:
             self.client.create_training_job(**request)
+        except ParamValidationError as e:
+            # Refused before it was sent (botocore checks the request against the API model):
+            # the same request can never succeed, like a service's ValidationException.
+            raise ServiceRejected(f"CreateTrainingJob {name}: {e}", "ParamValidation") from e
+        except HTTPClientError as e:
+            # No answer after botocore's retries: the retry of the step finds out (by name).
+            raise ServiceUnavailable(f"CreateTrainingJob {name}: no answer ({type(e).__name__})") from e
         except ClientError as e:
             if classify(e) is ErrorKind.ALREADY_EXISTS and self._is_ours(name, record):
                 return name  # this incarnation was already created by an earlier attempt
@@ -120,6 +129,22 @@ class SageMakerRunner:
                 raise RunNameTaken(f"CreateTrainingJob {name}: the name belongs to another run", code_of(e)) from e
             raise translate(e, f"CreateTrainingJob {name}") from e
         return name
+
+    def find_run(self, record: JobRecord, offerings: tuple[str, ...] = ()) -> LiveRun | None:
+        """The training job of the record's current incarnation, if one was created, in
+        whatever state (the name is the incarnation's, and SageMaker never gives it twice: a
+        run that ended is still this incarnation's, and its end is recorded from it)."""
+        name = record.next_run_name
+        try:
+            described = self.client.describe_training_job(TrainingJobName=name)
+            tags = {t["Key"]: t["Value"] for t in self._all_tags(described["TrainingJobArn"])}
+        except ClientError as e:
+            if is_sagemaker_not_found(e):
+                return None
+            raise translate(e, f"DescribeTrainingJob {name}") from e
+        if not is_own_run(tags, record):
+            return None
+        return LiveRun(name, described["CreationTime"].timestamp(), described["TrainingJobArn"], tags)
 
     def _is_ours(self, name: str, record: JobRecord) -> bool:
         """Training job names are unique for good: a name in use is ours only if the run
@@ -189,24 +214,30 @@ class BatchRunner:
     service = "batch"
     _PHASES = {"SUCCEEDED": "completed", "FAILED": "failed"}
 
-    def __init__(self, client: Any):
+    def __init__(self, client: Any, submit_client: Any = None):
         self.client = client
+        # SubmitJob has no idempotency token: a resend by botocore's own retries after a
+        # lost answer would submit a second job. Sent once (`NO_RETRY_CONFIG`); the launch
+        # step's retry looks for the first one (`find_run`) before it submits again.
+        self.submit_client = submit_client if submit_client is not None else client
 
-    def launch(self, record: JobRecord, offering: str | None = None) -> str:
+    def launch(self, record: JobRecord, offering: str | None = None, offerings: tuple[str, ...] = ()) -> str:
         """Submit the job of the record's current incarnation (the queue decides instances),
-        to `offering` when given (one of the pool's queues).
+        to `offering` when given (one of the pool's queues, `offerings`).
 
         Batch job names are not unique, so a retry first looks for a live job of the same
-        name in the queue carrying this incarnation's tags, and returns it instead of
-        submitting a second one.
+        name carrying this incarnation's tags in any of the pool's queues (an earlier attempt
+        may have sent it to another), and returns it instead of submitting a second one. No
+        answer at all (a timeout, a reset connection) is `ServiceUnavailable`: retried, after
+        that look.
         """
         request = copy.deepcopy(record.request)
         if offering:
             request["jobQueue"] = offering  # a fallback queue of the pool
         name = record.next_run_name
-        existing = self._find_live(request["jobQueue"], name, record)
+        existing = self.find_run(record, (request["jobQueue"], *offerings))
         if existing:
-            return existing
+            return existing.run_id
         request["jobName"] = name
         # The training helper finds its checkpoint location (and the request marker) here.
         overrides = request.setdefault("containerOverrides", {})
@@ -216,11 +247,25 @@ class BatchRunner:
         request["tags"] = {**request.get("tags", {}), **controller_tags(record)}
         request["propagateTags"] = True
         try:
-            return self.client.submit_job(**request)["jobId"]
+            return self.submit_client.submit_job(**request)["jobId"]
+        except ParamValidationError as e:
+            raise ServiceRejected(f"SubmitJob {name}: {e}", "ParamValidation") from e
+        except HTTPClientError as e:
+            raise ServiceUnavailable(f"SubmitJob {name}: no answer ({type(e).__name__}): it may have been submitted") from e
         except ClientError as e:
             raise translate(e, f"SubmitJob {name}") from e
 
-    def _find_live(self, queue: str, name: str, record: JobRecord) -> str | None:
+    def find_run(self, record: JobRecord, offerings: tuple[str, ...] = ()) -> LiveRun | None:
+        """The live job of the record's current incarnation in its request's queue or any of
+        `offerings` (the pool's queues), if one was submitted."""
+        queues = dict.fromkeys(q for q in (record.request.get("jobQueue"), *offerings) if q)
+        for queue in queues:
+            found = self._find_live(queue, record.next_run_name, record)
+            if found is not None:
+                return found
+        return None
+
+    def _find_live(self, queue: str, name: str, record: JobRecord) -> LiveRun | None:
         try:
             live = [
                 job["jobId"]
@@ -235,7 +280,14 @@ class BatchRunner:
             described = self.client.describe_jobs(jobs=live[:100]).get("jobs", [])
         except ClientError as e:
             raise translate(e, f"ListJobs {name}") from e
-        return next((j["jobId"] for j in described if is_own_run(j.get("tags") or {}, record)), None)
+        return next(
+            (
+                LiveRun(j["jobId"], j.get("createdAt", 0) / 1000.0, j.get("jobArn", ""), j.get("tags") or {})
+                for j in described
+                if is_own_run(j.get("tags") or {}, record)
+            ),
+            None,
+        )
 
     def stop(self, run_id: str, reason: str) -> None:
         """Terminate the job (SIGTERM, SIGKILL ~30 s later). Terminating twice is harmless."""

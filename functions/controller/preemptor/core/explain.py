@@ -168,6 +168,11 @@ def _running(name: str, decision: Decision, snapshot: Snapshot, policy: Policy, 
     return facts
 
 
+# The decision-log kinds that end a stopped run: requeued, or (a run the controller adopted,
+# which it does not relaunch) ended for its team to relaunch.
+STOPPED_RUN_KINDS = ("requeued", "preempted-not-relaunched", "interrupted-not-relaunched")
+
+
 def preemptions_from_history(history: Iterable[dict]) -> list[dict]:
     """One entry per past preemption in a job's decision log, oldest first.
 
@@ -197,7 +202,7 @@ def preemptions_from_history(history: Iterable[dict]) -> list[dict]:
             )
             continue
         if not episodes:
-            if kind != "requeued":
+            if kind not in STOPPED_RUN_KINDS:
                 continue
             # A log that starts mid-way (trimmed) still tells who preempted the job.
             episodes.append({"at": entry.get("at"), "preemptor": extra.get("preemptor"), "rule": None, "reason": "",
@@ -210,7 +215,7 @@ def preemptions_from_history(history: Iterable[dict]) -> list[dict]:
                 current["checkpoint_age_s"] = extra["checkpoint_age_s"]  # the age the stop relied on
         elif kind == "stop-requested":
             current["fresh_checkpoint"] = entry.get("reason") == "fresh-checkpoint"
-        elif kind == "requeued":
+        elif kind in STOPPED_RUN_KINDS:
             current["requeued_at"] = entry.get("at")
             current["preemptor"] = current["preemptor"] or extra.get("preemptor")
             if "lost_gpu_seconds" in extra:

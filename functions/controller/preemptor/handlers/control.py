@@ -42,7 +42,7 @@ def handler(step, context: LambdaContext) -> dict:
             return actions.run_state(**common, runners=d.runners)
         case Requeue(fresh=fresh, phase=phase):
             result = actions.requeue(**common, policy=d.settings.policy, fresh=fresh, phase=phase, now=now, alerts=d.alerts)
-            if result.get("requeued"):
+            if "lost_gpu_seconds" in result:  # requeued, or an adopted run ended
                 emit("LostGpuSeconds", result["lost_gpu_seconds"], Pool=result["pool"])
             return _with_schedule(result, step, d.settings.settle_s)
         case Interrupt(reason=reason, execution=execution):

@@ -27,6 +27,9 @@ from ..adapters.workflows import WorkflowStarter
 from ..config import Settings
 
 CLIENT_CONFIG = Config(retries={"mode": "standard", "max_attempts": 3})
+# For calls that a resend could apply twice (Batch's SubmitJob: no idempotency token): one
+# attempt; the caller's own retry first looks for what the lost attempt did.
+NO_RETRY_CONFIG = Config(retries={"mode": "standard", "total_max_attempts": 1})
 
 
 @dataclass(frozen=True)
@@ -45,14 +48,14 @@ def deps() -> Deps:
     settings = Settings.from_env(os.environ)
     session = boto3.session.Session()
 
-    def client(service: str):
-        return session.client(service, config=CLIENT_CONFIG)
+    def client(service: str, config: Config = CLIENT_CONFIG):
+        return session.client(service, config=config)
 
     return Deps(
         settings=settings,
         store=JobsStore(settings.jobs_table, client("dynamodb")),
         checkpoints=CheckpointStore(client("s3")),
-        runners={"sagemaker": SageMakerRunner(client("sagemaker")), "batch": BatchRunner(client("batch"))},
+        runners={"sagemaker": SageMakerRunner(client("sagemaker")), "batch": BatchRunner(client("batch"), submit_client=client("batch", NO_RETRY_CONFIG))},
         workflows=WorkflowStarter(client("stepfunctions"), settings.workflow_arns),
         instances=InstanceResolver(client("ecs")),
         alerts=Alerts(client("sns"), settings.alerts_topic_arn),

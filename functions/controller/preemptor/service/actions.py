@@ -246,6 +246,8 @@ def _back_to_queue(
     started = record.started_at or now
     lost = lost_gpu_seconds(record.gpus, record.last_checkpoint_at, started, now)
     saved = saved_in_run_s(record.last_checkpoint_at, started)
+    if record.adopted:
+        return _end_adopted(store, policy, record, fresh, now, reason, why, lost, saved, alerts)
     new = record.with_changes(
         status=JobState.PENDING,
         pending_since=now,
@@ -293,6 +295,51 @@ def _back_to_queue(
             },
         )
     return {"requeued": True, "pool": record.pool, "lost_gpu_seconds": lost, "fresh": fresh, "released": True}
+
+
+def _end_adopted(
+    store: JobsStore, policy: Policy, record: JobRecord, fresh: bool, now: float, reason: str, why: str, lost: float, saved: float,
+    alerts: Alerts | None,
+) -> dict:
+    """A stopped run the controller adopted ends here: it was launched outside the
+    controller, which holds no request to create it again (a relaunch of nothing would be
+    refused by the service, again and again, holding the pool's GPUs). Its team relaunches
+    it, from its checkpoint, and is told so; the stop is accounted as any other."""
+    end = f"{why}; launched outside the controller, it is not relaunched by it: its team relaunches it"
+    new = record.with_changes(
+        status=JobState.CANCELLED,
+        ended_at=now,
+        outcome_reason=f"{reason}-not-relaunched: {end}",
+        work_done_s=record.work_done_s + saved,
+        preemptions=record.preemptions + 1,
+        lost_gpu_seconds=record.lost_gpu_seconds + lost,
+        stops_without_fresh_checkpoint=record.stops_without_fresh_checkpoint + (0 if fresh else 1),
+        preempting_since=None,
+    )
+    try:
+        store.transition(record, new, expect=[record.status], usage_delta=-record.gpus)
+    except ConflictError:
+        current = store.get(record.name)
+        if current is not None and current.status is JobState.PREEMPTING and current.incarnation == record.incarnation:
+            return requeue(
+                store=store, policy=policy, job=record.name, incarnation=record.incarnation, fresh=fresh, phase="stopped", now=now,
+                alerts=alerts,
+            )
+        return {"requeued": False, "reason": "conflict", "pool": record.pool}
+    _fold_usage(store, policy, record, now)
+    store.log(
+        record.name, now, f"{reason}-not-relaunched", reason, f"{end}; {lost:.0f} GPU-seconds lost{_since_checkpoint(record)}",
+        preemptor=record.preempted_by, lost_gpu_seconds=lost, fresh_checkpoint=fresh,
+    )
+    if alerts is not None:
+        alerts.notify(
+            "preempted", job=record.name, team=record.team, subject=f"Preemptor: job {record.name} was {reason}; relaunch it",
+            message={
+                "why": end, "by": record.preempted_by, "pool": record.pool, "lost_gpu_seconds": round(lost, 1),
+                "fresh_checkpoint": fresh, "resumes_as": None, "checkpoint": record.checkpoint_s3_uri or None,
+            },
+        )
+    return {"requeued": False, "reason": "adopted-not-relaunched", "pool": record.pool, "lost_gpu_seconds": lost, "fresh": fresh, "released": True}
 
 
 def interrupt(*, store: JobsStore, job: str, incarnation: int, reason: str, now: float, execution: str | None = None) -> dict:
@@ -383,9 +430,10 @@ def launch(
         return {"launched": False, "reason": "not-admitted"}
     if record.cancel_requested:
         return _cancel_admitted(store, record, now)
-    instance_type = _offering(store, record, (offerings or {}).get(record.pool, ()), now)
+    pool_offerings = (offerings or {}).get(record.pool, ())
+    instance_type = _offering(store, record, pool_offerings, now)
     try:
-        run_id = runners[record.service].launch(record, instance_type)
+        run_id = runners[record.service].launch(record, instance_type, pool_offerings)
     except ServiceRejected as e:
         return _launch_refused(store, alerts, record, e, now, instance_type)
     new = record.with_changes(

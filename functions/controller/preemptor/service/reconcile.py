@@ -34,6 +34,7 @@ class Repair(StrEnum):
 
     MISSED_END = "missed-end"  # the run ended and no event told us: outcome recorded, GPUs freed
     STUCK_ADMISSION_RELEASED = "stuck-admission-released"  # admitted, never launched: back in the queue
+    STUCK_ADMISSION_RECORDED = "stuck-admission-recorded"  # launched, never recorded: its run recorded
     STUCK_PREEMPTION_REQUEUED = "stuck-preemption-requeued"  # stopped, never requeued
     STUCK_PREEMPTION_SPARED = "stuck-preemption-spared"  # still running past every wait: left running
     POOL_NOT_CONFIGURED = "pool-not-configured"  # its pool left the configuration: kept pending
@@ -204,10 +205,17 @@ def _refresh_checkpoint(store: JobsStore, checkpoints: CheckpointStore, record) 
         store.note_checkpoint(record.name, newest)
 
 
-def _check_admission(store: JobsStore, record, now: float) -> dict | None:
-    """An admitted job whose launch never happened (its workflow died) goes back to the queue."""
+def repair_stuck_admission(store: JobsStore, runner: Runner, offerings: tuple[str, ...], record, now: float) -> dict | None:
+    """An admitted job whose launch never got recorded (its workflow died). If the launch
+    created the run before it died, that run is the job's: recorded as running, its GPUs
+    still counted (released, they would be given to others while it runs). Otherwise the job
+    goes back to the queue. A look-up AWS refuses (throttled, denied) raises: the job stays
+    admitted, its GPUs counted, until a look-up can tell."""
     if record.status is not JobState.ADMITTED or now - (record.admitted_at or now) < STUCK_ADMISSION_S:
         return None
+    run = runner.find_run(record, offerings)
+    if run is not None:
+        return _record_found_run(store, record, run, now)
     try:
         store.transition(
             record, record.with_changes(status=JobState.PENDING, admitted_at=None), [JobState.ADMITTED], usage_delta=-record.gpus
@@ -219,6 +227,31 @@ def _check_admission(store: JobsStore, record, now: float) -> dict | None:
     return {"job": record.name, "pool": record.pool, "repair": kind.value}
 
 
+def _record_found_run(store: JobsStore, record, run, now: float) -> dict | None:
+    started = min(run.created_at, now) if run.created_at else now
+    new = record.with_changes(
+        status=JobState.RUNNING,
+        run_id=run.run_id,
+        run_name=record.next_run_name,
+        started_at=started,
+        first_started_at=record.first_started_at if record.first_started_at is not None else started,
+        launch_attempts=0,
+        not_before=None,
+        last_launch_error=None,
+    )
+    try:
+        store.transition(record, new, [JobState.ADMITTED], alias=True)
+    except ConflictError:
+        return None  # it moved meanwhile: judged on the next run
+    kind = Repair.STUCK_ADMISSION_RECORDED
+    store.log(
+        record.name, now, "relaunched" if record.incarnation > 1 else "launched", kind.value,
+        f"{new.run_name} was created by a launch that died before recording it; found in {record.service} and recorded",
+        run=run.run_id,
+    )
+    return {"job": record.name, "pool": record.pool, "repair": kind.value, "run": run.run_id}
+
+
 def preemption_deadline_s(settings: Settings, pool: str) -> float:
     """How long a preemption may take before reconcile calls it stuck: the policy's
     checkpoint wait and stop wait, plus the steps' retries."""
@@ -228,7 +261,8 @@ def preemption_deadline_s(settings: Settings, pool: str) -> float:
 
 def _check_run(store: JobsStore, runners: dict[str, Runner], settings: Settings, record, now: float) -> dict | None:
     if not record.run_id:
-        return _check_admission(store, record, now)
+        pool = settings.pool(record.pool)
+        return repair_stuck_admission(store, runners[record.service], pool.offerings if pool else (), record, now)
     try:
         state = runners[record.service].state(record.run_id)
     except ServiceJobNotFound:

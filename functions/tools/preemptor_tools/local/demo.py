@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, TextIO
 
+from preemptor.core.explain import STOPPED_RUN_KINDS
 from preemptor.core.model import JobState
 from .alarms import WaitAlarm
 from .clock import SimClock
@@ -339,7 +340,7 @@ def build_report(store, scenario: Scenario) -> dict:
     """
     records = {r.name: r for r in store.all_jobs()}
     history = store.all_history()
-    requeues = [e for e in history if e["kind"] == "requeued"]
+    requeues = [e for e in history if e["kind"] in STOPPED_RUN_KINDS]
     jobs = []
     for spec in scenario.jobs:
         r = records.get(spec.name)
@@ -427,7 +428,7 @@ def build_report(store, scenario: Scenario) -> dict:
 
 
 _RUN_STARTS = ("launched", "relaunched")
-_RUN_ENDS = ("requeued", "capacity-wait", "completed", "failed", "cancelled")
+_RUN_ENDS = (*STOPPED_RUN_KINDS, "capacity-wait", "completed", "failed", "cancelled")
 
 
 def _runtime_s(own: list[dict], record) -> float:
