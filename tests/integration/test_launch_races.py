@@ -204,3 +204,23 @@ def test_the_controllers_batch_submits_are_sent_once():
         # (botocore's `max_attempts` counts retries; `total_max_attempts`, every attempt)
         assert runner.submit_client.meta.config.retries["total_max_attempts"] == 1
         assert runner.client.meta.config.retries["total_max_attempts"] > 1
+
+
+def test_a_run_name_someone_else_took_is_skipped_by_the_next_attempt(world):
+    store, sagemaker = world
+    # Given a training job named train-c created outside the controller (not this job's)
+    sagemaker.create_training_job(TrainingJobName="train-c", **REQUEST)
+    runners = {"sagemaker": SageMakerRunner(sagemaker)}
+    # When train-c's launch meets the name in use (SageMaker refuses a second create of a
+    # name; moto would overwrite the first)
+    in_use = error_response("ResourceInUse", "Training job names must be unique within an AWS account and region", 400)
+    with aws_says_no(sagemaker, "CreateTrainingJob", lambda params: in_use if params.get("TrainingJobName") == "train-c" else None):
+        refused = actions.launch(store=store, runners=runners, job="train-c", incarnation=1, now=20.0)
+    # Then the attempt is refused and counted, and the next one is under the next name
+    assert refused["launched"] is False and refused["attempts"] == 1
+    job = store.require("train-c")
+    assert (job.status, job.incarnation, job.next_run_name) == (JobState.PENDING, 2, "train-c-r2")
+    # And once admitted again it launches as train-c-r2, never on the other run
+    store.transition(job, job.with_changes(status=JobState.ADMITTED, admitted_at=200.0), [JobState.PENDING], usage_delta=8, pool_limit=64)
+    launched = actions.launch(store=store, runners=runners, job="train-c", incarnation=2, now=201.0)
+    assert launched["launched"] is True and launched["run_id"] == "train-c-r2"

@@ -771,6 +771,7 @@ def test_an_unknown_detail_type_under_a_team_source_is_rejected():
         pytest.param(SUBMITTED_SAGEMAKER, {"labels": {f"k{i}": "v" for i in range(51)}}, "labels", id="too-many-labels"),
         pytest.param(SUBMITTED_SAGEMAKER, {"name": "-leading-hyphen"}, "name must be", id="name-leading-hyphen"),
         pytest.param(SUBMITTED_SAGEMAKER, {"name": "under_score"}, "name must be", id="name-underscore"),
+        pytest.param(SUBMITTED_SAGEMAKER, {"name": "train-r2"}, "must not end in -r<digits>", id="name-of-another-jobs-relaunch"),
         pytest.param(SUBMITTED_SAGEMAKER, {"service": "ecs"}, "service", id="unknown-service"),
         pytest.param(SUBMITTED_SAGEMAKER, {"priorty": 5}, "priorty", id="typo-field"),
         pytest.param(SUBMITTED_SAGEMAKER, {"sla_s": 0}, "sla_s", id="sla-zero"),

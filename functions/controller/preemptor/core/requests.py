@@ -51,6 +51,7 @@ MIN_PRIORITY = 0
 # "<name>-r<N>", so 56 characters leave room for "-r" plus five digits of incarnation.
 MAX_JOB_NAME_LENGTH = 56
 _JOB_NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9])*")
+_RELAUNCH_SUFFIX = re.compile(r"-r\d+$")  # the suffix of a relaunch's run name (`JobRecord.next_run_name`)
 
 # Keys the controller cannot run a job without. The services validate the rest when the
 # job is launched; checking these at intake turns a launch failure hours later (when
@@ -200,7 +201,13 @@ class JobRequest(BaseModel):
     @field_validator("name", mode="before")
     @classmethod
     def _check_name(cls, value: object) -> str:
-        return validate_job_name(value)
+        name = validate_job_name(value)
+        if _RELAUNCH_SUFFIX.search(name):
+            # "train-r2" is the name of job "train"'s second run: two jobs would fight over it.
+            raise ValueError(
+                f"name must not end in -r<digits>, got {_shown(name)}: the controller names a job's relaunches <name>-r2, <name>-r3, ..."
+            )
+        return name
 
     @field_validator("team", mode="before")
     @classmethod

@@ -17,7 +17,7 @@ from ..adapters.alerts import Alerts
 from ..adapters.checkpoints import CheckpointStore
 from ..adapters.runners import Runner
 from ..adapters.store import JobsStore
-from ..core.errors import AccessDenied, CheckpointLocationUnavailable, ConflictError, ServiceJobNotFound, ServiceRejected
+from ..core.errors import AccessDenied, CheckpointLocationUnavailable, ConflictError, RunNameTaken, ServiceJobNotFound, ServiceRejected
 from ..core.jobs import JobRecord
 from ..core.model import JobState
 from ..core.pools import describe_offering
@@ -614,12 +614,16 @@ def _launch_refused(
             )
         return {"launched": False, "reason": "launch-rejected", "failed": True, "attempts": attempts, "error": str(error)}
     wait = launch_backoff_s(record.name, attempts)
+    # A run name someone else took (SageMaker's names are the account's, for good) is never
+    # given back: the next attempt is the next incarnation, under the next name.
+    taken = isinstance(error, RunNameTaken)
     new = record.with_changes(
         status=JobState.PENDING,
         admitted_at=None,
         launch_attempts=attempts,
         not_before=now + wait,
         last_launch_error=str(error),
+        incarnation=record.incarnation + (1 if taken else 0),
     )
     store.transition(record, new, [JobState.ADMITTED], usage_delta=-record.gpus)
     store.log(
@@ -627,7 +631,8 @@ def _launch_refused(
         now,
         "launch-failed",
         "service-rejected",
-        f"attempt {attempts} of {MAX_LAUNCH_ATTEMPTS} refused: {error}; retried after {wait:.0f} s",
+        f"attempt {attempts} of {MAX_LAUNCH_ATTEMPTS} refused: {error}; retried after {wait:.0f} s"
+        + (f" as {new.next_run_name}" if taken else ""),
         attempts=attempts,
         not_before=now + wait,
     )
