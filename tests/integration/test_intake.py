@@ -5,6 +5,7 @@ from __future__ import annotations
 import calendar
 import copy
 import json
+import time
 
 from emulation import emulation
 from eventfiles import all_event_files, load_raw
@@ -223,6 +224,19 @@ def test_a_failed_submission_whose_claim_could_not_be_given_back_is_handled_by_l
         env.clock.advance_to(env.clock.now() + 120)
         assert env.put(event).results[0]["outcome"] == "accepted"
         assert env.job("llm-pretrain-7b").status is JobState.RUNNING
+
+
+def test_a_submission_backdated_by_its_event_time_is_submitted_when_received():
+    with emulation() as env:
+        # Given a submission whose `time` (the submitter sets it in PutEvents) is 50 minutes old
+        event = _sample("preemptor/job-submitted-sagemaker.json")
+        event["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(env.clock.now() - 3000))
+        received = env.clock.now()
+        assert env.put(event).results[0]["outcome"] == "accepted"
+        # Then it was submitted when the controller received it: no place in the queue, no
+        # aging and no wait (for the alarm's escalation) bought with a date
+        job = env.job("llm-pretrain-7b")
+        assert job.submitted_at == received and job.waiting_since() == received
 
 
 def test_the_training_job_runs_with_what_the_pool_and_the_team_set():

@@ -62,17 +62,6 @@ class IntakeResult:
         return self.reason.split(":", 1)[0]
 
 
-MAX_EVENT_AGE_S = 3600  # the rules' MaximumEventAgeInSeconds
-
-
-def _submission_time(event_time: float | None, now: float) -> float:
-    """When the job was submitted: the event's time, unless it is missing, in the future, or
-    older than EventBridge would still deliver (a replayed sample), then the time of receipt."""
-    if event_time is None or not now - MAX_EVENT_AGE_S <= event_time <= now:
-        return now
-    return event_time
-
-
 class Intake:
     def __init__(
         self,
@@ -197,7 +186,10 @@ class Intake:
             gpus=admitted.gpus,
             request=admitted.request,
             checkpoint_s3_uri=admitted.checkpoint_s3_uri,
-            submitted_at=_submission_time(event.time, now),
+            # The time of receipt, never the event's `time`: PutEvents lets the submitter set
+            # it, and an older one would buy a place in the queue, aging, and the wait alarm's
+            # escalation (which lifts its victims' protections).
+            submitted_at=now,
             sla_s=req.sla_s,
             labels=dict(req.labels),
             expected_duration_s=req.expected_duration_s,
