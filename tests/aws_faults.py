@@ -92,17 +92,22 @@ def aws_says_no(
 
 
 @contextmanager
-def answer_lost(client: Any, operation: str, times: int = 1) -> Iterator[list[int]]:
+def answer_lost(
+    client: Any, operation: str, times: int = 1, when: Callable[[dict], bool] | None = None
+) -> Iterator[list[int]]:
     """The call of `operation` reaches AWS and is applied, but its answer is lost on the way
     back (a connection reset): botocore sends the same request again, and the second answer
-    is the one the caller sees. Yields the attempt numbers that were resent."""
+    is the one the caller sees. `when`: only calls whose parameters it accepts. Yields the
+    attempt numbers that were resent."""
     resent: list[int] = []
     service = client.meta.service_model.service_id.hyphenize()
     event = f"needs-retry.{service}.{operation}"
     unique = f"answer-lost-{id(resent)}"
 
-    def handler(attempts: int, **_: Any) -> float | None:
-        if len(resent) >= times:
+    def handler(attempts: int, request_dict: dict | None = None, **_: Any) -> float | None:
+        if len(resent) >= times or attempts > 1:
+            return None
+        if when is not None and not when(_call_params(request_dict or {})):
             return None
         resent.append(attempts)
         return 0.0  # retry at once: the applied call is sent again

@@ -12,7 +12,7 @@ from eventfiles import all_event_files, load_raw
 
 import pytest
 
-from aws_faults import aws_says_no, error_response
+from aws_faults import answer_lost, aws_says_no, error_response
 from preemptor.config import JobDefinition, PoolConfig
 from preemptor.core.errors import EventInProgress, Throttled
 from preemptor.core.model import JobState
@@ -237,6 +237,45 @@ def test_a_submission_backdated_by_its_event_time_is_submitted_when_received():
         # aging and no wait (for the alarm's escalation) bought with a date
         job = env.job("llm-pretrain-7b")
         assert job.submitted_at == received and job.waiting_since() == received
+
+
+def _is_job_item(params: dict) -> bool:
+    return params.get("Item", {}).get("sk", {}).get("S") == "JOB"
+
+
+def test_a_submission_whose_insert_lost_its_answer_is_accepted_once():
+    with emulation() as env:
+        # Given the job's insert reaches DynamoDB and its answer is lost, so botocore resends
+        # it and the resend finds the item it wrote itself
+        with answer_lost(env.store.client, "PutItem", when=_is_job_item) as resent:
+            result = env.put(_sample("preemptor/job-submitted-sagemaker.json")).results[0]
+        assert resent == [1]
+        # Then the submission is accepted, logged once and launched: not called a duplicate
+        assert result["outcome"] == "accepted"
+        assert env.kinds("llm-pretrain-7b").count("submitted") == 1
+        assert env.job("llm-pretrain-7b").status is JobState.RUNNING
+
+
+def test_the_redelivery_of_a_submission_whose_handling_died_after_the_insert_completes_it():
+    throttled = error_response("ThrottlingException", "Rate of requests exceeds the allowed throughput.", 400)
+    with emulation() as env:
+        event = _sample("preemptor/job-submitted-sagemaker.json")
+        # Given a handling that inserted the job, then failed on the checkpoint alias
+        alias = lambda params: throttled if params.get("Item", {}).get("pk", {}).get("S", "").startswith("CKPT") else None  # noqa: E731
+        with aws_says_no(env.store.client, "PutItem", alias) as refused:
+            with pytest.raises(Throttled):
+                env.put(event)
+        assert refused and env.job("llm-pretrain-7b").status is JobState.PENDING
+        # When Lambda redelivers the event
+        result = env.put(event).results[0]
+        # Then the submission is completed: accepted, its alias written, logged once, launched
+        assert result["outcome"] == "accepted"
+        assert env.kinds("llm-pretrain-7b").count("submitted") == 1
+        assert env.job("llm-pretrain-7b").status is JobState.RUNNING
+        # And another event submitting the same name is the duplicate
+        again = copy.deepcopy(event)
+        again["id"] = "another-submission-of-the-name"
+        assert env.put(again).results[0]["outcome"] == "duplicate"
 
 
 def test_the_training_job_runs_with_what_the_pool_and_the_team_set():

@@ -125,7 +125,28 @@ def test_spot_warning_checkpoints_stops_and_requeues_the_job():
         env.advance(120)
         job = env.job("spotty")
         assert job.incarnation == 2 and job.status is JobState.RUNNING and job.run_name == "spotty-r2"
-        assert env.store.find_run("instance", instance) == ("spotty", 1)
+        assert env.store.runs_on_instance(instance) == [("spotty", 1)]
+
+
+def test_every_job_on_a_reclaimed_instance_is_warned():
+    with emulation(pools=[G5]) as env:
+        _batch_queue(env)
+        # Given two Batch jobs of 8 GPUs placed on one spot instance (ECS packs containers)
+        env.submit(name="left", team="a", priority=200, pool="g5", gpus=8, duration=7200, checkpoint_every=1800)
+        env.submit(name="right", team="a", priority=200, pool="g5", gpus=8, duration=7200, checkpoint_every=1800)
+        env.advance(600)
+        [shared] = [e["detail"].rsplit(" ", 1)[-1] for e in env.store.history("left") if e["kind"] == "placed"]
+        env.store.put_instance_alias(shared, "right", 1)  # ECS placed "right" there too
+        assert env.store.runs_on_instance(shared) == [("left", 1), ("right", 1)]
+        # When EC2 warns that the instance will be reclaimed
+        assert env.fleet.spot_interrupt("left") == shared
+        env.stack.pump()
+        env.advance(300)
+        # Then both jobs were checkpointed, stopped and requeued, not only the last one placed
+        for name in ("left", "right"):
+            requeued = [e for e in env.store.history(name) if e["kind"] == "requeued"]
+            assert [e["reason"] for e in requeued] == ["interrupted"], name
+            assert env.job(name).incarnation == 2
 
 
 def test_rebalance_recommendation_only_asks_for_a_checkpoint():

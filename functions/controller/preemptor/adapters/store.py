@@ -822,11 +822,25 @@ class JobsStore:
         return _unmarshal(item)["training_job"] if item else None
 
     def put_instance_alias(self, instance_id: str, job: str, incarnation: int) -> None:
+        """Map an EC2 instance to a job's run on it (one item per job: an instance may host
+        several Batch jobs, each warned when it is reclaimed)."""
         self._call(
             "put_item",
             TableName=self.table,
-            Item=_marshal({"pk": f"RUN#instance#{instance_id}", "sk": "RUN", "job": job, "incarnation": incarnation}),
+            Item=_marshal({"pk": f"RUN#instance#{instance_id}", "sk": f"RUN#{job}", "job": job, "incarnation": incarnation}),
         )
+
+    def runs_on_instance(self, instance_id: str) -> list[tuple[str, int]]:
+        """(job name, incarnation) of every run placed on the EC2 instance, by job name."""
+        items = self._pages(
+            "query",
+            TableName=self.table,
+            KeyConditionExpression="pk = :p AND begins_with(sk, :run)",
+            ExpressionAttributeValues={":p": {"S": f"RUN#instance#{instance_id}"}, ":run": {"S": "RUN"}},
+            ConsistentRead=True,
+        )
+        found = {data["job"]: int(data["incarnation"]) for data in map(_unmarshal, items)}
+        return sorted(found.items())
 
     # -- decision log ---------------------------------------------------------------------
     def log(self, job: str, at: float, kind: str, reason: str, detail: str = "", *, once: str | None = None, **extra: Any) -> None:

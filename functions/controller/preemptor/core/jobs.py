@@ -101,6 +101,10 @@ class JobRecord:
     # When the wait alarm escalated it (service.escalation): its preemptions ignore the soft
     # protections of their victims until it is admitted.
     escalated_at: float | None = None
+    # The id of the event that submitted it: a redelivery of that event (its first handling
+    # died after the insert, or the insert's answer was lost) completes the submission
+    # instead of calling it a duplicate.
+    submitted_by: str | None = None
 
     def backing_off(self, now: float) -> bool:
         """A pending job whose last launch was refused waits until `not_before`."""

@@ -190,6 +190,7 @@ class Intake:
             # it, and an older one would buy a place in the queue, aging, and the wait alarm's
             # escalation (which lifts its victims' protections).
             submitted_at=now,
+            submitted_by=event.event_id,
             sla_s=req.sla_s,
             labels=dict(req.labels),
             expected_duration_s=req.expected_duration_s,
@@ -198,16 +199,20 @@ class Intake:
         )
         if not self.store.put_new(record):
             existing = self.store.get(req.name)
-            if existing is not None and existing.status is JobState.PENDING:
-                # A redelivery after a failure between the insert and the workflow start:
-                # start it now (the execution name makes a second start a no-op).
-                self._settled(req.pool, event.event_id, "duplicate", "job-already-submitted", req.name, now)
-            return IntakeResult("duplicate", f"job {req.name} was already submitted", req.name)
+            if existing is None or existing.submitted_by != event.event_id:
+                return IntakeResult("duplicate", f"job {req.name} was already submitted", req.name)
+            # This very submission, inserted by an earlier handling of the event that died
+            # after the insert (or by this one, whose answer was lost and resent): its alias,
+            # its log line and its plan are done now (each a no-op if done already).
+            record = existing
         self.store.put_checkpoint_alias(record.checkpoint_s3_uri, record.name)
         tier = self.settings.policy.tier_of(priority)
         self.store.log(
-            req.name, now, "submitted", "job-submitted", f"team {req.team}, priority {priority} ({tier}), {record.gpus} GPUs in {req.pool}"
+            req.name, record.submitted_at, "submitted", "job-submitted",
+            f"team {req.team}, priority {priority} ({tier}), {record.gpus} GPUs in {req.pool}", once=f"submitted#{event.event_id}",
         )
+        if record.status is not JobState.PENDING:
+            return IntakeResult("accepted", "job-submitted", req.name)  # planned and moved on already
         return self._settled(req.pool, event.event_id, "accepted", "job-submitted", req.name, now)
 
     def _cancelled(self, event: "ev.JobCancelled", now: float) -> IntakeResult:
@@ -340,6 +345,7 @@ class Intake:
             request={},
             checkpoint_s3_uri=checkpoint,
             submitted_at=now,
+            submitted_by=event.event_id,
             status=JobState.RUNNING,
             run_id=run_id,
             run_name=name,
@@ -377,20 +383,19 @@ class Intake:
 
     # -- EC2 warnings ---------------------------------------------------------------------
     def _instance_warning(self, event, now: float) -> IntakeResult:
-        found = self.store.find_run("instance", event.instance_id) if event.instance_id else None
-        if found is None:
+        """Every run on the instance is warned (several Batch jobs may share one); a run
+        that has moved on since (an older incarnation) is left alone by its workflow."""
+        runs = self.store.runs_on_instance(event.instance_id) if event.instance_id else []
+        if not runs:
             return IntakeResult("ignored", f"no managed run on instance {event.instance_id}")
-        name, incarnation = found
         stop = isinstance(event, ev.SpotInterruptionWarning)
-        payload = {
-            "job": name,
-            "incarnation": incarnation,
-            "instance_id": event.instance_id,
-            "stop": stop,
-            "reason": "spot-interruption" if stop else "rebalance-recommendation",
-        }
-        arn = self.workflows.start("spot", execution_name(name, str(incarnation), event.event_id), payload)
-        return IntakeResult("accepted", "spot-interruption" if stop else "rebalance-recommendation", name, arn)
+        reason = "spot-interruption" if stop else "rebalance-recommendation"
+        arns = []
+        for name, incarnation in runs:
+            payload = {"job": name, "incarnation": incarnation, "instance_id": event.instance_id, "stop": stop, "reason": reason}
+            arns.append(self.workflows.start("spot", execution_name(name, str(incarnation), event.event_id), payload))
+        more = f": {', '.join(n for n, _ in runs)}" if len(runs) > 1 else ""
+        return IntakeResult("accepted", f"{reason}{more}", runs[0][0], arns[0])
 
     def _scheduled_change(self, event: "ev.InstanceScheduledChange", now: float) -> IntakeResult:
         """AWS Health will retire, reboot or maintain instances: each job running on one is
@@ -398,19 +403,16 @@ class Intake:
         days or hours ahead; the job keeps running, and a stop when it comes loses little)."""
         started = []
         for instance_id in event.instance_ids:
-            found = self.store.find_run("instance", instance_id)
-            if found is None:
-                continue
-            name, incarnation = found
-            payload = {
-                "job": name,
-                "incarnation": incarnation,
-                "instance_id": instance_id,
-                "stop": False,
-                "reason": f"scheduled-change: {event.event_type_code}"[:200],
-            }
-            self.workflows.start("spot", execution_name(name, str(incarnation), event.event_id), payload)
-            started.append(name)
+            for name, incarnation in self.store.runs_on_instance(instance_id):
+                payload = {
+                    "job": name,
+                    "incarnation": incarnation,
+                    "instance_id": instance_id,
+                    "stop": False,
+                    "reason": f"scheduled-change: {event.event_type_code}"[:200],
+                }
+                self.workflows.start("spot", execution_name(name, str(incarnation), event.event_id), payload)
+                started.append(name)
         if not started:
             return IntakeResult("ignored", f"{event.event_type_code}: no managed run on {', '.join(event.instance_ids)}")
         return IntakeResult("accepted", f"scheduled-change: checkpoint asked of {', '.join(started)}", started[0])
