@@ -121,6 +121,28 @@ def test_an_adopted_batch_job_counts_the_gpus_its_tag_states():
 
 
 @pytest.mark.parametrize(
+    "tag, required, counted",
+    [
+        pytest.param("1", "8", 8, id="a-tag-understating-the-requirement-is-not-believed"),
+        pytest.param(None, "4", 4, id="no-tag-the-requirement-counts"),
+        pytest.param("6", None, 6, id="no-requirement-the-tag-counts"),
+        pytest.param("2", "eight", 2, id="a-malformed-requirement-is-not-counted"),
+    ],
+)
+def test_an_adopted_batch_job_counts_the_gpus_batch_says_it_requires(tag, required, counted):
+    event = _sample(ADOPTABLE_BATCH)
+    event["detail"]["tags"].pop("preemptor:gpus", None)
+    if tag is not None:
+        event["detail"]["tags"]["preemptor:gpus"] = tag
+    if required is not None:
+        event["detail"]["container"]["resourceRequirements"].append({"type": "GPU", "value": required})
+    with emulation(pools=[G5]) as env:
+        assert env.put(event).results[0]["reason"] == "adopted"
+        # Then the pool counts what the container holds, whatever the tag says
+        assert env.job("event-test").gpus == counted and env.store.pool("g5")["used_gpus"] == counted
+
+
+@pytest.mark.parametrize(
     "tags, policy, reason",
     [
         pytest.param({"preemptor:priority": "critical"}, {"teams": {"research": {"max_priority": "low"}}},

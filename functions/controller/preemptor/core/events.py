@@ -163,6 +163,9 @@ class BatchJobStateChanged(_Event):
     stopped_at: float | None
     container_instance_arn: str | None
     attempts: int
+    # The GPUs its container requires (`container.resourceRequirements`, type GPU), as
+    # Batch reports them: None when the event states none, or states them malformed.
+    gpus: int | None = None
 
 
 class SpotInterruptionWarning(_Event):
@@ -694,7 +697,20 @@ def _batch_job(
             "containerInstanceArn"
         ),
         attempts=len(detail.optional_list("attempts")),
+        gpus=_required_gpus(detail.optional_object("container").optional_list("resourceRequirements")),
     )
+
+
+def _required_gpus(requirements: list[Any]) -> int | None:
+    """The GPU count of a Batch container's resource requirements (a string, as Batch sends
+    it); None if there is none or it is not a positive whole number."""
+    for item in requirements:
+        if isinstance(item, dict) and item.get("type") == "GPU":
+            value = item.get("value")
+            if isinstance(value, str) and value.isascii() and value.isdigit() and 0 < int(value) <= 100_000:
+                return int(value)
+            return None
+    return None
 
 
 def _spot_interruption(

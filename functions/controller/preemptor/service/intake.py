@@ -325,7 +325,12 @@ class Intake:
                 return demand
             gpus, name, checkpoint = demand, event.training_job_name, event.checkpoint_s3_uri or ""
         else:
-            gpus = claims.gpus if claims.gpus is not None else pool.gpus_per_instance
+            # What Batch says the container requires is counted, never less: a tag is the
+            # submitter's word, and an understated one would oversubscribe the pool.
+            if event.gpus is not None:
+                gpus = event.gpus
+            else:
+                gpus = claims.gpus if claims.gpus is not None else pool.gpus_per_instance
             name, checkpoint = event.job_name, claims.checkpoint_s3_uri or ""
         if gpus > pool.capacity_gpus:
             return self._refuse(
