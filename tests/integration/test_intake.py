@@ -7,7 +7,7 @@ import copy
 import json
 import time
 
-from emulation import emulation
+from emulation import P5, emulation
 from eventfiles import all_event_files, load_raw
 
 import pytest
@@ -118,6 +118,24 @@ def test_an_adopted_batch_job_counts_the_gpus_its_tag_states():
         result = env.put(_sample(ADOPTABLE_BATCH)).results[0]
         assert result["reason"] == "adopted"
         assert env.job("event-test").gpus == 8 and env.store.pool("g5")["used_gpus"] == 8
+
+
+def test_an_adopted_run_claiming_another_jobs_checkpoint_location_is_counted_but_not_credited_with_it():
+    with emulation(pools=[P5, G5]) as env:
+        # Given the research team's submitted job, checkpointing to its own location
+        env.put(_sample("preemptor/job-submitted-sagemaker.json"))
+        owned = env.job("llm-pretrain-7b").checkpoint_s3_uri
+        # When a Batch run tagged for adoption claims that same location as its own
+        event = _sample(ADOPTABLE_BATCH)
+        event["detail"]["tags"]["preemptor:checkpoint"] = owned
+        assert env.put(event).results[0]["reason"] == "adopted"
+        # Then its GPUs count, but the location stays the job's: its checkpoint writes are
+        # credited to the job, and the adopted run has no checkpoint of its own to be trusted
+        adopted = env.job("event-test")
+        assert adopted.checkpoint_s3_uri == "" and env.store.pool("g5")["used_gpus"] == 8
+        assert "not trusted as its own" in [e for e in env.store.history("event-test") if e["kind"] == "adopted"][0]["detail"]
+        bucket, key = owned.removeprefix("s3://").split("/", 1)
+        assert env.store.find_checkpoint_owner(bucket, f"{key.rstrip('/')}/step-000000000001/manifest.json") == "llm-pretrain-7b"
 
 
 @pytest.mark.parametrize(

@@ -788,12 +788,29 @@ class JobsStore:
         return data["job"], int(data["incarnation"])
 
     def put_checkpoint_alias(self, checkpoint_s3_uri: str, job: str) -> None:
-        """Map a checkpoint prefix to its job, so S3 "Object Created" events find the job."""
+        """Map a checkpoint prefix to its job, so S3 "Object Created" events find the job.
+        A submission's location is the controller's own choice and always taken; an adopted
+        run's is its own word, taken only if no other job holds it (`checkpoint_location_user`)."""
         self._call(
             "put_item",
             TableName=self.table,
             Item=_marshal({"pk": f"CKPT#{S3Uri.parse(checkpoint_s3_uri).location}", "sk": "CKPT", "job": job}),
         )
+
+    def checkpoint_location_user(self, checkpoint_s3_uri: str, job: str) -> str | None:
+        """Another job, not ended, whose checkpoint location is exactly this one (its
+        checkpoints would answer for both jobs: a stop confirmed by the other's), or None."""
+        item = self._call(
+            "get_item",
+            TableName=self.table,
+            Key={"pk": {"S": f"CKPT#{S3Uri.parse(checkpoint_s3_uri).location}"}, "sk": {"S": "CKPT"}},
+            ConsistentRead=True,
+        ).get("Item")
+        owner = _unmarshal(item)["job"] if item else None
+        if owner is None or owner == job:
+            return None
+        record = self.get(owner)
+        return owner if record is not None and not record.status.is_terminal and record.checkpoint_s3_uri else None
 
     def find_checkpoint_owner(self, bucket: str, key: str) -> str | None:
         """The job whose checkpoint prefix contains `key` (the deepest one), or None."""

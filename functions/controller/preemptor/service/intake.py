@@ -340,6 +340,13 @@ class Intake:
             ev.validate_job_name(name)
         except ValueError as e:
             return self._refuse(Refusal.BAD_TAG, f"run name: {e}")
+        shared = ""
+        user = self.store.checkpoint_location_user(checkpoint, name) if checkpoint else None
+        if user is not None:
+            # Counted all the same (refused, its GPUs would not be), but never credited with
+            # another job's checkpoints, nor sending that job's helper its requests.
+            shared = f"; its checkpoint location {checkpoint} is job {user}'s: not trusted as its own"
+            checkpoint = ""
         record = JobRecord(
             name=name,
             team=claims.team,
@@ -365,7 +372,7 @@ class Intake:
         if checkpoint:
             self.store.put_checkpoint_alias(checkpoint, name)
         stop = "stoppable" if claims.managed else "not stoppable (no preemptor:managed=true tag)"
-        self.store.log(name, now, "adopted", "tagged-outside-controller", f"{gpus} GPUs counted in {pool.name}, {stop}")
+        self.store.log(name, now, "adopted", "tagged-outside-controller", f"{gpus} GPUs counted in {pool.name}, {stop}{shared}")
         return IntakeResult("accepted", "adopted", name)
 
     def _sagemaker_demand(self, event: "ev.TrainingJobStateChanged", pool) -> "int | IntakeResult":
