@@ -120,6 +120,21 @@ def test_an_adopted_batch_job_counts_the_gpus_its_tag_states():
         assert env.job("event-test").gpus == 8 and env.store.pool("g5")["used_gpus"] == 8
 
 
+def test_an_adopted_training_job_checkpointing_to_a_bucket_root_is_counted_without_a_checkpoint():
+    with emulation() as env:
+        # Given a training job tagged for adoption whose CheckpointConfig is a bucket's root
+        event = _sample(ADOPTABLE_SAGEMAKER)
+        event["detail"]["CheckpointConfig"] = {"S3Uri": "s3://team-bucket"}
+        # When its event arrives, Then it is adopted and counted, with no checkpoint the
+        # controller would have to confirm under a whole bucket (and no crash after the write)
+        result = env.put(event).results[0]
+        assert result["reason"] == "adopted"
+        job = env.job(result["job"])
+        assert job.checkpoint_s3_uri == "" and env.store.pool("p5")["used_gpus"] == job.gpus
+        [adopted] = [e for e in env.store.history(job.name) if e["kind"] == "adopted"]
+        assert "no usable checkpoint location" in adopted["detail"]
+
+
 def test_an_adopted_run_claiming_another_jobs_checkpoint_location_is_counted_but_not_credited_with_it():
     with emulation(pools=[P5, G5]) as env:
         # Given the research team's submitted job, checkpointing to its own location

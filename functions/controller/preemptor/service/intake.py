@@ -341,6 +341,13 @@ class Intake:
         except ValueError as e:
             return self._refuse(Refusal.BAD_TAG, f"run name: {e}")
         shared = ""
+        if checkpoint:
+            try:
+                checkpoint = ev.normalize_s3_prefix(checkpoint)
+            except ValueError as e:
+                # A training job's own CheckpointConfig (SageMaker takes a bucket's root):
+                # counted all the same, with no checkpoint the controller can confirm.
+                shared, checkpoint = f"; no usable checkpoint location ({e})", ""
         user = self.store.checkpoint_location_user(checkpoint, name) if checkpoint else None
         if user is not None:
             # Counted all the same (refused, its GPUs would not be), but never credited with
