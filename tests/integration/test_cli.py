@@ -79,6 +79,15 @@ BAD_FILES = {
     ),
     "scenario-not-yaml": ("scenario.yaml", "pools: [\n", ["demo", "--scenario", "{f}"], "not valid YAML at line 2"),
     "scenario-absent": (None, None, ["demo", "--scenario", "{f}"], "cannot read the scenario: No such file"),
+    # A key given twice: YAML and JSON readers keep the last, silently dropping the first
+    "scenario-key-twice": (
+        "scenario.yaml", "pools: [{name: p5, service: batch, gpus: 8}]\njobs: []\nhorizon: 60\nhorizon: 600\n",
+        ["demo", "--scenario", "{f}"], "not valid YAML at line 4, column 1: the key 'horizon' is given twice",
+    ),
+    "policy-key-twice": (
+        "policy.json", '{"aging": {"rate_per_hour": 1}, "aging": {"rate_per_hour": 50}}',
+        ["plan", "--snapshot", "{snapshot}", "--policy", "{f}"], "the policy gives the key 'aging' twice in one object",
+    ),
     "snapshot-wrong-type": ("snap.json", '{"now": "soon", "pools": [], "running": [], "pending": []}', ["plan", "--snapshot", "{f}"], "snapshot: field now:"),
     "snapshot-not-json": ("snap.json", '{"now": 1,', ["plan", "--snapshot", "{f}"], "not valid JSON at line 1"),
     "snapshot-not-an-object": ("snap.json", "[1, 2]", ["plan", "--snapshot", "{f}"], "snapshot: the document must be an object"),
@@ -118,13 +127,35 @@ BAD_FILES = {
     ),
     "trace-nan-time": (
         "trace.csv", "job_id,submit_s,duration_s,gpus,team,priority\na,0,60,1,t,50\nb,nan,60,1,t,50\n",
-        ["sim", "--trace", "{f}", "--gpus", "8", "--policy", "fifo"], "trace: 3: submit_s must be finite seconds >= 0, got 'nan'",
+        ["sim", "--trace", "{f}", "--gpus", "8", "--policy", "fifo"], "trace: 3: submit_s must be finite seconds in 0..3153600000, got 'nan'",
+    ),
+    "trace-submitted-in-1e19-s": (
+        "trace.csv", "job_id,submit_s,duration_s,gpus,team,priority\na,1e19,60,1,t,50\n",
+        ["sim", "--trace", "{f}", "--gpus", "8", "--policy", "fifo"], "trace: 2: submit_s must be finite seconds in 0..3153600000, got '1e19'",
     ),
     "trace-endless-job": (
         "trace.csv", "job_id,submit_s,duration_s,gpus,team,priority\na,0,inf,1,t,50\n",
-        ["sim", "--trace", "{f}", "--gpus", "8", "--policy", "fifo"], "trace: 2: duration_s must be finite seconds >= 0, got 'inf'",
+        ["sim", "--trace", "{f}", "--gpus", "8", "--policy", "fifo"], "trace: 2: duration_s must be finite seconds in 0..3153600000, got 'inf'",
     ),
 }
+
+
+def test_a_trace_and_a_policy_written_with_a_byte_order_mark_are_read(tmp_path, capsys):
+    trace = tmp_path / "trace.csv"
+    trace.write_bytes(b"\xef\xbb\xbfjob_id,submit_s,duration_s,gpus,team,priority\na,0,60,1,t,50\n")
+    assert main(["sim", "--trace", str(trace), "--gpus", "8", "--policy", "fifo"]) == 0
+    snapshot, policy = tmp_path / "snap.json", tmp_path / "policy.json"
+    snapshot.write_text(json.dumps({"now": 1, "pools": [{"name": "p5", "gpus": 8}], "running": [], "pending": []}))
+    policy.write_bytes(b"\xef\xbb\xbf" + json.dumps({"aging": {"rate_per_hour": 1}}).encode())
+    assert main(["plan", "--snapshot", str(snapshot), "--policy", str(policy)]) == 0
+
+
+def test_a_trace_that_is_not_utf8_is_refused_in_one_line(tmp_path, capsys):
+    trace = tmp_path / "trace.csv"
+    trace.write_bytes(b"job_id,submit_s,duration_s,gpus,team,priority\na,0,60,1,\xe9quipe,50\n")
+    assert main(["sim", "--trace", str(trace), "--gpus", "8", "--policy", "fifo"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(trace) in err[0] and "not UTF-8" in err[0], err
 
 
 @pytest.mark.parametrize("case", list(BAD_FILES))

@@ -27,24 +27,55 @@ class InputFileError(Exception):
         self.problem = problem
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (YAML itself says keys
+    are unique; PyYAML keeps the last and says nothing, so a typo'd override is lost)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    document: dict = {}
+    for key, value in pairs:
+        if key in document:
+            raise _DuplicateKey(key)
+        document[key] = value
+    return document
+
+
 def read_document(path: Path, what: str) -> Any:
-    """The file's JSON document (YAML too for `.yaml` / `.yml`), or InputFileError."""
+    """The file's JSON document (YAML too for `.yaml` / `.yml`), or InputFileError. A key
+    given twice in one object is refused (the last would silently win). A byte-order mark,
+    as some editors write, is allowed."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
         raise InputFileError(path, f"the {what} is not UTF-8 text") from None
     except OSError as e:
         raise InputFileError(path, f"cannot read the {what}: {e.strerror or e}") from None
     if Path(path).suffix.lower() in (".yaml", ".yml"):
         try:
-            return yaml.safe_load(text)
+            return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
             raise InputFileError(path, f"the {what} is not valid YAML{where}: {problem}") from None
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as e:
+        raise InputFileError(path, f"the {what} gives the key {e.args[0]!r} twice in one object") from None
     except json.JSONDecodeError as e:
         raise InputFileError(path, f"the {what} is not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
 

@@ -32,6 +32,9 @@ class TraceJob:
     priority: int
 
 
+MAX_TRACE_S = 100 * 365 * 86400.0  # a century: beyond any cluster's trace
+
+
 def load_trace(path: Path | str, *, start_s: float | None = None, end_s: float | None = None) -> list[TraceJob]:
     """Read a trace, keeping the jobs submitted in [start_s, end_s), sorted by (submit_s, job_id).
 
@@ -41,21 +44,26 @@ def load_trace(path: Path | str, *, start_s: float | None = None, end_s: float |
     path = Path(path)
     jobs: list[TraceJob] = []
     seen: set[str] = set()
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
-        if missing:
-            raise TraceError(f"{path}: missing column(s) {', '.join(missing)}; expected {','.join(COLUMNS)}")
-        for line, row in enumerate(reader, start=2):
-            job = _parse_row(row, path, line)
-            if job.job_id in seen:
-                raise TraceError(f"{path}:{line}: duplicate job_id {job.job_id!r}")
-            seen.add(job.job_id)
-            if start_s is not None and job.submit_s < start_s:
-                continue
-            if end_s is not None and job.submit_s >= end_s:
-                continue
-            jobs.append(job)
+    # UTF-8, with or without the byte-order mark some spreadsheets write (it would glue
+    # itself to the first column's name).
+    with path.open(newline="", encoding="utf-8-sig") as f:
+        try:
+            reader = csv.DictReader(f)
+            missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+            if missing:
+                raise TraceError(f"{path}: missing column(s) {', '.join(missing)}; expected {','.join(COLUMNS)}")
+            for line, row in enumerate(reader, start=2):
+                job = _parse_row(row, path, line)
+                if job.job_id in seen:
+                    raise TraceError(f"{path}:{line}: duplicate job_id {job.job_id!r}")
+                seen.add(job.job_id)
+                if start_s is not None and job.submit_s < start_s:
+                    continue
+                if end_s is not None and job.submit_s >= end_s:
+                    continue
+                jobs.append(job)
+        except UnicodeDecodeError as e:
+            raise TraceError(f"{path}: not UTF-8 text (byte {e.start} of a read: {e.reason})") from None
     jobs.sort(key=lambda j: (j.submit_s, j.job_id))
     return jobs
 
@@ -76,8 +84,10 @@ def _parse_row(row: dict, path: Path, line: int) -> TraceJob:
         raise TraceError(f"{path}:{line}: empty job_id")
     for column in ("submit_s", "duration_s"):
         value = getattr(job, column)
-        if not math.isfinite(value) or value < 0:  # a NaN or infinite time would never let the replay end
-            raise TraceError(f"{path}:{line}: {column} must be finite seconds >= 0, got {row[column].strip()!r}")
+        # A NaN or infinite time would never let the replay end; nor would one of 1e19 s,
+        # whose every step is lost in the float's rounding.
+        if not math.isfinite(value) or not 0 <= value <= MAX_TRACE_S:
+            raise TraceError(f"{path}:{line}: {column} must be finite seconds in 0..{MAX_TRACE_S:.0f}, got {row[column].strip()!r}")
     if job.gpus <= 0:
         raise TraceError(f"{path}:{line}: job {job.job_id} asks for {job.gpus} GPUs")
     return job
