@@ -187,7 +187,10 @@ def _condition_holds(operator: str, block: dict, context: dict) -> bool:
         wanted = [str(v).lower() if isinstance(v, bool) else str(v) for v in _as_list(wanted)]
         present = lowered.get(key.lower())
         if op == "Null":
-            if (present is None) != (wanted[0].lower() == "true"):
+            # A multi-valued key with no values is absent, as IAM sees it (a request with
+            # no instance types fails a `"Null": {"...": "false"}` guard).
+            absent = present is None or (isinstance(present, (tuple, list, set)) and len(present) == 0)
+            if absent != (wanted[0].lower() == "true"):
                 return False
             continue
         negated = "Not" in op

@@ -328,6 +328,11 @@ def test_creating_a_training_job_outside_the_configured_pools_is_denied(stack):
         "too-long": {**_training_job(stack, "too-long", {"preemptor:managed": "true"}), "StoppingCondition": {"MaxRuntimeInSeconds": 2419200}},
         # a run time left to SageMaker's default: the condition's key is missing from the request
         "runtime-unstated": {**_training_job(stack, "runtime-unstated", {"preemptor:managed": "true"}), "StoppingCondition": {}},
+        # no instance type at all: the multi-valued key has no value, which IAM takes as absent
+        "no-instance-type": {
+            **_training_job(stack, "no-instance-type", {"preemptor:managed": "true"}),
+            "ResourceConfig": {"InstanceCount": 1, "VolumeSizeInGB": 50},
+        },
     }
     for name, request in cases.items():
         # When the controller's role creates it

@@ -331,7 +331,8 @@ def _create_training_job(scope: _Scope, op: str, p: dict) -> list[AuthorizationR
     instance_types |= {g["InstanceType"] for g in resources.get("InstanceGroups", [])}
     context: Context = {
         **_request_tags(tags),
-        "sagemaker:InstanceTypes": tuple(sorted(instance_types)),
+        # No instance type in the request: the key is absent, as IAM sees it.
+        **({"sagemaker:InstanceTypes": tuple(sorted(instance_types))} if instance_types else {}),
         "sagemaker:NetworkIsolation": (str(bool(p.get("EnableNetworkIsolation", False))).lower(),),
         "sagemaker:InterContainerTrafficEncryption": (
             str(bool(p.get("EnableInterContainerTrafficEncryption", False))).lower(),
