@@ -296,6 +296,25 @@ def test_a_retried_plan_step_returns_what_its_cycle_reserved_and_reserves_nothin
         assert "lease_owner" not in env.store.pool("p5")
 
 
+def test_a_retried_plan_step_that_reads_a_lagging_index_still_hands_over_its_admission(monkeypatch):
+    with emulation() as env:
+        env.store.put_new(_pending_record("train", gpus=16))
+        step = {"pool": "p5", "owner": "schedule-x", "cycle": 0}
+        store = env.stack.deps().store
+        stale_pending, stale_active = store.pending("p5", 100), store.active("p5")
+        first = env.stack.invoke_lambda(PLAN, step)
+        # Given the retry reads the pool's index before it caught up with the first attempt
+        # (the index is eventually consistent): the admitted job still shows as pending
+        monkeypatch.setattr(store, "pending", lambda pool, window=None: [r for r in stale_pending if r.pool == pool])
+        monkeypatch.setattr(store, "active", lambda pool: [r for r in stale_active if r.pool == pool])
+        again = env.stack.invoke_lambda(PLAN, step)
+        # Then the retry still hands over the admission its cycle made (nothing admitted
+        # twice, and the job is not left admitted with no launch for reconcile to find)
+        assert again["admits"] == first["admits"] == [{"job": "train", "incarnation": 1, "gpus": 16}]
+        assert env.store.pool("p5")["used_gpus"] == 16
+        assert env.kinds("train").count("admitted") == 1
+
+
 def _pending_record(name: str, gpus: int, pool: str = "p5") -> JobRecord:
     return JobRecord(
         name=name,

@@ -195,8 +195,8 @@ def plan_cycle(
     by_name = {r.name: r for r in pending + active}
     _fail_exhausted(store, decision, by_name, now)
     new_admits = _reserve_admissions(store, decision, by_name, pool_cfg.capacity_gpus, now, mark)
-    admits = earlier_admits + new_admits
-    preemptions = earlier_victims + _mark_victims(store, decision, by_name, now, mark)
+    admits = _unique(earlier_admits + new_admits)
+    preemptions = _unique(earlier_victims + _mark_victims(store, decision, by_name, now, mark))
     if checkpoints is not None and decision.checkpoint_requests:
         learning.request_ahead(store, checkpoints, decision, by_name, now)  # issue 10: ahead of preemption
     cut = learning.cut_waits(store, decision, by_name, now) if decision.wait_cuts else []
@@ -269,6 +269,13 @@ def _drained_cycle(
     store.remember_waits(pool_name, waiting, now)
     waits = oldest_wait_by_tier(pending, settings.policy, now)
     return CycleResult(pool_name, owner, True, [], [], waiting, workflow_settings, waits)
+
+
+def _unique(items: list[dict]) -> list[dict]:
+    """Each job once (an earlier attempt's reservation may be found twice: by the index,
+    and again by a conflict this attempt met on a stale copy)."""
+    seen: set[str] = set()
+    return [i for i in items if not (i["job"] in seen or seen.add(i["job"]))]
 
 
 def _reserved_by(active: list[JobRecord], mark: str) -> tuple[list[dict], list[dict]]:
@@ -366,6 +373,12 @@ def _reserve_admissions(
                 pool_limit=capacity,
             )
         except ConflictError as e:
+            current = store.get(record.name)
+            if current is not None and current.decided_by == mark and current.status is JobState.ADMITTED and not current.run_id:
+                # An earlier attempt of this very cycle admitted it; the index this attempt
+                # read had not caught up (it still showed the job pending): hand it over.
+                admitted.append({"job": current.name, "incarnation": current.incarnation, "gpus": current.gpus})
+                continue
             store.log(record.name, now, "admission-deferred", "conflict", str(e))
             continue
         store.log(
@@ -402,6 +415,11 @@ def _mark_victims(
                 expect=[JobState.RUNNING],
             )
         except ConflictError as e:
+            current = store.get(victim.name)
+            if current is not None and current.decided_by == mark and current.status is JobState.PREEMPTING and current.preempted_by:
+                # Marked by an earlier attempt of this cycle, read stale by this one.
+                marked.append(_victim_item(current, current.preempted_by, current.preempting_since, None))
+                continue
             store.log(victim.name, now, "preemption-skipped", "conflict", str(e))
             continue
         age = "no checkpoint yet" if p.checkpoint_age_s is None else f"last checkpoint {p.checkpoint_age_s:.0f} s old"
