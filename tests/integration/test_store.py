@@ -102,7 +102,8 @@ def test_lease_serialises_cycles_and_asks_the_holder_to_run_again(store):
     assert not store.acquire_lease("p5", "cycle-2", now=110, ttl_s=60)
     # Then the holder is told to plan again instead of letting go
     assert store.release_lease("p5", "cycle-1") is True
-    assert store.release_lease("p5", "cycle-1") is False
+    # (a release sent again, its answer lost, repeats that answer: a plan is never dropped)
+    assert store.release_lease("p5", "cycle-1") is True
     # And once free, the lease can be taken again
     assert store.acquire_lease("p5", "cycle-2", now=120, ttl_s=60)
 
@@ -241,6 +242,38 @@ def test_a_claim_of_a_crashed_handler_expires_before_lambdas_retries_end(store):
     # And the claim outlives the 60 s timeout but ends before Lambda's second retry (3 min)
     assert 60 < EVENT_CLAIM_S < 180
     assert store.claim_event("evt-3", now=100.0 + EVENT_CLAIM_S + 1, owner="retry")
+
+
+def test_a_run_is_folded_into_its_teams_usage_once_even_when_the_write_is_resent(store):
+    # Given a run's usage fold whose write is applied and its answer lost (botocore resends
+    # it; the resend fails its condition, since the first one changed the item)
+    with answer_lost(store.client, "UpdateItem") as resent:
+        store.add_usage("p5", "research", 8, 0.0, 3600.0, 1e12, run="train#1")
+    assert resent == [1]
+    # And the step folding it is retried as well
+    store.add_usage("p5", "research", 8, 0.0, 3600.0, 1e12, run="train#1")
+    # Then the run counts once: 8 GPUs x 1 hour
+    [usage] = store.team_usage("p5")
+    assert usage.gpu_seconds == pytest.approx(8 * 3600, rel=1e-6)
+    # And the team's next run counts too
+    store.add_usage("p5", "research", 8, 3600.0, 7200.0, 1e12, run="train#2")
+    assert store.team_usage("p5")[0].gpu_seconds == pytest.approx(2 * 8 * 3600, rel=1e-6)
+
+
+def test_a_release_resent_after_its_answer_was_lost_still_says_to_plan_again(store):
+    store.ensure_pool("p5", 64)
+    # Given a holder of the lease, and a plan asked for while it held it
+    assert store.acquire_lease("p5", "cycle-1", now=100.0, ttl_s=60)
+    assert not store.acquire_lease("p5", "cycle-2", now=101.0, ttl_s=60)
+    # When its release is applied and the answer lost (the resend finds the lease gone)
+    with answer_lost(store.client, "UpdateItem") as resent:
+        rerun = store.release_lease("p5", "cycle-1")
+    assert resent == [1]
+    # Then the holder is still told to plan again: the request is not lost
+    assert rerun is True and "lease_owner" not in store.pool("p5")
+    # And the next holder starts with no request pending
+    assert store.acquire_lease("p5", "cycle-3", now=102.0, ttl_s=60)
+    assert store.release_lease("p5", "cycle-3") is False
 
 
 def _lagging_index(params: dict) -> dict | None:

@@ -407,19 +407,26 @@ class JobsStore:
 
     def release_lease(self, pool: str, owner: str) -> bool:
         """Give the lease back, always (the next cycle takes it again). Returns True if the
-        holder must plan again: someone asked for a plan while it held the lease."""
+        holder must plan again: someone asked for a plan while it held the lease.
+
+        The request to plan again (`rerun`) stays on the item until the next holder takes
+        the lease: a release resent after its answer was lost (its condition fails, the
+        lease being gone) still reads it."""
         try:
             out = self._call(
                 "update_item",
                 TableName=self.table,
                 Key=pool_key(pool),
-                UpdateExpression="REMOVE lease_owner, lease_expires SET rerun = :f",
+                UpdateExpression="REMOVE lease_owner, lease_expires",
                 ConditionExpression="lease_owner = :o",
-                ExpressionAttributeValues={":o": _to_attr(owner), ":f": _to_attr(False)},
-                ReturnValues="UPDATED_OLD",
+                ExpressionAttributeValues={":o": _to_attr(owner)},
+                ReturnValues="ALL_OLD",
             )
         except ConflictError:
-            return False  # the lease expired and someone else holds it: they will plan
+            item = _unmarshal(self._call("get_item", TableName=self.table, Key=pool_key(pool), ConsistentRead=True).get("Item") or {})
+            if "lease_owner" in item:
+                return False  # the lease expired and someone else holds it: they will plan
+            return bool(item.get("rerun", False))  # released already (by this very call)
         return bool(_unmarshal(out.get("Attributes", {})).get("rerun", False))
 
     def clear_expired_lease(self, pool: str, now: float) -> str | None:
@@ -701,16 +708,24 @@ class JobsStore:
         ]
         return [TeamUsage(i["team"], float(i["gpu_seconds"]), float(i["at"])) for i in items]
 
-    def add_usage(self, pool: str, team: str, gpus: int, started_at: float, ended_at: float, half_life_s: float) -> None:
-        """Fold an ended run into its team's decayed usage (optimistic, retried on a race)."""
+    def add_usage(
+        self, pool: str, team: str, gpus: int, started_at: float, ended_at: float, half_life_s: float, run: str | None = None
+    ) -> None:
+        """Fold an ended run into its team's decayed usage (optimistic, retried on a race).
+
+        `run` names the run (job and incarnation): folded once, however often this is
+        called for it in a row (a retried step, a write resent after its answer was lost,
+        which then fails its condition and would fold it again)."""
         key = {"pk": {"S": f"POOL#{pool}"}, "sk": {"S": f"USAGE#{team}"}}
         for _ in range(5):
             item = self._call("get_item", TableName=self.table, Key=key, ConsistentRead=True).get("Item")
             current = _unmarshal(item) if item else None
+            if run is not None and current is not None and current.get("last_run") == run:
+                return
             usage = TeamUsage(team, float(current["gpu_seconds"]), float(current["at"])) if current else TeamUsage(team, 0.0, ended_at)
             new = usage.with_run(gpus, started_at, ended_at, half_life_s)
             condition = "attribute_not_exists(pk)" if current is None else "#at = :old"
-            values = {":g": _to_attr(new.gpu_seconds), ":at": _to_attr(new.at), ":team": _to_attr(team)}
+            values = {":g": _to_attr(new.gpu_seconds), ":at": _to_attr(new.at), ":team": _to_attr(team), ":run": _to_attr(run or "")}
             if current is not None:
                 values[":old"] = _to_attr(current["at"])
             try:
@@ -718,7 +733,7 @@ class JobsStore:
                     "update_item",
                     TableName=self.table,
                     Key=key,
-                    UpdateExpression="SET gpu_seconds = :g, #at = :at, team = :team",
+                    UpdateExpression="SET gpu_seconds = :g, #at = :at, team = :team, last_run = :run",
                     ConditionExpression=condition,
                     ExpressionAttributeNames={"#at": "at"},
                     ExpressionAttributeValues=values,

@@ -757,4 +757,4 @@ def _fold_usage(store: JobsStore, policy: Policy, record: JobRecord, now: float)
     if record.started_at is None:
         return
     half_life = policy.for_pool(record.pool).fair_share.half_life_s
-    store.add_usage(record.pool, record.team, record.gpus, record.started_at, now, half_life)
+    store.add_usage(record.pool, record.team, record.gpus, record.started_at, now, half_life, run=f"{record.name}#{record.incarnation}")
