@@ -89,6 +89,10 @@ BAD_FILES = {
         ["plan", "--snapshot", "{snapshot}", "--policy", "{f}"], "the policy gives the key 'aging' twice in one object",
     ),
     "snapshot-wrong-type": ("snap.json", '{"now": "soon", "pools": [], "running": [], "pending": []}', ["plan", "--snapshot", "{f}"], "snapshot: field now:"),
+    "snapshot-job-in-no-pool": (
+        "snap.json", '{"now": 1, "pools": [{"name": "p5", "gpus": 8}], "pending": [{"name": "j", "priority": 50, "pool": "p4", "gpus": 8, "submitted_at": 0}]}',
+        ["plan", "--snapshot", "{f}"], "snapshot: field pending.0.pool: job 'j' is in pool 'p4', which pools does not list",
+    ),
     "snapshot-not-json": ("snap.json", '{"now": 1,', ["plan", "--snapshot", "{f}"], "not valid JSON at line 1"),
     "snapshot-not-an-object": ("snap.json", "[1, 2]", ["plan", "--snapshot", "{f}"], "snapshot: the document must be an object"),
     "policy-wrong-type": ("policy.json", '{"tiers": "x"}', ["explain", "j", "--snapshot", "{snapshot}", "--policy", "{f}"], "policy: field tiers:"),

@@ -97,6 +97,15 @@ def load_snapshot(data: Mapping, tiers: Mapping[str, int] = DEFAULT_TIERS) -> tu
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ValueError(f"job names must be unique; repeated: {', '.join(duplicates)}")
+    pools = [p.name for p in doc.pools]
+    repeated = sorted({n for n in pools if pools.count(n) > 1})
+    if repeated:
+        raise ValueError(f"pool names must be unique; repeated: {', '.join(repeated)}")
+    # A job in no listed pool would be left out of the plan without a word.
+    for kind, jobs in (("running", doc.running), ("pending", doc.pending)):
+        for i, j in enumerate(jobs):
+            if j.pool not in pools:
+                raise ValueError(f"field {kind}.{i}.pool: job {j.name!r} is in pool {j.pool!r}, which pools does not list")
     running = tuple(
         RunningJob(
             name=j.name,
