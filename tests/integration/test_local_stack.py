@@ -130,6 +130,10 @@ def test_submitted_jobs_run_and_show_in_the_queue(capsys, local):
     assert "llm-pretrain-7b: RUNNING" in err  # the progress lines go to stderr beside --json
     code, result, err = cli(capsys, local, "submit", "--file", str(JOBS / "research-ablation.json"), "--wait")
     assert code == 0, err
+    # And submitting one of them again is refused in one line before it is sent: the
+    # intake would drop it as a duplicate, and `--wait` would follow the first one
+    code, result, err = cli(capsys, local, "submit", "--file", str(JOBS / "research-pretrain.json"))
+    assert code == 2 and result is None and len(err.strip().splitlines()) == 1 and "duplicate: job 'llm-pretrain-7b' already exists" in err, err
     # Then the queue shows both running in p5, which they fill
     p5 = pool(capsys, local, "p5")
     assert {j["job"]: j["state"] for j in p5["jobs"]} == {"llm-pretrain-7b": "RUNNING", "tokenizer-ablation": "RUNNING"}

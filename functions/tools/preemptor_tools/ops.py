@@ -323,6 +323,14 @@ def preflight(target: Target, request: JobRequest) -> JobRequest:
     if pool is None:
         known = ", ".join(p.name for p in settings.pools) or "none"
         raise BadInput(f"unknown-pool: pool {request.pool!r} is not configured in stack {target.name} (pools: {known})")
+    existing = target.store.get(request.name)
+    if existing is not None:
+        # The intake would call it a duplicate and change nothing; the CLI would have said
+        # "submitted" (and `--wait` followed the other job).
+        raise BadInput(
+            f"duplicate: job {request.name!r} already exists in stack {target.name} ({existing.status.value}, team "
+            f"{existing.team}): job names are unique for good; submit it under another name"
+        )
     try:
         admit_request(
             request,
