@@ -333,6 +333,28 @@ def test_the_redelivery_of_a_submission_whose_handling_died_after_the_insert_com
         assert env.put(again).results[0]["outcome"] == "duplicate"
 
 
+def test_in_a_hostile_world_a_failed_delivery_is_retried_by_lambda_minutes_later_and_handled():
+    from emulation import START
+    from preemptor_tools.local.hostile import HostileWorld
+
+    throttled = error_response("ThrottlingException", "Rate of requests exceeds the allowed throughput.", 400)
+    with emulation(hostile=lambda clock: HostileWorld(clock, START)) as env:
+        client = env.store.client
+        event = _sample("preemptor/job-submitted-sagemaker.json")
+        # Given a submission whose handling fails and whose claim cannot be given back
+        job_put = lambda params: throttled if _is_job_item(params) else None  # noqa: E731
+        with aws_says_no(client, "PutItem", job_put), aws_says_no(client, "DeleteItem", throttled):
+            first = env.put(event).results[0]
+        # Then Lambda retries it a minute later (the claim still held: retried again), and
+        # two minutes after that it is handled: nothing dead-lettered, the job runs
+        assert first["outcome"] == "retrying"
+        env.advance(60, step=60)
+        assert env.store.get("llm-pretrain-7b") is None
+        env.advance(120, step=60)
+        assert env.job("llm-pretrain-7b").status is JobState.RUNNING
+        assert env.stack.dead_letters == [] and env.stack.async_retries == []
+
+
 def test_the_training_job_runs_with_what_the_pool_and_the_team_set():
     # Given a pool that sets the role, output location, network and encryption
     pool = PoolConfig(

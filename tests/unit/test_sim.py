@@ -493,8 +493,8 @@ def test_ratios_compare_ours_with_every_baseline_of_the_same_run():
     [
         pytest.param("job_id,submit_s,gpus\n", "missing column", id="missing-column"),
         pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,x,1,1,t,50\n", ":2:", id="not-a-number"),
-        pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,-1,1,1,t,50\n", ":2: submit_s must be finite seconds >= 0, got '-1'", id="negative"),
-        pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,nan,1,1,t,50\n", ":2: submit_s must be finite seconds >= 0, got 'nan'", id="nan-submission"),
+        pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,-1,1,1,t,50\n", ":2: submit_s must be finite seconds in 0..3153600000, got '-1'", id="negative"),
+        pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,nan,1,1,t,50\n", ":2: submit_s must be finite seconds in 0..3153600000, got 'nan'", id="nan-submission"),
         pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,0,1,1,t,50\nb,0,inf,1,t,50\n", ":3: duration_s must be finite", id="endless-job"),
         pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,0,1,0,t,50\n", "0 GPUs", id="no-gpus"),
         pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,0,1,1,t,50\na,1,1,1,t,50\n", "duplicate", id="duplicate"),

@@ -136,6 +136,7 @@ class EmulatedStack:
         # appended here instead (tests/unit/test_dashboard.py reads what was emitted).
         self.metrics = metrics
         self.dead_letters: list[tuple[dict, str]] = []  # events a function failed on, after retries
+        self.async_retries: list[tuple[float, int, str, dict]] = []  # (due, attempt, function, event)
         self.stack_name = stack_name
         self.region = region
         self.template_path = template_path
@@ -472,9 +473,10 @@ class EmulatedStack:
         with self.calls.unattributed():
             self.client("stepfunctions").stop_execution(executionArn=execution_arn, error=error, cause=cause)
 
-    # Lambda's asynchronous invocation (EventBridge targets): two retries, then the
-    # function's dead-letter queue.
-    ASYNC_ATTEMPTS = 3
+    # Lambda's asynchronous invocation (EventBridge targets): two retries, a minute after
+    # the failure and two minutes after that, then the function's dead-letter queue.
+    ASYNC_RETRY_DELAYS_S = (60.0, 120.0)
+    ASYNC_ATTEMPTS = 1 + len(ASYNC_RETRY_DELAYS_S)
 
     @property
     def submission_bus(self) -> str:
@@ -503,18 +505,30 @@ class EmulatedStack:
                 routed.results.append(self._deliver(rule.function, event))
         return routed
 
-    def _deliver(self, function_name: str, event: dict) -> Any:
+    def _deliver(self, function_name: str, event: dict, attempt: int = 1) -> Any:
         if self.hostile is None:
             return self.invoke_lambda(function_name, event)
-        error: Exception | None = None
-        for _attempt in range(self.ASYNC_ATTEMPTS):
-            try:
-                return self.invoke_lambda(function_name, event)
-            except Exception as e:  # noqa: BLE001 - what Lambda's async retries see
-                error = e
-        reason = f"{type(error).__name__}: {error}"
+        try:
+            return self.invoke_lambda(function_name, event)
+        except Exception as e:  # noqa: BLE001 - what Lambda's async retries see
+            reason = f"{type(e).__name__}: {e}"
+        if attempt < self.ASYNC_ATTEMPTS:
+            delay = self.ASYNC_RETRY_DELAYS_S[attempt - 1]
+            self.async_retries.append((self.clock.now() + delay, attempt + 1, function_name, event))
+            return {"outcome": "retrying", "reason": f"attempt {attempt} failed, Lambda retries in {delay:.0f} s: {reason}"}
         self.dead_letters.append((event, reason))
         return {"outcome": "failed", "reason": f"dead-lettered after {self.ASYNC_ATTEMPTS} attempts: {reason}"}
+
+    def _retry_due(self) -> int:
+        """Lambda's retries of failed deliveries whose time has come (each to the one
+        function that failed, not to every rule's)."""
+        due = [r for r in self.async_retries if r[0] <= self.clock.now()]
+        for retry in due:
+            self.async_retries.remove(retry)
+            _, attempt, function_name, event = retry
+            self._deliver(function_name, event, attempt)
+            self._until_parked()
+        return len(due)
 
     def fire_schedules(self, on_event: Callable[[RoutedEvent], None] | None = None) -> int:
         """Invoke every scheduled function whose rate has come round since the stack started
@@ -558,6 +572,11 @@ class EmulatedStack:
         how many events were routed."""
         handled = 0
         if self.hostile is not None:
+            with self.clock.held():
+                retried = self._retry_due()
+            if retried:
+                handled += retried
+                self.drain()
             self.outbox.extend(self.hostile.release_held())
         while self.outbox:
             with self.clock.held():
