@@ -12,10 +12,19 @@ from emulation import emulation
 from preemptor.service import actions
 
 
-def _put(env, key: str) -> float:
+def _put(env, key: str, body: bytes = b"x") -> float:
     s3 = env.stack.client("s3")
-    s3.put_object(Bucket=env.stack.parameters["CheckpointBucketName"], Key=key, Body=b"x")
+    s3.put_object(Bucket=env.stack.parameters["CheckpointBucketName"], Key=key, Body=body)
     return env.clock.now()
+
+
+def _manifest(directory: str, *files: tuple[str, int]) -> bytes:
+    """A training-helper manifest naming `files` (path relative to the location, size)."""
+    step = int(directory.removeprefix("step-"))
+    return json.dumps({
+        "format": 1, "step": step, "time": 0.0, "reason": "periodic", "path": directory, "requested_at": None, "save_s": 1.0,
+        "files": [{"path": p, "bytes": n} for p, n in files],
+    }).encode()
 
 
 def test_a_checkpoint_counts_once_its_manifest_is_written_and_a_torn_one_never():
@@ -53,6 +62,28 @@ def test_the_first_checkpoint_of_the_helpers_layout_counts_only_once_its_manifes
         env.clock.advance(5)
         written = _put(env, "research/first/step-000000000100/manifest.json")
         assert checkpoints.newest(uri) == written
+
+
+def test_a_manifest_uploaded_before_the_files_it_names_is_no_checkpoint_until_they_are_all_there():
+    with emulation() as env:
+        checkpoints = env.stack.deps().checkpoints
+        uri = f"s3://{env.stack.parameters['CheckpointBucketName']}/research/synced"
+        # Given a complete checkpoint, then SageMaker's sync uploading a newer one in its own
+        # order: the manifest and one of its two files, the other one not yet
+        older = "step-000000000100"
+        _put(env, f"research/synced/{older}/weights.pt")
+        complete_at = _put(env, f"research/synced/{older}/manifest.json", _manifest(older, (f"{older}/weights.pt", 1)))
+        env.clock.advance(300)
+        newer = "step-000000000200"
+        _put(env, f"research/synced/{newer}/manifest.json", _manifest(newer, (f"{newer}/weights.pt", 1), (f"{newer}/optimizer.pt", 1)))
+        _put(env, f"research/synced/{newer}/weights.pt")
+        # Then the newest checkpoint is still the complete one: a stop now would lose the work
+        # since it, and the controller does not take the half-copied one for fresh
+        assert checkpoints.newest(uri) == complete_at
+        # And once the last file is there, the newer one counts
+        env.clock.advance(5)
+        _put(env, f"research/synced/{newer}/optimizer.pt")
+        assert checkpoints.newest(uri) > complete_at
 
 
 def test_a_location_without_manifests_counts_its_newest_object():

@@ -18,6 +18,7 @@ REQUEST_KEY = f"{CONTROL_DIR}/checkpoint-request.json"
 # A checkpoint directory of the training helper (docs/training.md: `step-<12 digits>/`): its
 # files count only once its manifest is written, even before the location holds any manifest.
 HELPER_DIR = re.compile(r"step-\d{12}")
+MANIFEST_READS = 3  # helper manifests read per look, newest first (a location keeps a few)
 
 
 def in_unsealed_helper_checkpoint(key: str) -> bool:
@@ -38,8 +39,11 @@ class CheckpointStore:
         checkpoint's files, docs/training.md), the newest checkpoint is the newest directory
         with its manifest and a file beside it; otherwise, the newest object. The layout is
         in use once any manifest or any helper directory (`step-<12 digits>/`) is there: the
-        files of a first save whose manifest is not written yet are no checkpoint. Objects
-        under `<uri>/_preemptor/` are the controller's own and do not count.
+        files of a first save whose manifest is not written yet are no checkpoint. A helper
+        directory's manifest is read (at most MANIFEST_READS of them, newest first): it counts
+        only once every file it names is listed with its size (SageMaker's sync uploads in its
+        own order, the manifest possibly first). Objects under `<uri>/_preemptor/` are the
+        controller's own and do not count.
 
         Raises:
             CheckpointLocationUnavailable: the location is invalid, its bucket does not
@@ -52,6 +56,7 @@ class CheckpointStore:
         newest = None
         manifests: dict[str, float] = {}  # checkpoint directory -> its manifest's time
         files: set[str] = set()  # directories holding a file besides their manifest
+        sizes: dict[str, int] = {}  # relative key -> size, of the helper directories' objects
         helper = False  # a directory of the training helper's layout is there
         try:
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=location.bucket, Prefix=prefix):
@@ -62,7 +67,10 @@ class CheckpointStore:
                     stamp = obj["LastModified"].timestamp()
                     newest = stamp if newest is None else max(newest, stamp)
                     directory, _, name = relative.partition("/")  # the checkpoint's top directory
-                    helper = helper or (bool(name) and HELPER_DIR.fullmatch(directory) is not None)
+                    in_helper_dir = bool(name) and HELPER_DIR.fullmatch(directory) is not None
+                    helper = helper or in_helper_dir
+                    if in_helper_dir:
+                        sizes[relative] = obj.get("Size", 0)
                     if name == MANIFEST:
                         manifests[directory] = stamp
                     elif name:
@@ -73,9 +81,40 @@ class CheckpointStore:
             # The training helper's layout: a checkpoint is complete once its own manifest is
             # written, after its files. Files without a manifest are a save still in progress
             # (or torn): they never count as a fresh checkpoint.
-            complete = [t for d, t in manifests.items() if d in files]
-            return max(complete) if complete else None
+            complete = sorted(((t, d) for d, t in manifests.items() if d in files), reverse=True)
+            reads = 0
+            for stamp, directory in complete:
+                if HELPER_DIR.fullmatch(directory) is None:
+                    return stamp  # another writer's manifest: the rule above is all there is
+                if reads == MANIFEST_READS:
+                    return None
+                reads += 1
+                if self._all_files_listed(location, prefix, directory, sizes):
+                    return stamp
+            return None
         return newest
+
+    def _all_files_listed(self, location: S3Uri, prefix: str, directory: str, sizes: dict[str, int]) -> bool:
+        """Whether the helper manifest of `directory` names only files the listing has, each
+        with its size. A manifest that is not the helper's (not JSON, no file list) is judged
+        as before: its own presence and a file beside it."""
+        key = f"{prefix}{directory}/{MANIFEST}"
+        try:
+            body = self.client.get_object(Bucket=location.bucket, Key=key)["Body"].read()
+        except ClientError as e:
+            raise _translate(e, f"GetObject s3://{location.bucket}/{key}") from e
+        try:
+            files = json.loads(body).get("files")
+        except (ValueError, UnicodeDecodeError, AttributeError):
+            return True
+        if not isinstance(files, list):
+            return True
+        for item in files:
+            if not (isinstance(item, dict) and isinstance(item.get("path"), str)):
+                return False
+            if sizes.get(item["path"]) != item.get("bytes"):
+                return False  # not uploaded yet (or not whole): not a checkpoint to stop on
+        return True
 
     def request(self, uri: str, now: float, reason: str) -> str:
         """Write the checkpoint-request marker a training helper watches; returns its URI.
