@@ -224,3 +224,34 @@ def test_a_run_name_someone_else_took_is_skipped_by_the_next_attempt(world):
     store.transition(job, job.with_changes(status=JobState.ADMITTED, admitted_at=200.0), [JobState.PENDING], usage_delta=8, pool_limit=64)
     launched = actions.launch(store=store, runners=runners, job="train-c", incarnation=2, now=201.0)
     assert launched["launched"] is True and launched["run_id"] == "train-c-r2"
+
+
+def test_a_batch_run_of_a_dead_launch_that_already_ended_is_recorded_not_run_again():
+    from emulation import emulation
+    from test_job_ended_and_spot import _batch_queue
+
+    from preemptor_tools.local.moto_patches import set_batch_job_status
+
+    with emulation() as env:
+        _batch_queue(env, *BATCH_QUEUES)
+        store, batch = env.store, env.stack.client("batch")
+        store.ensure_pool("g5", 32)
+        record = JobRecord(
+            name="train-b", team="vision", priority=100, pool="g5", service="batch", gpus=8,
+            request={"jobQueue": "g5-queue", "jobDefinition": "g5-training"},
+            checkpoint_s3_uri="s3://preemptor-checkpoints/vision/train-b", submitted_at=0.0,
+        )
+        assert store.put_new(record)
+        record = store.require("train-b")
+        store.transition(record, record.with_changes(status=JobState.ADMITTED, admitted_at=10.0), [JobState.PENDING], usage_delta=8, pool_limit=32)
+        # Given a launch that submitted to the fallback queue and died; the job then ran and
+        # succeeded (its end event was its own run's, which the intake leaves to the launch)
+        run = BatchRunner(batch).launch(store.require("train-b"), "g5-spot", BATCH_QUEUES)
+        set_batch_job_status(run, "RUNNING")
+        set_batch_job_status(run, "SUCCEEDED")
+        # When reconcile finds the admission stuck
+        repair = repair_stuck_admission(store, BatchRunner(batch), BATCH_QUEUES, store.require("train-b"), STUCK)
+        # Then that job is recorded as the job's run (its end next), not released to run again
+        assert repair["repair"] == "stuck-admission-recorded" and repair["run"] == run
+        assert store.require("train-b").status is JobState.RUNNING
+        assert len(_live_jobs(batch)) == 0

@@ -54,7 +54,7 @@ class Runner(Protocol):
 
     def launch(self, record: JobRecord, offering: str | None = None, offerings: tuple[str, ...] = ()) -> str: ...
 
-    def find_run(self, record: JobRecord, offerings: tuple[str, ...] = ()) -> "LiveRun | None": ...
+    def find_run(self, record: JobRecord, offerings: tuple[str, ...] = (), ended: bool = False) -> "LiveRun | None": ...
 
     def stop(self, run_id: str, reason: str) -> None: ...
 
@@ -130,7 +130,7 @@ class SageMakerRunner:
             raise translate(e, f"CreateTrainingJob {name}") from e
         return name
 
-    def find_run(self, record: JobRecord, offerings: tuple[str, ...] = ()) -> LiveRun | None:
+    def find_run(self, record: JobRecord, offerings: tuple[str, ...] = (), ended: bool = True) -> LiveRun | None:
         """The training job of the record's current incarnation, if one was created, in
         whatever state (the name is the incarnation's, and SageMaker never gives it twice: a
         run that ended is still this incarnation's, and its end is recorded from it)."""
@@ -255,17 +255,19 @@ class BatchRunner:
         except ClientError as e:
             raise translate(e, f"SubmitJob {name}") from e
 
-    def find_run(self, record: JobRecord, offerings: tuple[str, ...] = ()) -> LiveRun | None:
+    def find_run(self, record: JobRecord, offerings: tuple[str, ...] = (), ended: bool = False) -> LiveRun | None:
         """The live job of the record's current incarnation in its request's queue or any of
-        `offerings` (the pool's queues), if one was submitted."""
+        `offerings` (the pool's queues), if one was submitted; with `ended`, also one that
+        has ended (a live one first): reconcile records it, and then its end."""
         queues = dict.fromkeys(q for q in (record.request.get("jobQueue"), *offerings) if q)
-        for queue in queues:
-            found = self._find_live(queue, record.next_run_name, record)
-            if found is not None:
-                return found
+        for live_only in (True, False) if ended else (True,):
+            for queue in queues:
+                found = self._find_live(queue, record.next_run_name, record, live_only)
+                if found is not None:
+                    return found
         return None
 
-    def _find_live(self, queue: str, name: str, record: JobRecord) -> LiveRun | None:
+    def _find_live(self, queue: str, name: str, record: JobRecord, live_only: bool = True) -> LiveRun | None:
         try:
             live = [
                 job["jobId"]
@@ -273,7 +275,7 @@ class BatchRunner:
                     jobQueue=queue, filters=[{"name": "JOB_NAME", "values": [name]}]
                 )
                 for job in page.get("jobSummaryList", [])
-                if job.get("status") not in ("SUCCEEDED", "FAILED")
+                if not live_only or job.get("status") not in ("SUCCEEDED", "FAILED")
             ]
             if not live:
                 return None

@@ -209,11 +209,12 @@ def repair_stuck_admission(store: JobsStore, runner: Runner, offerings: tuple[st
     """An admitted job whose launch never got recorded (its workflow died). If the launch
     created the run before it died, that run is the job's: recorded as running, its GPUs
     still counted (released, they would be given to others while it runs). Otherwise the job
-    goes back to the queue. A look-up AWS refuses (throttled, denied) raises: the job stays
-    admitted, its GPUs counted, until a look-up can tell."""
+    goes back to the queue. A run that already ended is recorded too (the next look records
+    its end): released, the job would run its work again. A look-up AWS refuses (throttled,
+    denied) raises: the job stays admitted, its GPUs counted, until a look-up can tell."""
     if record.status is not JobState.ADMITTED or now - (record.admitted_at or now) < STUCK_ADMISSION_S:
         return None
-    run = runner.find_run(record, offerings)
+    run = runner.find_run(record, offerings, ended=True)
     if run is not None:
         return _record_found_run(store, record, run, now)
     try:
