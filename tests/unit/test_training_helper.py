@@ -724,6 +724,26 @@ def test_a_torn_copy_in_s3_that_cannot_be_deleted_does_not_stop_the_resume(tmp_p
     assert "checkpoints/experiment/step-000000000005/weights.json" in keys(s3)
 
 
+def test_a_throttled_restore_is_retried_with_backoff_before_the_run_gives_up(tmp_path, s3):
+    from aws_faults import THROTTLING, aws_says_no
+
+    # Given a first run's checkpoints in S3
+    first, clock = Model(), Clock()
+    with checkpointer(tmp_path / "host-1", first, clock, s3_uri=URI, s3_client=s3, every_s=1.0, poll_s=1e9) as ckpt:
+        ckpt.resume()
+        run_steps(ckpt, first, clock, range(3))
+    # When the relaunch's first two listings are throttled (SlowDown)
+    slept: list[float] = []
+    second = Model()
+    with aws_says_no(s3, "ListObjectsV2", THROTTLING["s3"], times=2) as refused:
+        with checkpointer(tmp_path / "host-2", second, Clock(clock.now + 60), s3_uri=URI, s3_client=s3, poll_s=1e9, sleep=slept.append) as ckpt2:
+            start = ckpt2.resume()
+    # Then it waited and read again, and resumed where the first run stopped
+    assert len(refused) == 2 and slept == [2.0, 4.0]
+    assert ckpt2.stats["s3-restore-retried:SlowDown"] == 2
+    assert (start, second.trained) == (3, [0, 1, 2])
+
+
 def test_an_unreadable_mirror_at_start_refuses_to_train_from_scratch(tmp_path, s3):
     # Given a Batch job whose checkpoint location cannot be read when it starts
     model, clock = Model(), Clock()

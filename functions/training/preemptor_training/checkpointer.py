@@ -38,6 +38,16 @@ log = logging.getLogger("preemptor_training")
 SaveFn = Callable[[Path, int], None]
 LoadFn = Callable[[Path], None]
 
+# Reading the checkpoints to resume from: a transient S3 error (throttling, a 5xx, no
+# answer) is retried with backoff before the run gives up, since giving up fails the job.
+RESTORE_ATTEMPTS = 5
+RESTORE_BACKOFF_S = 2.0  # attempt n waits 2 x 2^(n-1) s, at most 30 s
+_TRANSIENT_S3_CODES = frozenset({
+    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed", "InternalError",
+    "ServiceUnavailable", "503", "500", "RetriesExceeded", "IncompleteDownload", "EndpointConnectionError",
+    "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
+})
+
 
 class Stopped(SystemExit):
     """Raised by `step_done` after the checkpoint SIGTERM asked for: the process exits 0."""
@@ -93,9 +103,9 @@ class Checkpointer:
         agree: distributed training: `agree(action) -> action` returns the largest action
             of all ranks (an all-reduce with MAX), so that every rank saves, or stops, at
             the same boundary. Called at every boundary on every rank.
-        environ, clock, s3_client, run_started_at: for tests; the defaults are the
-            process's environment, `time.time`, a boto3 client built on first use and the
-            process's start time.
+        environ, clock, s3_client, run_started_at, sleep: for tests; the defaults are the
+            process's environment, `time.time`, a boto3 client built on first use, the
+            process's start time and `time.sleep`.
     """
 
     def __init__(
@@ -116,6 +126,7 @@ class Checkpointer:
         clock: Callable[[], float] = time.time,
         s3_client: Any = None,
         run_started_at: float | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ):
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
@@ -133,7 +144,7 @@ class Checkpointer:
         uri = s3_uri if s3_uri is not None else defaults.s3_uri
         self.s3 = S3Mirror(S3Location.parse(uri), s3_client) if uri else None
         self.upload = self.s3 is not None and (upload if upload is not None else platform is not Platform.SAGEMAKER)
-        self.writer, self.agree, self.clock = writer, agree, clock
+        self.writer, self.agree, self.clock, self._sleep = writer, agree, clock, sleep
         started = run_started_at if run_started_at is not None else process_started_at()
         self.requests = RequestBook(started if started is not None else clock())
         self.stats: Counter[str] = Counter()
@@ -214,7 +225,7 @@ class Checkpointer:
             self.store.remove_torn()
         newest = self.store.newest()
         if self.upload and self.writer and self.s3 is not None:
-            newest = self._restore_from_s3(newest)
+            newest = self._restore_with_retries(newest)
         self.last = newest
         if newest is None:
             self.step = 0
@@ -227,6 +238,18 @@ class Checkpointer:
             self._note("resumed", logging.INFO, "resumed at step %s from %s (%s)", newest.step, newest.path, newest.reason.value)
         self._last_save_at = self.clock()
         return self.step
+
+    def _restore_with_retries(self, local: Manifest | None) -> Manifest | None:
+        for attempt in range(1, RESTORE_ATTEMPTS + 1):
+            try:
+                return self._restore_from_s3(local)
+            except RestoreFailed as e:
+                if e.code not in _TRANSIENT_S3_CODES or attempt == RESTORE_ATTEMPTS:
+                    raise
+                wait = min(30.0, RESTORE_BACKOFF_S * 2 ** (attempt - 1))
+                self._note(f"s3-restore-retried:{e.code}", logging.WARNING, "reading %s again in %.0f s (%s)", self.s3.location, wait, e)
+                self._sleep(wait)
+        raise AssertionError("unreachable")
 
     def _restore_from_s3(self, local: Manifest | None) -> Manifest | None:
         assert self.s3 is not None
