@@ -86,6 +86,27 @@ def test_a_manifest_uploaded_before_the_files_it_names_is_no_checkpoint_until_th
         assert checkpoints.newest(uri) > complete_at
 
 
+def test_a_manifest_the_controller_may_not_read_is_judged_by_its_presence_and_a_throttled_read_is_retried():
+    from aws_faults import THROTTLING, aws_says_no, error_response
+
+    from preemptor.core.errors import Throttled
+
+    with emulation() as env:
+        checkpoints = env.stack.deps().checkpoints
+        uri = f"s3://{env.stack.parameters['CheckpointBucketName']}/research/guarded"
+        step = "step-000000000100"
+        _put(env, f"research/guarded/{step}/weights.pt")
+        written = _put(env, f"research/guarded/{step}/manifest.json", _manifest(step, (f"{step}/weights.pt", 1)))
+        # Given a bucket policy that denies the controller the manifest: judged as before,
+        # by the manifest's presence beside its files (confirmations keep working)
+        with aws_says_no(checkpoints.client, "GetObject", error_response("AccessDenied", "Access Denied", 403)):
+            assert checkpoints.newest(uri) == written
+        # And a throttled read is not a verdict: it is retried by the step
+        with aws_says_no(checkpoints.client, "GetObject", THROTTLING["s3"]):
+            with pytest.raises(Throttled):
+                checkpoints.newest(uri)
+
+
 def test_a_location_without_manifests_counts_its_newest_object():
     with emulation() as env:
         checkpoints = env.stack.deps().checkpoints

@@ -10,7 +10,7 @@ from botocore.exceptions import ClientError
 
 from ..core.errors import CheckpointLocationUnavailable
 from ..core.s3uri import S3Uri
-from .errors import classify, code_of, translate
+from .errors import ErrorKind, classify, code_of, translate
 
 MANIFEST = "manifest.json"  # the training helper's, written after a checkpoint's files
 CONTROL_DIR = "_preemptor"
@@ -102,7 +102,14 @@ class CheckpointStore:
         try:
             body = self.client.get_object(Bucket=location.bucket, Key=key)["Body"].read()
         except ClientError as e:
-            raise _translate(e, f"GetObject s3://{location.bucket}/{key}") from e
+            kind = classify(e)
+            if kind.retryable:
+                raise translate(e, f"GetObject s3://{location.bucket}/{key}") from e
+            if kind is ErrorKind.NOT_FOUND:
+                return False  # pruned since the listing: an older one may still count
+            # Not allowed to read it (a bucket policy of the team's): judged by presence, as
+            # where the role may only list.
+            return True
         try:
             files = json.loads(body).get("files")
         except (ValueError, UnicodeDecodeError, AttributeError):
