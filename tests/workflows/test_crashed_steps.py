@@ -211,3 +211,35 @@ def test_the_retry_is_bounded_a_step_that_always_dies_is_reported():
         [ended] = env.executions("JobEndedStateMachine")
         assert env.states_visited(ended["executionArn"])[-2:] == ["Report the failure", "Recording failed"]
         assert any("Lambda.Unknown" in a for a in env.stack.alerts()), [json.loads(a).get("kind") for a in env.stack.alerts()]
+
+
+def test_a_victim_whose_plan_step_died_for_good_after_marking_it_is_preempted_by_reconcile():
+    from preemptor.service.reconcile import PREEMPT_START_GRACE_S, preemption_deadline_s
+
+    with emulation(hostile=_hostile) as env:
+        # Given a low job on the whole pool, checkpointing every 5 minutes
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
+        env.advance(900)
+        # And a plan step that dies after its work on every attempt (it marks the sweep as
+        # the victim each time; its cycle gives up before it starts the preemption)
+        dead = kill_after_work(env, function="Plan", times=None)
+        env.submit(name="incident", team="production", priority="critical", pool="p5", instances=8, duration=600)
+        assert len(dead) == 3 and env.job("sweep").status is JobState.PREEMPTING
+        assert env.executions("PreemptStateMachine") == []
+        env.stack.hostile.crash_after_step = lambda function_name, event: False
+        # When reconcile runs past the grace, long before the preemption deadline
+        env.advance(PREEMPT_START_GRACE_S + 60)
+        assert PREEMPT_START_GRACE_S + 60 < preemption_deadline_s(env.stack.deps().settings, "p5")
+        repairs = env.stack.invoke_lambda(env.stack.resources["ReconcileFunction"], {})["repairs"]
+        env.stack.drain()
+        # Then it started the victim's preempt workflow under the plan's name, which stopped
+        # and requeued the sweep; the critical job runs
+        assert [r["repair"] for r in repairs if r.get("job") == "sweep"] == ["preemption-workflow-started"]
+        env.advance(600)
+        [preemption] = env.executions("PreemptStateMachine")
+        assert preemption["status"] == "SUCCEEDED"
+        assert env.job("sweep").status is JobState.PENDING and env.job("sweep").incarnation == 2
+        assert env.job("incident").status is JobState.RUNNING
+        # And a second reconcile starts nothing more
+        again = env.stack.invoke_lambda(env.stack.resources["ReconcileFunction"], {})["repairs"]
+        assert not [r for r in again if r.get("repair") == "preemption-workflow-started"]

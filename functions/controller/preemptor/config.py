@@ -82,6 +82,7 @@ class Settings(BaseModel):
                     ("schedule", "SCHEDULE_STATE_MACHINE_ARN"),
                     ("job_ended", "JOB_ENDED_STATE_MACHINE_ARN"),
                     ("spot", "SPOT_STATE_MACHINE_ARN"),
+                    ("preempt", "PREEMPT_STATE_MACHINE_ARN"),
                 )
                 if env.get(var)
             },

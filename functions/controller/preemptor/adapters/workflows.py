@@ -54,7 +54,8 @@ class WorkflowStarter:
         self.arns = arns
 
     def start(self, workflow: str, name: str, payload: dict) -> str | None:
-        """Start `workflow` ("schedule" | "job_ended" | "spot"); None if it already ran."""
+        """Start `workflow` ("schedule" | "job_ended" | "spot" | "preempt"); None if it
+        already ran (or runs) under that name."""
         try:
             out = self.client.start_execution(
                 stateMachineArn=self.arns[workflow], name=name, input=json.dumps(payload, sort_keys=True)

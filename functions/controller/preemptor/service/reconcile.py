@@ -20,9 +20,11 @@ from ..config import Settings
 from ..core.errors import ConflictError, ServiceJobNotFound
 from ..core.model import JobState
 from . import actions
-from .scheduling import LEASE_TTL_S, oldest_wait_by_tier
+from .scheduling import LEASE_TTL_S, oldest_wait_by_tier, preemption_names
 
 STUCK_ADMISSION_S = 30 * 60  # the launch step retries for minutes, not half an hour
+# A plan step's retries and the start of its victims' workflows take a few minutes at most.
+PREEMPT_START_GRACE_S = 5 * 60
 UNKNOWN_RUN_GRACE_S = 10 * 60  # a run younger than this may be a launch still being recorded
 # Beyond the policy's checkpoint and stop waits, what a preemption may take in retries with
 # backoff (six attempts of at most 60 s per step) before it counts as stuck.
@@ -36,6 +38,7 @@ class Repair(StrEnum):
     STUCK_ADMISSION_RELEASED = "stuck-admission-released"  # admitted, never launched: back in the queue
     STUCK_ADMISSION_RECORDED = "stuck-admission-recorded"  # launched, never recorded: its run recorded
     STUCK_PREEMPTION_REQUEUED = "stuck-preemption-requeued"  # stopped, never requeued
+    PREEMPTION_STARTED = "preemption-workflow-started"  # marked a victim, its workflow never started
     STUCK_PREEMPTION_SPARED = "stuck-preemption-spared"  # still running past every wait: left running
     POOL_NOT_CONFIGURED = "pool-not-configured"  # its pool left the configuration: kept pending
     ORPHANED_LEASE_CLEARED = "orphaned-lease-cleared"  # a holder died with the pool's lease
@@ -92,7 +95,7 @@ def _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now,
     schedule = False
     for record in store.active(pool.name):
         try:
-            repair = _check_run(store, runners, settings, record, now)
+            repair = _check_run(store, runners, workflows, settings, record, now)
             if repair is None and record.status is JobState.RUNNING and record.checkpoint_s3_uri:
                 _refresh_checkpoint(store, checkpoints, record)
         except Exception as error:  # noqa: BLE001 - the safety net goes on with the other jobs
@@ -260,7 +263,7 @@ def preemption_deadline_s(settings: Settings, pool: str) -> float:
     return knobs.checkpoint_wait_max_s + knobs.stop_wait_max_s + PREEMPTION_SLACK_S
 
 
-def _check_run(store: JobsStore, runners: dict[str, Runner], settings: Settings, record, now: float) -> dict | None:
+def _check_run(store: JobsStore, runners: dict[str, Runner], workflows: WorkflowStarter, settings: Settings, record, now: float) -> dict | None:
     if not record.run_id:
         pool = settings.pool(record.pool)
         return repair_stuck_admission(store, runners[record.service], pool.offerings if pool else (), record, now)
@@ -271,7 +274,7 @@ def _check_run(store: JobsStore, runners: dict[str, Runner], settings: Settings,
     alive = state is not None and not state.ended
     if record.status is JobState.PREEMPTING:
         if now - (record.preempting_since or now) < preemption_deadline_s(settings, record.pool):
-            return None  # its preempt execution is still on it
+            return _start_orphaned_preemption(store, workflows, settings, record, now)  # None: its execution is on it
         if alive:
             return _spare_stuck_victim(store, settings, record, now)
         result = actions.requeue(
@@ -307,6 +310,29 @@ def _check_runnable(store: JobsStore, runners: dict[str, Runner], settings: Sett
     )
     result = actions.no_capacity_in_queue(store=store, runners=runners, record=record, reason=f"{status} for {waited:.0f} s in {queue}", now=now)
     return {"job": record.name, "pool": record.pool, "repair": Repair.STUCK_RUNNABLE_REQUEUED.value, "run_id": record.run_id, **result}
+
+
+def _start_orphaned_preemption(store: JobsStore, workflows: WorkflowStarter, settings: Settings, record, now: float) -> dict | None:
+    """A victim marked by a plan step that then failed for good (its cycle gave up before it
+    started the victim's preempt workflow) would hold its GPUs, and its preemptor waiting,
+    until the preemption deadline. Past PREEMPT_START_GRACE_S its workflow is started under
+    the name the plan gave it: a no-op when it runs or ran already."""
+    if record.preempted_by in (None, actions.SPOT_INTERRUPTION) or record.preempting_since is None:
+        return None  # a spot interruption's own workflow stops it
+    if now - record.preempting_since < PREEMPT_START_GRACE_S:
+        return None
+    execution, then = preemption_names(record.name, record.incarnation, record.preempting_since)
+    payload = {
+        "victim": {"job": record.name, "incarnation": record.incarnation, "preemptor": record.preempted_by, "reason": "preemption"},
+        "settings": settings.policy.workflow_settings(record.pool),
+        "pool": record.pool,
+        "then": then,
+    }
+    if workflows.start("preempt", execution, payload) is None:
+        return None
+    kind = Repair.PREEMPTION_STARTED
+    store.log(record.name, now, "preemption-resumed", kind.value, f"its preempt workflow had not started ({execution}): started")
+    return {"job": record.name, "pool": record.pool, "repair": kind.value, "execution": execution}
 
 
 def _spare_stuck_victim(store: JobsStore, settings: Settings, record, now: float) -> dict | None:
