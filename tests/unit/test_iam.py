@@ -71,6 +71,10 @@ NOT_EXERCISED = {
     ("ReconcileFunction", "batch:DescribeJobs"): "reconcile of a live Batch run (tests/storm/test_storm_scenarios.py, batch case)",
     ("FinishCycleFunction", "dynamodb:UpdateItem"): "a plan step that failed lets the lease go (tests/workflows/test_bounded.py)",
     ("ReconcileFunction", "dynamodb:PutItem"): "a repair's decision-log entry (tests/workflows/test_bounded.py)",
+    ("ReconcileFunction", "states:DescribeExecution"): (
+        "a victim whose preempt workflow never started or failed (tests/workflows/test_crashed_steps.py; "
+        "the call's resource: test_reconcile_may_look_up_and_start_only_preempt_executions)"
+    ),
 }
 
 
@@ -278,6 +282,22 @@ def _training_job(stack: EmulatedStack, name: str, tags: dict[str, str], instanc
 def _verdict(decisions, action: str) -> bool:
     [allowed] = {allowed for a, _, allowed, _ in decisions if a == action}
     return allowed
+
+
+def test_reconcile_may_look_up_and_start_only_preempt_executions(stack):
+    from preemptor.adapters.workflows import WorkflowStarter
+
+    sfn = stack.client("stepfunctions")
+    arns = {logical: stack.resources[logical] for logical in ("PreemptStateMachine", "ScheduleStateMachine")}
+    starter = WorkflowStarter(sfn, {"preempt": arns["PreemptStateMachine"], "schedule": arns["ScheduleStateMachine"]})
+    # When reconcile looks up a victim's preempt execution, the way the adapter builds its ARN
+    looked = _decisions(stack, "ReconcileFunction", lambda: starter.status("preempt", "preempt-sweep-x-i1-100"))
+    # Then IAM allows it, and only for the preempt workflow's executions
+    assert _verdict(looked, "states:DescribeExecution") is True, looked
+    other = _decisions(stack, "ReconcileFunction", lambda: starter.status("schedule", "settle-p5-100"))
+    assert _verdict(other, "states:DescribeExecution") is False, other
+    started = _decisions(stack, "ReconcileFunction", lambda: starter.start("preempt", "preempt-sweep-x-i1-100-a2", {}))
+    assert _verdict(started, "states:StartExecution") is True, started
 
 
 def test_stopping_a_training_job_the_controller_did_not_launch_is_denied(stack):

@@ -243,3 +243,32 @@ def test_a_victim_whose_plan_step_died_for_good_after_marking_it_is_preempted_by
         # And a second reconcile starts nothing more
         again = env.stack.invoke_lambda(env.stack.resources["ReconcileFunction"], {})["repairs"]
         assert not [r for r in again if r.get("repair") == "preemption-workflow-started"]
+
+
+def test_a_victim_whose_preempt_workflow_failed_is_preempted_again_by_reconcile_long_before_the_deadline():
+    from aws_faults import THROTTLING, aws_says_no
+
+    from preemptor.service.reconcile import PREEMPT_START_GRACE_S, preemption_deadline_s
+
+    with emulation(hostile=_hostile) as env:
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
+        env.advance(900)
+        # Given the victim's preempt workflow fails: S3 throttles every listing of its
+        # checkpoints until the step's retries run out
+        s3 = env.stack.deps().checkpoints.client
+        with aws_says_no(s3, "ListObjectsV2", THROTTLING["s3"]):
+            env.submit(name="incident", team="production", priority="critical", pool="p5", instances=8, duration=600)
+            env.advance(240)
+        [failed] = env.executions("PreemptStateMachine")
+        assert failed["status"] == "FAILED" and env.job("sweep").status is JobState.PREEMPTING
+        # When reconcile runs past the grace, long before the preemption deadline
+        env.advance(PREEMPT_START_GRACE_S)
+        assert env.clock.now() - env.job("sweep").preempting_since < preemption_deadline_s(env.stack.deps().settings, "p5")
+        repairs = env.stack.invoke_lambda(env.stack.resources["ReconcileFunction"], {})["repairs"]
+        env.stack.drain()
+        # Then it started the workflow again, under the next name, which preempted the sweep
+        assert [r["repair"] for r in repairs if r.get("job") == "sweep"] == ["preemption-workflow-restarted"]
+        env.advance(600)
+        statuses = sorted(e["status"] for e in env.executions("PreemptStateMachine"))
+        assert statuses == ["FAILED", "SUCCEEDED"]
+        assert env.job("sweep").status is JobState.PENDING and env.job("incident").status is JobState.RUNNING

@@ -65,3 +65,14 @@ class WorkflowStarter:
                 return None
             raise translate(e, f"StartExecution {workflow}") from e
         return out["executionArn"]
+
+    def status(self, workflow: str, name: str) -> str | None:
+        """The status of `workflow`'s execution `name` (RUNNING, SUCCEEDED, FAILED,
+        TIMED_OUT, ABORTED), None if no execution has that name."""
+        arn = f"{self.arns[workflow].replace(':stateMachine:', ':execution:', 1)}:{name}"
+        try:
+            return self.client.describe_execution(executionArn=arn)["status"]
+        except ClientError as e:
+            if classify(e) is ErrorKind.NOT_FOUND:  # ExecutionDoesNotExist
+                return None
+            raise translate(e, f"DescribeExecution {workflow} {name}") from e

@@ -25,6 +25,7 @@ from .scheduling import LEASE_TTL_S, oldest_wait_by_tier, preemption_names
 STUCK_ADMISSION_S = 30 * 60  # the launch step retries for minutes, not half an hour
 # A plan step's retries and the start of its victims' workflows take a few minutes at most.
 PREEMPT_START_GRACE_S = 5 * 60
+PREEMPT_WORKFLOW_ATTEMPTS = 3  # a victim's preempt workflow, started again after it failed
 UNKNOWN_RUN_GRACE_S = 10 * 60  # a run younger than this may be a launch still being recorded
 # Beyond the policy's checkpoint and stop waits, what a preemption may take in retries with
 # backoff (six attempts of at most 60 s per step) before it counts as stuck.
@@ -39,6 +40,7 @@ class Repair(StrEnum):
     STUCK_ADMISSION_RECORDED = "stuck-admission-recorded"  # launched, never recorded: its run recorded
     STUCK_PREEMPTION_REQUEUED = "stuck-preemption-requeued"  # stopped, never requeued
     PREEMPTION_STARTED = "preemption-workflow-started"  # marked a victim, its workflow never started
+    PREEMPTION_RESTARTED = "preemption-workflow-restarted"  # its workflow failed: started again
     STUCK_PREEMPTION_SPARED = "stuck-preemption-spared"  # still running past every wait: left running
     POOL_NOT_CONFIGURED = "pool-not-configured"  # its pool left the configuration: kept pending
     ORPHANED_LEASE_CLEARED = "orphaned-lease-cleared"  # a holder died with the pool's lease
@@ -313,15 +315,26 @@ def _check_runnable(store: JobsStore, runners: dict[str, Runner], settings: Sett
 
 
 def _start_orphaned_preemption(store: JobsStore, workflows: WorkflowStarter, settings: Settings, record, now: float) -> dict | None:
-    """A victim marked by a plan step that then failed for good (its cycle gave up before it
-    started the victim's preempt workflow) would hold its GPUs, and its preemptor waiting,
-    until the preemption deadline. Past PREEMPT_START_GRACE_S its workflow is started under
-    the name the plan gave it: a no-op when it runs or ran already."""
+    """A victim whose preempt workflow is not on it would hold its GPUs, and its preemptor
+    waiting, until the preemption deadline (40 minutes with the default waits): its plan
+    step failed for good after marking it (the workflow never started), or the workflow
+    failed (its retries of a step ran out). Past PREEMPT_START_GRACE_S the workflow is
+    started, under the name the plan gave it, or after a failed one under the next of
+    PREEMPT_WORKFLOW_ATTEMPTS names; then the deadline's repair is all there is."""
     if record.preempted_by in (None, actions.SPOT_INTERRUPTION) or record.preempting_since is None:
         return None  # a spot interruption's own workflow stops it
     if now - record.preempting_since < PREEMPT_START_GRACE_S:
         return None
-    execution, then = preemption_names(record.name, record.incarnation, record.preempting_since)
+    first, then = preemption_names(record.name, record.incarnation, record.preempting_since)
+    names = [first] + [execution_name(first, f"a{n}") for n in range(2, PREEMPT_WORKFLOW_ATTEMPTS + 1)]
+    for attempt, execution in enumerate(names, start=1):
+        status = workflows.status("preempt", execution)
+        if status is None:
+            break
+        if status not in ("FAILED", "TIMED_OUT", "ABORTED"):
+            return None  # it is on it (or ended without freeing it: the deadline decides)
+    else:
+        return None
     payload = {
         "victim": {"job": record.name, "incarnation": record.incarnation, "preemptor": record.preempted_by, "reason": "preemption"},
         "settings": settings.policy.workflow_settings(record.pool),
@@ -330,8 +343,9 @@ def _start_orphaned_preemption(store: JobsStore, workflows: WorkflowStarter, set
     }
     if workflows.start("preempt", execution, payload) is None:
         return None
-    kind = Repair.PREEMPTION_STARTED
-    store.log(record.name, now, "preemption-resumed", kind.value, f"its preempt workflow had not started ({execution}): started")
+    kind = Repair.PREEMPTION_STARTED if attempt == 1 else Repair.PREEMPTION_RESTARTED
+    why = "its preempt workflow had not started" if attempt == 1 else f"its preempt workflow failed ({names[attempt - 2]})"
+    store.log(record.name, now, "preemption-resumed", kind.value, f"{why}: started as {execution}")
     return {"job": record.name, "pool": record.pool, "repair": kind.value, "execution": execution}
 
 
