@@ -66,12 +66,13 @@ class WorkflowStarter:
             raise translate(e, f"StartExecution {workflow}") from e
         return out["executionArn"]
 
-    def status(self, workflow: str, name: str) -> str | None:
+    def status(self, workflow: str, name: str) -> tuple[str, str | None] | None:
         """The status of `workflow`'s execution `name` (RUNNING, SUCCEEDED, FAILED,
-        TIMED_OUT, ABORTED), None if no execution has that name."""
+        TIMED_OUT, ABORTED) and the error it failed with, None if no execution has that name."""
         arn = f"{self.arns[workflow].replace(':stateMachine:', ':execution:', 1)}:{name}"
         try:
-            return self.client.describe_execution(executionArn=arn)["status"]
+            out = self.client.describe_execution(executionArn=arn)
+            return out["status"], out.get("error")
         except ClientError as e:
             if classify(e) is ErrorKind.NOT_FOUND:  # ExecutionDoesNotExist
                 return None

@@ -26,6 +26,7 @@ STUCK_ADMISSION_S = 30 * 60  # the launch step retries for minutes, not half an 
 # A plan step's retries and the start of its victims' workflows take a few minutes at most.
 PREEMPT_START_GRACE_S = 5 * 60
 PREEMPT_WORKFLOW_ATTEMPTS = 3  # a victim's preempt workflow, started again after it failed
+STOP_TIMED_OUT = "StopTimedOut"  # the preempt workflow's error when the run outlived its stop wait
 UNKNOWN_RUN_GRACE_S = 10 * 60  # a run younger than this may be a launch still being recorded
 # Beyond the policy's checkpoint and stop waits, what a preemption may take in retries with
 # backoff (six attempts of at most 60 s per step) before it counts as stuck.
@@ -320,7 +321,9 @@ def _start_orphaned_preemption(store: JobsStore, workflows: WorkflowStarter, set
     step failed for good after marking it (the workflow never started), or the workflow
     failed (its retries of a step ran out). Past PREEMPT_START_GRACE_S the workflow is
     started, under the name the plan gave it, or after a failed one under the next of
-    PREEMPT_WORKFLOW_ATTEMPTS names; then the deadline's repair is all there is."""
+    PREEMPT_WORKFLOW_ATTEMPTS names; then the deadline's repair is all there is. A workflow
+    that failed because the run outlived its stop wait is not started again (the stop would
+    be waited out again): the deadline spares the victim."""
     if record.preempted_by in (None, actions.SPOT_INTERRUPTION) or record.preempting_since is None:
         return None  # a spot interruption's own workflow stops it
     if now - record.preempting_since < PREEMPT_START_GRACE_S:
@@ -328,11 +331,14 @@ def _start_orphaned_preemption(store: JobsStore, workflows: WorkflowStarter, set
     first, then = preemption_names(record.name, record.incarnation, record.preempting_since)
     names = [first] + [execution_name(first, f"a{n}") for n in range(2, PREEMPT_WORKFLOW_ATTEMPTS + 1)]
     for attempt, execution in enumerate(names, start=1):
-        status = workflows.status("preempt", execution)
-        if status is None:
+        found = workflows.status("preempt", execution)
+        if found is None:
             break
-        if status not in ("FAILED", "TIMED_OUT", "ABORTED"):
-            return None  # it is on it (or ended without freeing it: the deadline decides)
+        status, error = found
+        if status not in ("FAILED", "TIMED_OUT", "ABORTED") or error == STOP_TIMED_OUT:
+            # On it; or ended without freeing it; or the stop it sent never took effect,
+            # which a new attempt would wait out again: the deadline's repair spares it.
+            return None
     else:
         return None
     payload = {
