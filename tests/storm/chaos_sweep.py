@@ -1,0 +1,45 @@
+"""Seed sweep of the preemption story under every chaos rate at once: not a test (too long
+for `make test`), a probe for the next invariant that breaks. Each seed replays exactly.
+
+    PYTHONPATH=functions/controller:functions/tools:functions/training:tests \\
+        .venv/bin/python tests/storm/chaos_sweep.py sagemaker 300 340
+
+prints one line per seed (job states, events dead-lettered, violated invariants) and the
+count of seeds with a violation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from storm.invariants import violations
+from storm.test_storm_scenarios import story
+
+from preemptor_tools.local import demo
+
+CHAOS = {"throttle_rate": 0.15, "crash_rate": 0.15, "duplicate_rate": 0.3, "reorder_rate": 0.3, "transaction_conflict_rate": 0.3}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("service", choices=("sagemaker", "batch"))
+    parser.add_argument("first", type=int, help="first seed")
+    parser.add_argument("end", type=int, help="seed after the last")
+    args = parser.parse_args()
+    bad = 0
+    for seed in range(args.first, args.end):
+        scenario = story(args.service, chaos={"seed": seed, **CHAOS})
+        started = time.monotonic()
+        result = demo.run(scenario, tick_s=60)
+        found = violations(result, scenario)
+        states = {j["name"]: j["state"] for j in result.report["jobs"]}
+        dead = result.report.get("chaos", {}).get("dead_letters")
+        print(f"{args.service} seed {seed} {time.monotonic() - started:.1f}s {states} dead-lettered {dead} {found}", flush=True)
+        bad += bool(found)
+    print(f"{bad} of {args.end - args.first} seeds violated an invariant")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
