@@ -553,25 +553,43 @@ def test_checkpoint_writes_announced_by_s3_keep_the_last_checkpoint_time():
         assert env.put(other).results[0]["outcome"] == "ignored"
 
 
-def test_a_file_of_a_helper_checkpoint_counts_only_when_its_manifest_is_announced():
+def _helper_manifest(directory: str, files: dict[str, bytes]) -> bytes:
+    """The training helper's manifest of `directory` naming `files` (relative key -> body)."""
+    return json.dumps({
+        "format": 1, "step": int(directory.removeprefix("step-")), "time": 0.0, "reason": "periodic", "path": directory,
+        "requested_at": None, "save_s": 1.0, "files": [{"path": k, "bytes": len(v)} for k, v in files.items()],
+    }).encode()
+
+
+def test_a_file_of_a_helper_checkpoint_counts_only_when_its_manifest_is_announced_and_whole():
     with emulation() as env:
         env.put(_sample("preemptor/job-submitted-sagemaker.json"))
         before = env.job("llm-pretrain-7b").last_checkpoint_at
+        s3, bucket, prefix = env.stack.client("s3"), env.stack.parameters["CheckpointBucketName"], "research/llm-pretrain-7b"
         created = json.loads(load_raw("s3/constructed__s3-object-created__checkpoint.json"))
         created["time"] = "2026-11-30T09:00:00Z"
-        # Given the training helper uploading a checkpoint: its files first
-        for n, key in enumerate(["step-000000000420/weights.pt", "step-000000000420/optimizer/state.bin"]):
-            part = copy.deepcopy(created)
-            part["id"], part["detail"]["object"]["key"] = f"part-{n}", f"research/llm-pretrain-7b/{key}"
-            result = env.put(part).results[0]
-            # Then a file of a checkpoint whose manifest is not written is no checkpoint yet
+
+        def announce(key: str, body: bytes, event_id: str) -> dict:
+            s3.put_object(Bucket=bucket, Key=f"{prefix}/{key}", Body=body)
+            event = copy.deepcopy(created)
+            event["id"], event["detail"]["object"]["key"] = event_id, f"{prefix}/{key}"
+            return env.put(event).results[0]
+
+        files = {"step-000000000420/weights.pt": b"w" * 10, "step-000000000420/optimizer/state.bin": b"o" * 20}
+        # Given SageMaker's sync uploading a checkpoint in its own order: the manifest first
+        written = announce("step-000000000420/manifest.json", _helper_manifest("step-000000000420", files), "manifest")
+        # Then it is no checkpoint while the files it names are not all there
+        assert written["outcome"] == "ignored" and "not all there" in written["reason"]
+        # And a file of a checkpoint is never one by itself
+        for n, (key, body) in enumerate(files.items()):
+            result = announce(key, body, f"part-{n}")
             assert result["outcome"] == "ignored" and "manifest" in result["reason"]
         assert env.job("llm-pretrain-7b").last_checkpoint_at == before
-        # And its manifest, written last, makes it one
-        done = copy.deepcopy(created)
-        done["id"], done["detail"]["object"]["key"] = "manifest", "research/llm-pretrain-7b/step-000000000420/manifest.json"
-        assert env.put(done).results[0]["outcome"] == "accepted"
-        assert env.job("llm-pretrain-7b").last_checkpoint_at == calendar.timegm((2026, 11, 30, 9, 0, 0))
+        # And the location's manifest, announced once the checkpoint is whole, makes it one,
+        # as of its manifest in S3 (the listing's time, not the event's)
+        whole_at = env.clock.now()
+        assert announce("manifest.json", _helper_manifest("step-000000000420", files), "root")["outcome"] == "accepted"
+        assert env.job("llm-pretrain-7b").last_checkpoint_at == pytest.approx(whole_at, abs=1)
 
 
 def _managed_spot_event(job: str, status: str, secondary: str, event_id: str) -> dict:

@@ -23,7 +23,7 @@ def handler(event: dict, context: LambdaContext) -> dict:
     d = deps()
     intake = Intake(
         store=d.store, workflows=d.workflows, runners=d.runners, settings=d.settings, instances=d.instances, alerts=d.alerts,
-        clock=clock.CLOCK.now,
+        clock=clock.CLOCK.now, checkpoints=d.checkpoints,
     )
     try:
         result = intake.handle(event, clock.CLOCK.now())

@@ -20,14 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..adapters.alerts import Alerts
-from ..adapters.checkpoints import CONTROL_DIR, MANIFEST, in_unsealed_helper_checkpoint
+from ..adapters.checkpoints import CONTROL_DIR, MANIFEST, CheckpointStore, in_unsealed_helper_checkpoint
 from ..adapters.instances import InstanceResolver
 from ..adapters.runners import Runner
 from ..adapters.store import JobsStore
 from ..adapters.workflows import WorkflowStarter, execution_name, settled_schedule
 from ..config import Settings
 from ..core import events as ev
-from ..core.errors import PreemptorError
+from ..core.errors import CheckpointLocationUnavailable, PreemptorError
 from ..core.jobs import JobRecord
 from ..core.model import JobState
 from ..core.requests import Refusal, RequestRefused, admit_request
@@ -73,6 +73,7 @@ class Intake:
         instances: InstanceResolver | None = None,
         alerts: Alerts | None = None,
         clock: Callable[[], float] | None = None,
+        checkpoints: CheckpointStore | None = None,
     ):
         # The time now, read again after a submission's record is written (`_settled`);
         # without one, the time the event's handling began.
@@ -83,6 +84,7 @@ class Intake:
         self.workflows = workflows
         self.runners = runners
         self.settings = settings
+        self.checkpoints = checkpoints  # confirms an announced manifest's checkpoint is whole
 
     def handle(self, raw: object, now: float) -> IntakeResult:
         try:
@@ -493,6 +495,18 @@ class Intake:
         if job is None:
             return IntakeResult("ignored", f"no job checkpoints under s3://{event.bucket}/{event.key}")
         at = event.time if event.time is not None else now
+        if event.key.rsplit("/", 1)[-1] == MANIFEST and self.checkpoints is not None:
+            # A manifest may arrive before the files it names (SageMaker's sync has its own
+            # order): the checkpoint counts once the location says it is whole.
+            record = self.store.get(job)
+            if record is not None and record.checkpoint_s3_uri:
+                try:
+                    confirmed = self.checkpoints.newest(record.checkpoint_s3_uri)
+                except CheckpointLocationUnavailable:
+                    confirmed = at  # listing refused: the announcement is all there is
+                if confirmed is None:
+                    return IntakeResult("ignored", f"manifest s3://{event.bucket}/{event.key}: its files are not all there yet", job)
+                at = confirmed  # the newest whole one: the announced one, or an older one
         self.store.note_checkpoint(job, at)
         return IntakeResult("accepted", "checkpoint-written", job)
 
