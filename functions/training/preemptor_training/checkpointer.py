@@ -43,7 +43,7 @@ LoadFn = Callable[[Path], None]
 RESTORE_ATTEMPTS = 5
 RESTORE_BACKOFF_S = 2.0  # attempt n waits 2 x 2^(n-1) s, at most 30 s
 _TRANSIENT_S3_CODES = frozenset({
-    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed", "InternalError",
+    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
     "ServiceUnavailable", "503", "500", "RetriesExceeded", "IncompleteDownload", "EndpointConnectionError",
     "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
 })
@@ -240,16 +240,16 @@ class Checkpointer:
         return self.step
 
     def _restore_with_retries(self, local: Manifest | None) -> Manifest | None:
-        for attempt in range(1, RESTORE_ATTEMPTS + 1):
+        for attempt in range(1, RESTORE_ATTEMPTS):
             try:
                 return self._restore_from_s3(local)
             except RestoreFailed as e:
-                if e.code not in _TRANSIENT_S3_CODES or attempt == RESTORE_ATTEMPTS:
+                if e.code not in _TRANSIENT_S3_CODES:
                     raise
                 wait = min(30.0, RESTORE_BACKOFF_S * 2 ** (attempt - 1))
                 self._note(f"s3-restore-retried:{e.code}", logging.WARNING, "reading %s again in %.0f s (%s)", self.s3.location, wait, e)
                 self._sleep(wait)
-        raise AssertionError("unreachable")
+        return self._restore_from_s3(local)  # the last try: its failure is the run's
 
     def _restore_from_s3(self, local: Manifest | None) -> Manifest | None:
         assert self.s3 is not None

@@ -123,17 +123,18 @@ class SageMakerRunner:
             # No answer after botocore's retries: the retry of the step finds out (by name).
             raise ServiceUnavailable(f"CreateTrainingJob {name}: no answer ({type(e).__name__})") from e
         except ClientError as e:
-            if classify(e) is ErrorKind.ALREADY_EXISTS and self._is_ours(name, record):
+            if classify(e) is ErrorKind.ALREADY_EXISTS and self.find_run(record) is not None:
                 return name  # this incarnation was already created by an earlier attempt
             if classify(e) is ErrorKind.ALREADY_EXISTS:
                 raise RunNameTaken(f"CreateTrainingJob {name}: the name belongs to another run", code_of(e)) from e
             raise translate(e, f"CreateTrainingJob {name}") from e
         return name
 
-    def find_run(self, record: JobRecord, offerings: tuple[str, ...] = (), ended: bool = True) -> LiveRun | None:
+    def find_run(self, record: JobRecord, offerings: tuple[str, ...] = (), ended: bool = False) -> LiveRun | None:
         """The training job of the record's current incarnation, if one was created, in
-        whatever state (the name is the incarnation's, and SageMaker never gives it twice: a
-        run that ended is still this incarnation's, and its end is recorded from it)."""
+        whatever state, `ended` or not (the name is the incarnation's, and SageMaker never
+        gives it twice: a run that ended is still this incarnation's). A name in use is this
+        incarnation's only if the run carries its tags."""
         name = record.next_run_name
         try:
             described = self.client.describe_training_job(TrainingJobName=name)
@@ -145,18 +146,6 @@ class SageMakerRunner:
         if not is_own_run(tags, record):
             return None
         return LiveRun(name, described["CreationTime"].timestamp(), described["TrainingJobArn"], tags)
-
-    def _is_ours(self, name: str, record: JobRecord) -> bool:
-        """Training job names are unique for good: a name in use is ours only if the run
-        carries this incarnation's tags (an earlier attempt of this launch created it)."""
-        try:
-            arn = self.client.describe_training_job(TrainingJobName=name)["TrainingJobArn"]
-            tags = {t["Key"]: t["Value"] for t in self._all_tags(arn)}
-        except ClientError as e:
-            if is_sagemaker_not_found(e):
-                return False
-            raise translate(e, f"DescribeTrainingJob {name}") from e
-        return is_own_run(tags, record)
 
     def _all_tags(self, arn: str) -> list[dict]:
         return [t for page in self.client.get_paginator("list_tags").paginate(ResourceArn=arn) for t in page.get("Tags", [])]

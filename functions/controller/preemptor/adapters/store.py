@@ -107,6 +107,11 @@ def _stored_value(record: JobRecord, name: str) -> Any:
     return value
 
 
+def _checkpoint_key(checkpoint_s3_uri: str) -> dict[str, str]:
+    """The key of the alias that maps a checkpoint location to its job."""
+    return {"pk": f"CKPT#{S3Uri.parse(checkpoint_s3_uri).location}", "sk": "CKPT"}
+
+
 def record_to_item(record: JobRecord) -> dict:
     fields = {f: _stored_value(record, f) for f in record.__dataclass_fields__}
     fields.update(index_keys(record))
@@ -809,18 +814,13 @@ class JobsStore:
         self._call(
             "put_item",
             TableName=self.table,
-            Item=_marshal({"pk": f"CKPT#{S3Uri.parse(checkpoint_s3_uri).location}", "sk": "CKPT", "job": job}),
+            Item=_marshal({**_checkpoint_key(checkpoint_s3_uri), "job": job}),
         )
 
     def checkpoint_location_user(self, checkpoint_s3_uri: str, job: str) -> str | None:
         """Another job, not ended, whose checkpoint location is exactly this one (its
         checkpoints would answer for both jobs: a stop confirmed by the other's), or None."""
-        item = self._call(
-            "get_item",
-            TableName=self.table,
-            Key={"pk": {"S": f"CKPT#{S3Uri.parse(checkpoint_s3_uri).location}"}, "sk": {"S": "CKPT"}},
-            ConsistentRead=True,
-        ).get("Item")
+        item = self._call("get_item", TableName=self.table, Key=_marshal(_checkpoint_key(checkpoint_s3_uri)), ConsistentRead=True).get("Item")
         owner = _unmarshal(item)["job"] if item else None
         if owner is None or owner == job:
             return None

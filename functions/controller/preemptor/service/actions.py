@@ -264,18 +264,9 @@ def _back_to_queue(
         preempting_since=None,
         **learning.after_stop(record),  # issue 10: a checkpoint during the grace?
     )
-    try:
-        store.transition(record, new, expect=[record.status], usage_delta=-record.gpus)
-    except ConflictError:
-        # Moved meanwhile (a cancel request, an end event): judge again on the fresh item.
-        current = store.get(record.name)
-        if current is not None and current.status is JobState.PREEMPTING and current.incarnation == record.incarnation:
-            return requeue(
-                store=store, policy=policy, job=record.name, incarnation=record.incarnation, fresh=fresh, phase="stopped", now=now,
-                alerts=alerts,
-            )
-        return {"requeued": False, "reason": "conflict", "pool": record.pool}
-    _fold_usage(store, policy, record, now)
+    moved = _release_stopped(store, policy, record, new, fresh, now, alerts)
+    if moved is not None:
+        return moved
     store.log(
         record.name,
         now,
@@ -297,6 +288,26 @@ def _back_to_queue(
     return {"requeued": True, "pool": record.pool, "lost_gpu_seconds": lost, "fresh": fresh, "released": True}
 
 
+def _release_stopped(
+    store: JobsStore, policy: Policy, record: JobRecord, new: JobRecord, fresh: bool, now: float, alerts: Alerts | None
+) -> dict | None:
+    """Write a stopped victim's next state and free its GPUs, and fold its run into its
+    team's usage; None when done. If it moved meanwhile (a cancel request, an end event),
+    it is judged again on the fresh item and that answer returned."""
+    try:
+        store.transition(record, new, expect=[record.status], usage_delta=-record.gpus)
+    except ConflictError:
+        current = store.get(record.name)
+        if current is not None and current.status is JobState.PREEMPTING and current.incarnation == record.incarnation:
+            return requeue(
+                store=store, policy=policy, job=record.name, incarnation=record.incarnation, fresh=fresh, phase="stopped", now=now,
+                alerts=alerts,
+            )
+        return {"requeued": False, "reason": "conflict", "pool": record.pool}
+    _fold_usage(store, policy, record, now)
+    return None
+
+
 def _end_adopted(
     store: JobsStore, policy: Policy, record: JobRecord, fresh: bool, now: float, reason: str, why: str, lost: float, saved: float,
     alerts: Alerts | None,
@@ -316,17 +327,9 @@ def _end_adopted(
         stops_without_fresh_checkpoint=record.stops_without_fresh_checkpoint + (0 if fresh else 1),
         preempting_since=None,
     )
-    try:
-        store.transition(record, new, expect=[record.status], usage_delta=-record.gpus)
-    except ConflictError:
-        current = store.get(record.name)
-        if current is not None and current.status is JobState.PREEMPTING and current.incarnation == record.incarnation:
-            return requeue(
-                store=store, policy=policy, job=record.name, incarnation=record.incarnation, fresh=fresh, phase="stopped", now=now,
-                alerts=alerts,
-            )
-        return {"requeued": False, "reason": "conflict", "pool": record.pool}
-    _fold_usage(store, policy, record, now)
+    moved = _release_stopped(store, policy, record, new, fresh, now, alerts)
+    if moved is not None:
+        return moved
     store.log(
         record.name, now, f"{reason}-not-relaunched", reason, f"{end}; {lost:.0f} GPU-seconds lost{_since_checkpoint(record)}",
         preemptor=record.preempted_by, lost_gpu_seconds=lost, fresh_checkpoint=fresh,
@@ -436,17 +439,7 @@ def launch(
         run_id = runners[record.service].launch(record, instance_type, pool_offerings)
     except ServiceRejected as e:
         return _launch_refused(store, alerts, record, e, now, instance_type)
-    new = record.with_changes(
-        status=JobState.RUNNING,
-        run_id=run_id,
-        run_name=record.next_run_name,
-        started_at=now,
-        first_started_at=record.first_started_at if record.first_started_at is not None else now,
-        launch_attempts=0,
-        not_before=None,
-        last_launch_error=None,
-        launched_instance_type=instance_type,
-    )
+    new = running_on(record, run_id, now, instance_type)
     for _ in range(JUDGE_ATTEMPTS):
         try:
             store.transition(record, new, expect=[JobState.ADMITTED], alias=True)
@@ -485,6 +478,22 @@ def launch(
     else:
         store.log(job, now, "launched", "capacity-free", f"{new.run_name} created in {record.service}{on}", instance_type=instance_type)
     return {"launched": True, "run_id": run_id, "run_name": new.run_name, "pool": record.pool, "relaunch": record.incarnation > 1}
+
+
+def running_on(record: JobRecord, run_id: str, started_at: float, instance_type: str | None = None) -> JobRecord:
+    """The admitted job, running its incarnation's run `run_id` (created on `instance_type`,
+    when the launch chose one) since `started_at`: its launch refusals forgotten."""
+    return record.with_changes(
+        status=JobState.RUNNING,
+        run_id=run_id,
+        run_name=record.next_run_name,
+        started_at=started_at,
+        first_started_at=record.first_started_at if record.first_started_at is not None else started_at,
+        launch_attempts=0,
+        not_before=None,
+        last_launch_error=None,
+        launched_instance_type=instance_type,
+    )
 
 
 _LAUNCH_FIELDS = (

@@ -235,17 +235,7 @@ def repair_stuck_admission(store: JobsStore, runner: Runner, offerings: tuple[st
 
 
 def _record_found_run(store: JobsStore, record, run, now: float) -> dict | None:
-    started = min(run.created_at, now) if run.created_at else now
-    new = record.with_changes(
-        status=JobState.RUNNING,
-        run_id=run.run_id,
-        run_name=record.next_run_name,
-        started_at=started,
-        first_started_at=record.first_started_at if record.first_started_at is not None else started,
-        launch_attempts=0,
-        not_before=None,
-        last_launch_error=None,
-    )
+    new = actions.running_on(record, run.run_id, min(run.created_at, now) if run.created_at else now)
     try:
         store.transition(record, new, [JobState.ADMITTED], alias=True)
     except ConflictError:
