@@ -128,6 +128,26 @@ def test_a_run_created_by_a_launch_that_died_before_recording_it_is_recorded_not
     assert [e["kind"] for e in store.history("train-c")] == ["launched"]
 
 
+SAGEMAKER_OFFERINGS = ("ml.p5.48xlarge:spot", "ml.p5.48xlarge")
+
+
+def test_a_run_reconcile_records_is_on_the_offering_it_was_created_on(world):
+    store, sagemaker = world
+    # Given a pool that launches on spot first, and a launch that created train-c's run on
+    # spot and died before recording it
+    SageMakerRunner(sagemaker).launch(store.require("train-c"), "ml.p5.48xlarge:spot", SAGEMAKER_OFFERINGS)
+    # When reconcile finds the admission stuck and records the run
+    repair_stuck_admission(store, SageMakerRunner(sagemaker), SAGEMAKER_OFFERINGS, store.require("train-c"), STUCK)
+    # Then the job runs on spot as the launch would have recorded it, and its history says so
+    job = store.require("train-c")
+    assert job.launched_instance_type == "ml.p5.48xlarge:spot"
+    assert "on ml.p5.48xlarge (spot)" in store.history("train-c")[-1]["detail"]
+    # And when that run meets no capacity, spot is avoided for a while: the next launch
+    # goes on demand instead of back to the offering that had none
+    actions.finish(store=store, policy=None, job="train-c", incarnation=1, outcome="capacity-error", reason="InsufficientCapacity", now=STUCK + 60)
+    assert store.unavailable_offerings("p5", STUCK + 61) == {"ml.p5.48xlarge:spot"}
+
+
 def test_a_stuck_admission_with_no_run_goes_back_to_the_queue(world):
     store, sagemaker = world
     repair = repair_stuck_admission(store, SageMakerRunner(sagemaker), (), store.require("train-c"), STUCK)
@@ -224,6 +244,35 @@ def test_a_run_name_someone_else_took_is_skipped_by_the_next_attempt(world):
     store.transition(job, job.with_changes(status=JobState.ADMITTED, admitted_at=200.0), [JobState.PENDING], usage_delta=8, pool_limit=64)
     launched = actions.launch(store=store, runners=runners, job="train-c", incarnation=2, now=201.0)
     assert launched["launched"] is True and launched["run_id"] == "train-c-r2"
+
+
+def test_a_batch_run_reconcile_records_in_a_fallback_queue_is_judged_by_that_queue():
+    from emulation import emulation
+    from test_job_ended_and_spot import _batch_queue
+
+    with emulation() as env:
+        _batch_queue(env, *BATCH_QUEUES)
+        store, batch = env.store, env.stack.client("batch")
+        store.ensure_pool("g5", 32)
+        record = JobRecord(
+            name="train-b", team="vision", priority=100, pool="g5", service="batch", gpus=8,
+            request={"jobQueue": "g5-queue", "jobDefinition": "g5-training"},
+            checkpoint_s3_uri="s3://preemptor-checkpoints/vision/train-b", submitted_at=0.0,
+        )
+        assert store.put_new(record)
+        record = store.require("train-b")
+        store.transition(record, record.with_changes(status=JobState.ADMITTED, admitted_at=10.0), [JobState.PENDING], usage_delta=8, pool_limit=32)
+        # Given a launch that submitted to the fallback queue and died before recording it
+        BatchRunner(batch).launch(store.require("train-b"), "g5-spot", BATCH_QUEUES)
+        # When reconcile records the run it finds there
+        repair_stuck_admission(store, BatchRunner(batch), BATCH_QUEUES, store.require("train-b"), STUCK)
+        # Then the job is in that queue, as the launch would have recorded it
+        job = store.require("train-b")
+        assert job.launched_instance_type == "g5-spot" and "in g5-spot" in store.history("train-b")[-1]["detail"]
+        # And when it never finds instances there, that queue is the one avoided, not the
+        # pool's own queue it never ran in
+        actions.no_capacity_in_queue(store=store, runners={"batch": BatchRunner(batch)}, record=job, reason="RUNNABLE for 900 s", now=STUCK + 900)
+        assert store.unavailable_offerings("g5", STUCK + 901) == {"g5-spot"}
 
 
 def test_a_batch_run_of_a_dead_launch_that_already_ended_is_recorded_not_run_again():

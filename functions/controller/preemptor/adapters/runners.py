@@ -14,7 +14,7 @@ from botocore.exceptions import ClientError, HTTPClientError, ParamValidationErr
 
 from ..core.errors import RunNameTaken, ServiceJobNotFound, ServiceRejected, ServiceUnavailable
 from ..core.jobs import JobRecord
-from ..core.pools import parse_offering
+from ..core.pools import SPOT, parse_offering
 from ..core.requests import spot_launch
 from .errors import ErrorKind, classify, code_of, is_sagemaker_not_found, translate
 
@@ -28,12 +28,15 @@ CHECKPOINT_ENV = "PREEMPTOR_CHECKPOINT_S3_URI"
 class LiveRun:
     """A run the service has not ended, as reconcile sees it: its id, when it was created
     (epoch seconds) and its tags (None where the service's listing carries none: SageMaker's
-    tags cost a call each, and are read only for runs the table cannot place)."""
+    tags cost a call each, and are read only for runs the table cannot place). A run
+    `find_run` found also carries where it runs, as a pool's offering names it: SageMaker's
+    instance type (":spot" on managed spot), Batch's queue."""
 
     run_id: str
     created_at: float
     arn: str = ""
     tags: dict[str, str] | None = None
+    offering: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +148,9 @@ class SageMakerRunner:
             raise translate(e, f"DescribeTrainingJob {name}") from e
         if not is_own_run(tags, record):
             return None
-        return LiveRun(name, described["CreationTime"].timestamp(), described["TrainingJobArn"], tags)
+        instance_type = (described.get("ResourceConfig") or {}).get("InstanceType")
+        offering = None if not instance_type else instance_type + (SPOT if described.get("EnableManagedSpotTraining") else "")
+        return LiveRun(name, described["CreationTime"].timestamp(), described["TrainingJobArn"], tags, offering)
 
     def _all_tags(self, arn: str) -> list[dict]:
         return [t for page in self.client.get_paginator("list_tags").paginate(ResourceArn=arn) for t in page.get("Tags", [])]
@@ -273,7 +278,7 @@ class BatchRunner:
             raise translate(e, f"ListJobs {name}") from e
         return next(
             (
-                LiveRun(j["jobId"], j.get("createdAt", 0) / 1000.0, j.get("jobArn", ""), j.get("tags") or {})
+                LiveRun(j["jobId"], j.get("createdAt", 0) / 1000.0, j.get("jobArn", ""), j.get("tags") or {}, queue)
                 for j in described
                 if is_own_run(j.get("tags") or {}, record)
             ),

@@ -19,6 +19,7 @@ from ..adapters.workflows import WorkflowStarter, execution_name
 from ..config import Settings
 from ..core.errors import ConflictError, ServiceJobNotFound
 from ..core.model import JobState
+from ..core.pools import describe_offering
 from . import actions
 from .scheduling import LEASE_TTL_S, oldest_wait_by_tier, preemption_names
 
@@ -222,7 +223,7 @@ def repair_stuck_admission(store: JobsStore, runner: Runner, offerings: tuple[st
         return None
     run = runner.find_run(record, offerings, ended=True)
     if run is not None:
-        return _record_found_run(store, record, run, now)
+        return _record_found_run(store, record, run, offerings, now)
     try:
         store.transition(
             record, record.with_changes(status=JobState.PENDING, admitted_at=None), [JobState.ADMITTED], usage_delta=-record.gpus
@@ -234,17 +235,22 @@ def repair_stuck_admission(store: JobsStore, runner: Runner, offerings: tuple[st
     return {"job": record.name, "pool": record.pool, "repair": kind.value}
 
 
-def _record_found_run(store: JobsStore, record, run, now: float) -> dict | None:
-    new = actions.running_on(record, run.run_id, min(run.created_at, now) if run.created_at else now)
+def _record_found_run(store: JobsStore, record, run, offerings: tuple[str, ...], now: float) -> dict | None:
+    """Recorded as the launch would have: on the offering the run is on when the pool
+    chooses among several (a run that meets no capacity there marks it unavailable, and a
+    Batch run stuck RUNNABLE is judged by its own queue)."""
+    offering = run.offering if len(offerings) > 1 and run.offering in offerings else None
+    new = actions.running_on(record, run.run_id, min(run.created_at, now) if run.created_at else now, offering)
     try:
         store.transition(record, new, [JobState.ADMITTED], alias=True)
     except ConflictError:
         return None  # it moved meanwhile: judged on the next run
     kind = Repair.STUCK_ADMISSION_RECORDED
+    where = "" if not run.offering else f" in {run.offering}" if record.service == "batch" else f" on {describe_offering(run.offering)}"
     store.log(
         record.name, now, "relaunched" if record.incarnation > 1 else "launched", kind.value,
-        f"{new.run_name} was created by a launch that died before recording it; found in {record.service} and recorded",
-        run=run.run_id,
+        f"{new.run_name} was created by a launch that died before recording it; found in {record.service}{where} and recorded",
+        run=run.run_id, instance_type=offering,
     )
     return {"job": record.name, "pool": record.pool, "repair": kind.value, "run": run.run_id}
 
