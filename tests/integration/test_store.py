@@ -8,7 +8,7 @@ from moto import mock_aws
 from template_support import table_key_schema
 
 from aws_faults import answer_lost, aws_says_no, transaction_conflict
-from preemptor.adapters.store import EVENT_CLAIM_S, GSI, USAGE_SETTLE_S, JobsStore, record_to_item
+from preemptor.adapters.store import ALIAS_TTL_S, EVENT_CLAIM_S, GSI, USAGE_SETTLE_S, JobsStore, record_to_item
 from preemptor.core.errors import CapacityExhausted, ConflictError, EventInProgress, Retryable, TransactionConflict
 from preemptor.core.jobs import JobRecord
 from preemptor.core.model import JobState
@@ -122,6 +122,19 @@ def test_run_alias_maps_a_run_to_its_job_and_incarnation(store):
     store.transition(admitted, running, [JobState.ADMITTED], alias=True)
     assert store.find_run("sagemaker", "a-r2") == ("a", 1)
     assert store.find_run("sagemaker", "unknown") is None
+
+
+def test_a_runs_instance_and_service_job_aliases_expire_after_any_run_could_have_ended(store):
+    # Given a run placed on an EC2 instance and a Batch service job mapped to its training job
+    store.put_instance_alias("i-0abc", "a", 2, now=1000.0)
+    store.put_service_job_alias("svc-1", "a-r2", now=1000.0)
+    assert store.runs_on_instance("i-0abc") == [("a", 2)]
+    assert store.service_job_training_job("svc-1") == "a-r2"
+    # Then both are items the table's TTL removes, and not before SageMaker's longest run (28 days)
+    for key in ({"pk": "RUN#instance#i-0abc", "sk": "RUN#a"}, {"pk": "RUN#batch-service#svc-1", "sk": "RUN"}):
+        item = store.client.get_item(TableName="jobs", Key={k: {"S": v} for k, v in key.items()})["Item"]
+        assert int(item["expires_at"]["N"]) == 1000 + ALIAS_TTL_S
+        assert ALIAS_TTL_S > 28 * 24 * 3600
 
 
 # -- nothing lost (issue 8, finding 4) -----------------------------------------------------

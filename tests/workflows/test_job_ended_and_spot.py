@@ -136,7 +136,7 @@ def test_every_job_on_a_reclaimed_instance_is_warned():
         env.submit(name="right", team="a", priority=200, pool="g5", gpus=8, duration=7200, checkpoint_every=1800)
         env.advance(600)
         [shared] = [e["detail"].rsplit(" ", 1)[-1] for e in env.store.history("left") if e["kind"] == "placed"]
-        env.store.put_instance_alias(shared, "right", 1)  # ECS placed "right" there too
+        env.store.put_instance_alias(shared, "right", 1, env.clock.now())  # ECS placed "right" there too
         assert env.store.runs_on_instance(shared) == [("left", 1), ("right", 1)]
         # When EC2 warns that the instance will be reclaimed
         assert env.fleet.spot_interrupt("left") == shared

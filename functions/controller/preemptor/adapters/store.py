@@ -33,6 +33,10 @@ from .errors import translate
 
 GSI = "ByPoolStatus"
 EVENT_TTL_S = 7 * 24 * 3600
+# A run's aliases (its EC2 instance, its Batch service job) are read only while the run
+# lives; they expire well beyond the longest run SageMaker allows (28 days), so a table
+# that has seen a million runs does not keep a million dead aliases.
+ALIAS_TTL_S = 90 * 24 * 3600
 # A claim outlives the intake function's 60 s timeout (a live handling is never taken
 # over), and ends before Lambda's retries of a failed delivery (1 min, then 2 min more,
 # after the failure): a handling killed mid-way is redone by a retry, not lost as a duplicate.
@@ -839,13 +843,10 @@ class JobsStore:
                 return _unmarshal(item)["job"]
         return None
 
-    def put_service_job_alias(self, service_job_id: str, training_job: str) -> None:
-        """Map a Batch service job to the training job of its current attempt."""
-        self._call(
-            "put_item",
-            TableName=self.table,
-            Item=_marshal({"pk": f"RUN#batch-service#{service_job_id}", "sk": "RUN", "training_job": training_job}),
-        )
+    def put_service_job_alias(self, service_job_id: str, training_job: str, now: float) -> None:
+        """Map a Batch service job to the training job of its current attempt (for ALIAS_TTL_S)."""
+        fields = {"pk": f"RUN#batch-service#{service_job_id}", "sk": "RUN", "training_job": training_job}
+        self._call("put_item", TableName=self.table, Item=_marshal({**fields, "expires_at": int(now + ALIAS_TTL_S)}))
 
     def service_job_training_job(self, service_job_id: str) -> str | None:
         item = self._call(
@@ -853,14 +854,11 @@ class JobsStore:
         ).get("Item")
         return _unmarshal(item)["training_job"] if item else None
 
-    def put_instance_alias(self, instance_id: str, job: str, incarnation: int) -> None:
+    def put_instance_alias(self, instance_id: str, job: str, incarnation: int, now: float) -> None:
         """Map an EC2 instance to a job's run on it (one item per job: an instance may host
-        several Batch jobs, each warned when it is reclaimed)."""
-        self._call(
-            "put_item",
-            TableName=self.table,
-            Item=_marshal({"pk": f"RUN#instance#{instance_id}", "sk": f"RUN#{job}", "job": job, "incarnation": incarnation}),
-        )
+        several Batch jobs, each warned when it is reclaimed), for ALIAS_TTL_S."""
+        fields = {"pk": f"RUN#instance#{instance_id}", "sk": f"RUN#{job}", "job": job, "incarnation": incarnation}
+        self._call("put_item", TableName=self.table, Item=_marshal({**fields, "expires_at": int(now + ALIAS_TTL_S)}))
 
     def runs_on_instance(self, instance_id: str) -> list[tuple[str, int]]:
         """(job name, incarnation) of every run placed on the EC2 instance, by job name."""

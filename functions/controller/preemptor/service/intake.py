@@ -129,7 +129,7 @@ class Intake:
         if isinstance(event, ev.AlarmStateChanged):
             return self._alarm_changed(event, now)
         if isinstance(event, ev.BatchServiceJobStateChanged):
-            return self._service_job_changed(event)
+            return self._service_job_changed(event, now)
         if isinstance(event, ev.BatchServiceJobPreemption):
             return self._service_job_preempted(event, now)
         return IntakeResult("ignored", f"no handler for {type(event).__name__}")
@@ -299,7 +299,7 @@ class Intake:
         instance = self.instances.ec2_instance(arn)
         if instance is None:
             return ""
-        self.store.put_instance_alias(instance, name, incarnation)
+        self.store.put_instance_alias(instance, name, incarnation, now)
         self.store.log(name, now, "placed", "batch-running", f"runs on EC2 instance {instance}")
         return f" on {instance}"
 
@@ -444,10 +444,10 @@ class Intake:
     # its training job (it then counts in a pool and can be a victim). When Batch's quota
     # management preempts such a service job, the training job is asked for a checkpoint
     # while it still runs, and the preemption is accounted on the job.
-    def _service_job_changed(self, event: "ev.BatchServiceJobStateChanged") -> IntakeResult:
+    def _service_job_changed(self, event: "ev.BatchServiceJobStateChanged", now: float) -> IntakeResult:
         if event.training_job is None:
             return IntakeResult("ignored", f"service job {event.service_job_id} is {event.status}: no training job yet")
-        self.store.put_service_job_alias(event.service_job_id, event.training_job)
+        self.store.put_service_job_alias(event.service_job_id, event.training_job, now)
         return IntakeResult("accepted", f"service job {event.service_job_id} runs training job {event.training_job}")
 
     def _service_job_preempted(self, event: "ev.BatchServiceJobPreemption", now: float) -> IntakeResult:
