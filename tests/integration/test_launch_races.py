@@ -5,6 +5,7 @@ record it. The job's run must survive, whichever records it first."""
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import boto3
@@ -19,7 +20,7 @@ from preemptor.core.errors import ServiceUnavailable, Throttled
 from preemptor.core.jobs import JobRecord
 from preemptor.core.model import JobState
 from preemptor.service import actions
-from preemptor.service.reconcile import STUCK_ADMISSION_S, repair_stuck_admission
+from preemptor.service.reconcile import STUCK_ADMISSION_S, launch_gave_up, repair_stuck_admission
 
 REGION = "us-east-1"
 REQUEST = {
@@ -304,3 +305,46 @@ def test_a_batch_run_of_a_dead_launch_that_already_ended_is_recorded_not_run_aga
         assert repair["repair"] == "stuck-admission-recorded" and repair["run"] == run
         assert store.require("train-b").status is JobState.RUNNING
         assert len(_live_jobs(batch)) == 0
+
+
+# -- a launch step that gave up -------------------------------------------------------------
+
+
+def test_launches_given_up_in_a_row_back_off_longer_each_time_up_to_a_bound_and_a_launch_forgets_them(world):
+    store, sagemaker = world
+    runners = {"sagemaker": SageMakerRunner(sagemaker)}
+    waits = []
+    for n in range(1, 7):
+        # Given the job admitted again, and its launch step given up once more (no run created)
+        if n > 1:
+            job = store.require("train-c")
+            store.transition(job, job.with_changes(status=JobState.ADMITTED, admitted_at=1000.0 * n), [JobState.PENDING], usage_delta=8, pool_limit=64)
+        result = launch_gave_up(store, runners, {}, "train-c", 1, "Throttled", 1000.0 * n + 5)
+        # Then it is back in the queue, its GPUs released, behind a backoff
+        job = store.require("train-c")
+        assert result["released"] and job.status is JobState.PENDING and job.launches_given_up == n
+        assert store.pool("p5")["used_gpus"] == 0 and job.last_launch_error == "Throttled"
+        assert result["wait_s"] == math.ceil(job.not_before - (1000.0 * n + 5))
+        waits.append(job.not_before - (1000.0 * n + 5))
+    # And the backoff doubles (60 s x 2^(n-1), plus up to as much again) up to the fourth
+    assert 60 <= waits[0] <= 120 and 480 <= waits[3] <= 960
+    assert all(a < b for a, b in zip(waits[:4], waits[1:4]))
+    assert waits[4:] == pytest.approx([actions.gave_up_backoff_s("train-c", 4)] * 2)
+    # And a launch that goes through forgets them
+    job = store.require("train-c")
+    store.transition(job, job.with_changes(status=JobState.ADMITTED, admitted_at=9000.0), [JobState.PENDING], usage_delta=8, pool_limit=64)
+    assert actions.launch(store=store, runners=runners, job="train-c", incarnation=1, now=9001.0)["launched"]
+    assert store.require("train-c").launches_given_up == 0
+
+
+def test_a_launch_given_up_after_the_job_moved_on_leaves_it_alone(world):
+    store, sagemaker = world
+    runners = {"sagemaker": SageMakerRunner(sagemaker)}
+    # Given the launch was recorded meanwhile (a retry of the step that overlapped it)
+    assert actions.launch(store=store, runners=runners, job="train-c", incarnation=1, now=20.0)["launched"]
+    # When the give-up step of the older attempt runs, and again for an older incarnation
+    assert launch_gave_up(store, runners, {}, "train-c", 1, "Lambda.Unknown", 60.0) == {"released": False, "reason": "not-admitted"}
+    assert launch_gave_up(store, runners, {}, "train-c", 2, "Lambda.Unknown", 60.0)["reason"] == "not-admitted"
+    # Then the running job is untouched
+    job = store.require("train-c")
+    assert job.status is JobState.RUNNING and job.launches_given_up == 0 and store.pool("p5")["used_gpus"] == 8

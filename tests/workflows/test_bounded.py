@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 
-from aws_faults import aws_says_no, error_response
+from aws_faults import THROTTLING, answer_lost_after_applied, aws_says_no, error_response
 from emulation import P5, emulation
 
 from preemptor.core.jobs import JobRecord
 from preemptor.core.model import JobState
-from preemptor.service.reconcile import UNKNOWN_RUN_GRACE_S, preemption_deadline_s
+from preemptor.service.reconcile import STUCK_ADMISSION_S, UNKNOWN_RUN_GRACE_S, preemption_deadline_s
 from preemptor.service.scheduling import MAX_CYCLES
 from preemptor_tools.local.executions import wait_for_execution
 
@@ -430,3 +430,59 @@ def test_reconcile_recounts_usage_that_drifted_under_the_lease():
         assert {"pool": "p5", "recount": "repaired", "rerun": False, "repair": "usage-recounted", "from": 40, "to": 16} in repairs
         assert env.store.pool("p5")["used_gpus"] == 16
         assert "lease_owner" not in env.store.pool("p5")
+
+
+def test_a_launch_that_gives_up_goes_back_to_the_queue_after_a_backoff_not_after_reconciles_half_hour():
+    with emulation() as env:
+        sagemaker = env.stack.deps().runners["sagemaker"].client
+        # Given SageMaker throttles CreateTrainingJob through every retry of the launch step
+        # (its first attempt and six retries)
+        with aws_says_no(sagemaker, "CreateTrainingJob", THROTTLING["sagemaker"], times=7) as refused:
+            # When a job is admitted into the empty pool and launched
+            env.submit(name="train", team="research", priority=50, pool="p5", instances=1, duration=3600)
+        assert len(refused) == 7
+        first = _executions(env, "ScheduleStateMachine")[0]
+        assert first["status"] == "FAILED" and "Give the launch up" in env.states_visited(first["executionArn"])
+        # Then the operators were told the launch gave up
+        assert any("train" in a and "gave up" in a and "Throttled" in a for a in env.stack.alerts()), env.stack.alerts()
+        # And the job went back to the queue at once, its GPUs released, behind a backoff,
+        # not held ADMITTED until reconcile's stuck-admission release half an hour later
+        history = env.store.history("train")
+        [released] = [e for e in history if e["kind"] == "admission-released"]
+        assert "gave up (Throttled)" in released["detail"]
+        admitted = [e for e in history if e["kind"] == "admitted"][0]
+        assert released["at"] - admitted["at"] < STUCK_ADMISSION_S / 3
+        # And the schedule woke the pool once the backoff was over, which launched it: the
+        # same incarnation (no run had been created), its give-ups forgotten
+        [launched] = [e for e in history if e["kind"] == "launched"]
+        assert launched["at"] >= released["at"] + 60
+        job = env.job("train")
+        assert job.status is JobState.RUNNING and job.incarnation == 1 and job.launches_given_up == 0
+        assert env.store.pool("p5")["used_gpus"] == 8
+        names = [j["TrainingJobName"] for j in sagemaker.list_training_jobs()["TrainingJobSummaries"]]
+        assert names == ["train"]
+
+
+def test_a_launch_that_gives_up_after_creating_its_run_records_that_run_rather_than_queueing_the_job_again():
+    with emulation() as env:
+        sagemaker = env.stack.deps().runners["sagemaker"].client
+        # Given the launch's CreateTrainingJob is applied but its answer lost, and SageMaker
+        # then throttles the look-up of the name in use through every retry of the step
+        with answer_lost_after_applied(sagemaker, "CreateTrainingJob") as lost, aws_says_no(
+            sagemaker, "DescribeTrainingJob", THROTTLING["sagemaker"], times=6
+        ) as refused:
+            env.submit(name="train", team="research", priority=50, pool="p5", instances=1, duration=3600)
+        assert lost and len(refused) == 6
+        # Then giving the launch up found the run it had created and recorded it: one run,
+        # the job running on it, its GPUs still counted, never queued to be launched again
+        job = env.job("train")
+        assert job.status is JobState.RUNNING and job.run_name == "train" and job.incarnation == 1
+        names = [j["TrainingJobName"] for j in sagemaker.list_training_jobs()["TrainingJobSummaries"]]
+        assert names == ["train"]
+        kinds = env.kinds("train")
+        assert "admission-released" not in kinds and kinds.count("launched") == 1
+        [launched] = [e for e in env.store.history("train") if e["kind"] == "launched"]
+        assert launched["reason"] == "stuck-admission-recorded"
+        assert env.store.pool("p5")["used_gpus"] == 8
+        first = _executions(env, "ScheduleStateMachine")[0]
+        assert "Give the launch up" in env.states_visited(first["executionArn"])

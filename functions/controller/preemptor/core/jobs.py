@@ -75,6 +75,9 @@ class JobRecord:
     # Launches the service refused for good (validation, quota, a taken name): the job is
     # retried after `not_before` (backoff), and failed after MAX_LAUNCH_ATTEMPTS.
     launch_attempts: int = 0
+    # Launch steps that gave up in a row (their retries of throttling, 5xx or a dying Lambda
+    # spent): the job goes back to the queue, each time after a longer backoff.
+    launches_given_up: int = 0
     not_before: float | None = None
     last_launch_error: str | None = None
     cancel_requested_at: float | None = None

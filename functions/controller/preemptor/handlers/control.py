@@ -1,13 +1,13 @@
-"""Job control steps of the workflows: launch, stop, run state, requeue, interrupt, spare, finish."""
+"""Job control steps of the workflows: launch (and giving it up), stop, run state, requeue, interrupt, spare, finish."""
 
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from .. import clock
 from ..adapters.workflows import execution_name, settled_schedule
-from ..service import actions
+from ..service import actions, reconcile
 from .observability import emit, logger, metrics, tracer
-from .steps import ControlStep, Finish, Interrupt, Launch, Requeue, RunState, Spare, Stop, step_input
+from .steps import ControlStep, Finish, GiveUpLaunch, Interrupt, Launch, Requeue, RunState, Spare, Stop, step_input
 from .wiring import deps
 
 
@@ -33,6 +33,12 @@ def handler(step, context: LambdaContext) -> dict:
                 emit("Relaunches", 1, Pool=result["pool"])
             if result.get("reason") == "no-capacity":
                 emit("CapacityWaits", 1, Pool=result["pool"])
+            return result
+        case GiveUpLaunch(error=error):
+            offerings = {p.name: p.offerings for p in d.settings.pools}
+            result = reconcile.launch_gave_up(d.store, d.runners, offerings, step.job, step.incarnation, error, now)
+            if result.get("pool"):
+                emit("LaunchesGivenUp", 1, Pool=result["pool"])
             return result
         case Stop(fresh=fresh):
             if not fresh:

@@ -35,6 +35,13 @@ class Launch(_JobStep):
     action: Literal["launch"]
 
 
+class GiveUpLaunch(_JobStep):
+    """The launch step gave up (`error`: the workflow's error name and cause)."""
+
+    action: Literal["give-up-launch"]
+    error: Reason
+
+
 class Stop(_JobStep):
     action: Literal["stop"]
     fresh: bool = True
@@ -70,7 +77,7 @@ class Finish(_JobStep):
 
 
 ControlStep = TypeAdapter(
-    Annotated[Union[Launch, Stop, RunState, Requeue, Interrupt, Spare, Finish], Field(discriminator="action")]
+    Annotated[Union[Launch, GiveUpLaunch, Stop, RunState, Requeue, Interrupt, Spare, Finish], Field(discriminator="action")]
 )
 
 

@@ -26,7 +26,9 @@ from ..adapters.store import JobsStore
 from ..adapters.workflows import WorkflowStarter
 from ..config import Settings
 
-CLIENT_CONFIG = Config(retries={"mode": "standard", "max_attempts": 3})
+# Standard retries: throttling and 5xx answers are retried with jittered backoff, three
+# attempts in all (the client setting `max_attempts` would count retries, not attempts).
+CLIENT_CONFIG = Config(retries={"mode": "standard", "total_max_attempts": 3})
 # For calls that a resend could apply twice (Batch's SubmitJob: no idempotency token): one
 # attempt; the caller's own retry first looks for what the lost attempt did.
 NO_RETRY_CONFIG = Config(retries={"mode": "standard", "total_max_attempts": 1})

@@ -30,6 +30,7 @@ OUTCOMES = {"completed": JobState.COMPLETED, "failed": JobState.FAILED, "cancell
 MAX_LAUNCH_ATTEMPTS = 3  # launches the service refuses before the job is failed
 LAUNCH_BACKOFF_S = 60.0  # attempt n waits 60 x 2^(n-1) s, plus up to as much again (jitter)
 JUDGE_ATTEMPTS = 3  # re-reads of a job that moved under a step before giving up
+GAVE_UP_BACKOFF_STEPS = 4  # the longest backoff after launch steps that gave up: 8 to 16 min
 MAX_CAPACITY_RETRIES = 24  # launches that met no capacity before the job is failed
 CAPACITY_BACKOFF_S = 60.0  # retry n waits min(300, 60 x 2^(n-1)) s, less up to a half (jitter)
 CAPACITY_BACKOFF_MAX_S = 300.0
@@ -490,6 +491,7 @@ def running_on(record: JobRecord, run_id: str, started_at: float, instance_type:
         started_at=started_at,
         first_started_at=record.first_started_at if record.first_started_at is not None else started_at,
         launch_attempts=0,
+        launches_given_up=0,
         not_before=None,
         last_launch_error=None,
         launched_instance_type=instance_type,
@@ -497,8 +499,8 @@ def running_on(record: JobRecord, run_id: str, started_at: float, instance_type:
 
 
 _LAUNCH_FIELDS = (
-    "status", "run_id", "run_name", "started_at", "first_started_at", "launch_attempts", "not_before", "last_launch_error",
-    "launched_instance_type",
+    "status", "run_id", "run_name", "started_at", "first_started_at", "launch_attempts", "launches_given_up", "not_before",
+    "last_launch_error", "launched_instance_type",
 )
 
 
@@ -517,6 +519,13 @@ def launch_backoff_s(job: str, attempts: int) -> float:
     plus a jitter of up to as much again, drawn from the job and attempt (deterministic)."""
     base = LAUNCH_BACKOFF_S * 2 ** (attempts - 1)
     return base + random.Random(f"{job}#{attempts}").uniform(0, base)
+
+
+def gave_up_backoff_s(job: str, given_up: int) -> float:
+    """How long a job waits after its `given_up`-th launch step in a row that gave up
+    (throttling or 5xx through every retry): `launch_backoff_s` of it, at most its fourth
+    (8 to 16 min): an outage ends at any moment, and the job should start soon after."""
+    return launch_backoff_s(job, min(given_up, GAVE_UP_BACKOFF_STEPS))
 
 
 def capacity_backoff_s(job: str, retries: int) -> float:

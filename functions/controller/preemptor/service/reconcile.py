@@ -10,6 +10,7 @@ run goes on with the others.
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 
 from ..adapters.checkpoints import CheckpointStore
@@ -221,18 +222,55 @@ def repair_stuck_admission(store: JobsStore, runner: Runner, offerings: tuple[st
     denied) raises: the job stays admitted, its GPUs counted, until a look-up can tell."""
     if record.status is not JobState.ADMITTED or now - (record.admitted_at or now) < STUCK_ADMISSION_S:
         return None
+    return settle_admission(store, runner, offerings, record, now)
+
+
+def settle_admission(
+    store: JobsStore, runner: Runner, offerings: tuple[str, ...], record, now: float, gave_up: str | None = None, wait_s: float = 0.0
+) -> dict | None:
+    """An admitted job whose launch is over without being recorded: the run it created is
+    recorded (`_record_found_run`), else the job goes back to the queue. `gave_up`: why the
+    launch step gave up (its error), when it did: the job then waits until `now + wait_s`,
+    so that the same trouble is not met again at once.
+    Returns the repair, None when the job moved meanwhile. A look-up AWS refuses raises:
+    the job stays admitted, its GPUs counted, until a look-up can tell."""
     run = runner.find_run(record, offerings, ended=True)
     if run is not None:
         return _record_found_run(store, record, run, offerings, now)
+    changes: dict = {"status": JobState.PENDING, "admitted_at": None}
+    if gave_up is not None:
+        changes.update(not_before=now + wait_s, launches_given_up=record.launches_given_up + 1, last_launch_error=gave_up)
     try:
-        store.transition(
-            record, record.with_changes(status=JobState.PENDING, admitted_at=None), [JobState.ADMITTED], usage_delta=-record.gpus
-        )
+        store.transition(record, record.with_changes(**changes), [JobState.ADMITTED], usage_delta=-record.gpus)
     except ConflictError:
         return None
     kind = Repair.STUCK_ADMISSION_RELEASED
-    store.log(record.name, now, "admission-released", kind.value, "admitted but never launched; back in the queue")
-    return {"job": record.name, "pool": record.pool, "repair": kind.value}
+    if gave_up is not None:
+        detail = f"its launch gave up ({gave_up}); back in the queue in {wait_s:.0f} s"
+    else:
+        detail = "admitted but never launched; back in the queue"
+    store.log(record.name, now, "admission-released", "launch-gave-up" if gave_up is not None else kind.value, detail)
+    out = {"job": record.name, "pool": record.pool, "repair": kind.value}
+    # Whole seconds, rounded up, for the workflow's wake-up (a Wait state's SecondsPath).
+    return {**out, "not_before": now + wait_s, "wait_s": math.ceil(wait_s)} if gave_up is not None else out
+
+
+def launch_gave_up(
+    store: JobsStore, runners: dict[str, Runner], offerings: dict[str, tuple[str, ...]], job: str, incarnation: int, error: str, now: float
+) -> dict:
+    """The schedule workflow's launch step gave up (throttling, 5xx or a dying Lambda through
+    every retry): the admission is settled now rather than by reconcile half an hour later
+    (`settle_admission`), the job queued again after `actions.gave_up_backoff_s`. A job that
+    is no longer this incarnation's admission (launched, cancelled, requeued) is left alone."""
+    record = store.require(job)
+    if record.incarnation != incarnation or record.status is not JobState.ADMITTED:
+        return {"released": False, "reason": "not-admitted"}
+    wait = actions.gave_up_backoff_s(record.name, record.launches_given_up + 1)
+    runner, pool_offerings = runners[record.service], offerings.get(record.pool, ())
+    repair = settle_admission(store, runner, pool_offerings, record, now, gave_up=error, wait_s=wait)
+    if repair is None:
+        return {"released": False, "reason": "conflict"}
+    return {"released": repair["repair"] == Repair.STUCK_ADMISSION_RELEASED.value, **repair}
 
 
 def _record_found_run(store: JobsStore, record, run, offerings: tuple[str, ...], now: float) -> dict | None:
