@@ -154,6 +154,57 @@ def test_an_adopted_run_claiming_another_jobs_checkpoint_location_is_counted_but
 
 
 @pytest.mark.parametrize(
+    "prefix, trusted",
+    [
+        pytest.param("research/kmeans-1", True, id="a-job-shaped-location-is-its-own"),
+        pytest.param("research", False, id="the-teams-root-lists-every-jobs-checkpoints"),
+        pytest.param("research/llm-pretrain-7b/step-000000000001", False, id="inside-a-jobs-location"),
+        pytest.param("_output/llm-pretrain-7b", False, id="the-controllers-training-output"),
+        pytest.param(None, True, id="another-bucket-is-the-runs-business"),
+    ],
+)
+def test_an_adopted_runs_location_in_the_checkpoint_bucket_is_trusted_only_where_it_lists_no_other_jobs_work(prefix, trusted):
+    with emulation() as env:
+        bucket = env.stack.parameters["CheckpointBucketName"]
+        location = f"s3://{bucket}/{prefix}" if prefix else "s3://team-scratch/research/sweeps"
+        event = _sample(ADOPTABLE_SAGEMAKER)
+        event["detail"]["CheckpointConfig"]["S3Uri"] = location
+        assert env.put(event).results[0]["reason"] == "adopted"
+        run = env.job(event["detail"]["TrainingJobName"])
+        # Counted either way; credited with a location only where it is the run's alone
+        assert env.store.pool("p5")["used_gpus"] == run.gpus
+        assert run.checkpoint_s3_uri == (location if trusted else "")
+        [adopted] = [e for e in env.store.history(run.name) if e["kind"] == "adopted"]
+        assert ("not trusted as its own" in adopted["detail"]) is not trusted
+
+
+def test_a_submission_takes_its_checkpoint_location_back_from_an_adopted_run_that_claimed_it_first():
+    with emulation() as env:
+        # Given an adopted run whose own CheckpointConfig names the location a job not yet
+        # submitted will be given, and which has been credited with a checkpoint there
+        event = _sample(ADOPTABLE_SAGEMAKER)
+        location = f"s3://{env.stack.parameters['CheckpointBucketName']}/research/llm-pretrain-7b"
+        event["detail"]["CheckpointConfig"]["S3Uri"] = location
+        assert env.put(event).results[0]["reason"] == "adopted"
+        run = event["detail"]["TrainingJobName"]
+        squatter = env.job(run)
+        assert squatter.checkpoint_s3_uri == location
+        env.store.transition(squatter, squatter.with_changes(last_checkpoint_at=env.clock.now()), [squatter.status])
+        # When that job is submitted
+        env.put(_sample("preemptor/job-submitted-sagemaker.json"))
+        # Then the location is the submission's: its checkpoints are credited to it alone, and
+        # the run keeps its GPUs counted with no checkpoint the controller would trust
+        assert env.job("llm-pretrain-7b").checkpoint_s3_uri == location
+        squatter = env.job(run)
+        assert squatter.checkpoint_s3_uri == "" and squatter.last_checkpoint_at is None
+        assert squatter.status is JobState.RUNNING and env.store.pool("p5")["used_gpus"] >= squatter.gpus
+        bucket, key = location.removeprefix("s3://").split("/", 1)
+        assert env.store.find_checkpoint_owner(bucket, f"{key}/step-000000000001/manifest.json") == "llm-pretrain-7b"
+        assert "checkpoint-location-lost" in env.kinds(run)
+        assert "checkpoint-location-taken" in env.kinds("llm-pretrain-7b")
+
+
+@pytest.mark.parametrize(
     "tag, required, counted",
     [
         pytest.param("1", "8", 8, id="a-tag-understating-the-requirement-is-not-believed"),

@@ -27,10 +27,11 @@ from ..adapters.store import JobsStore
 from ..adapters.workflows import WorkflowStarter, execution_name, settled_schedule
 from ..config import Settings
 from ..core import events as ev
-from ..core.errors import CheckpointLocationUnavailable, PreemptorError
+from ..core.errors import CheckpointLocationUnavailable, ConflictError, PreemptorError
 from ..core.jobs import JobRecord
 from ..core.model import JobState
 from ..core.requests import Refusal, RequestRefused, admit_request
+from ..core.s3uri import S3Uri
 from . import actions, escalation
 
 # SageMaker's FailureReason when it cannot provision the instances ("CapacityError: Unable to
@@ -207,6 +208,7 @@ class Intake:
             # after the insert (or by this one, whose answer was lost and resent): its alias,
             # its log line and its plan are done now (each a no-op if done already).
             record = existing
+        self._take_location(record, now)
         self.store.put_checkpoint_alias(record.checkpoint_s3_uri, record.name)
         tier = self.settings.policy.tier_of(priority)
         self.store.log(
@@ -216,6 +218,35 @@ class Intake:
         if record.status is not JobState.PENDING:
             return IntakeResult("accepted", "job-submitted", req.name)  # planned and moved on already
         return self._settled(req.pool, event.event_id, "accepted", "job-submitted", req.name, now)
+
+    def _take_location(self, record: JobRecord, now: float) -> None:
+        """A submission's checkpoint location is the controller's to give (the team's prefix
+        for that job name). A job that claimed it first, an adopted run naming it in its own
+        CheckpointConfig or tag, loses it: from now on its checkpoints are the submission's,
+        and crediting the run with them would confirm its stop by another job's work (and
+        send that job's helper its checkpoint requests). It keeps running, counted, with no
+        checkpoint the controller can confirm, as an adopted run without a location."""
+        uri = record.checkpoint_s3_uri
+        for _ in range(actions.JUDGE_ATTEMPTS):
+            user = self.store.checkpoint_location_user(uri, record.name)
+            squatter = self.store.get(user) if user is not None else None
+            if squatter is None or squatter.checkpoint_s3_uri != uri or squatter.status.is_terminal:
+                return
+            try:
+                self.store.transition(
+                    squatter, squatter.with_changes(checkpoint_s3_uri="", last_checkpoint_at=None), [squatter.status]
+                )
+            except ConflictError:
+                continue  # it moved meanwhile: judged again on what is stored now
+            self.store.log(
+                squatter.name, now, "checkpoint-location-lost", "location-given-to-submission",
+                f"{uri} is the checkpoint location of job {record.name}, submitted now: no longer trusted as this run's",
+            )
+            self.store.log(
+                record.name, now, "checkpoint-location-taken", "location-given-to-submission",
+                f"{uri} was claimed by {squatter.name} ({'an adopted run' if squatter.adopted else 'another job'}); it is this job's",
+            )
+            return
 
     def _cancelled(self, event: "ev.JobCancelled", now: float) -> IntakeResult:
         record = self.store.get(event.name)
@@ -350,6 +381,15 @@ class Intake:
                 # A training job's own CheckpointConfig (SageMaker takes a bucket's root):
                 # counted all the same, with no checkpoint the controller can confirm.
                 shared, checkpoint = f"; no usable checkpoint location ({e})", ""
+        if checkpoint and not self._job_shaped(checkpoint):
+            # The team's root (or the bucket's) lists every job's checkpoints beneath it, and a
+            # prefix inside a job's location lists that job's: either would confirm this run's
+            # stop by other jobs' work.
+            shared = (
+                f"; its checkpoint location {checkpoint} is in the controller's checkpoint bucket but not"
+                " <team>/<job> (it holds, or lies inside, the locations of jobs): not trusted as its own"
+            )
+            checkpoint = ""
         user = self.store.checkpoint_location_user(checkpoint, name) if checkpoint else None
         if user is not None:
             # Counted all the same (refused, its GPUs would not be), but never credited with
@@ -383,6 +423,17 @@ class Intake:
         stop = "stoppable" if claims.managed else "not stoppable (no preemptor:managed=true tag)"
         self.store.log(name, now, "adopted", "tagged-outside-controller", f"{gpus} GPUs counted in {pool.name}, {stop}{shared}")
         return IntakeResult("accepted", "adopted", name)
+
+    def _job_shaped(self, checkpoint: str) -> bool:
+        """Whether an adopted run's location may be its own: anywhere outside the controller's
+        checkpoint bucket (no submission's location is there), and inside it only a location
+        of the shape the controller gives jobs, `<team>/<job>` (one a submission would get is
+        taken back when it comes: `_take_location`), never under the controller's own `_`
+        prefixes (training output: `_output/`)."""
+        location = S3Uri.parse(checkpoint)
+        if location.bucket != self.settings.checkpoint_bucket:
+            return True
+        return len(location.prefix.split("/")) == 2 and not location.prefix.startswith("_")
 
     def _sagemaker_demand(self, event: "ev.TrainingJobStateChanged", pool) -> "int | IntakeResult":
         """GPUs of an adopted training job, counted from its own ResourceConfig: every
