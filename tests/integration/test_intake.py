@@ -13,6 +13,7 @@ from eventfiles import all_event_files, load_raw
 import pytest
 
 from aws_faults import answer_lost, aws_says_no, error_response
+from preemptor.adapters.store import JobsStore
 from preemptor.config import JobDefinition, PoolConfig
 from preemptor.core.errors import EventInProgress, Throttled
 from preemptor.core.model import JobState
@@ -151,6 +152,54 @@ def test_an_adopted_run_claiming_another_jobs_checkpoint_location_is_counted_but
         assert "not trusted as its own" in [e for e in env.store.history("event-test") if e["kind"] == "adopted"][0]["detail"]
         bucket, key = owned.removeprefix("s3://").split("/", 1)
         assert env.store.find_checkpoint_owner(bucket, f"{key.rstrip('/')}/step-000000000001/manifest.json") == "llm-pretrain-7b"
+
+
+def _blind_first_location_read(monkeypatch) -> None:
+    """The next check of who holds a checkpoint location reads before a concurrent writer's
+    alias lands: it sees no one."""
+    real = JobsStore.checkpoint_location_user
+    blind = [True]
+
+    def read(self, uri, job):
+        if blind.pop() if blind else False:
+            return None
+        return real(self, uri, job)
+
+    monkeypatch.setattr(JobsStore, "checkpoint_location_user", read)
+
+
+def test_an_adopted_runs_claim_landing_just_after_a_submission_looked_is_taken_back(monkeypatch):
+    with emulation() as env:
+        location = f"s3://{env.stack.parameters['CheckpointBucketName']}/research/llm-pretrain-7b"
+        event = _sample(ADOPTABLE_SAGEMAKER)
+        event["detail"]["CheckpointConfig"]["S3Uri"] = location
+        assert env.put(event).results[0]["reason"] == "adopted"
+        run = event["detail"]["TrainingJobName"]
+        # When the job whose location it is is submitted, and its look at the location misses
+        # the run's claim (made, as far as it can tell, after it looked)
+        _blind_first_location_read(monkeypatch)
+        env.put(_sample("preemptor/job-submitted-sagemaker.json"))
+        # Then the alias it overwrote names the run, and the run loses the location all the same
+        assert env.job(run).checkpoint_s3_uri == ""
+        assert env.store.checkpoint_location_user(location, "someone-else") == "llm-pretrain-7b"
+        assert "checkpoint-location-lost" in env.kinds(run)
+
+
+def test_a_submission_taking_its_location_just_before_an_adopted_run_claims_it_keeps_it(monkeypatch):
+    with emulation() as env:
+        env.put(_sample("preemptor/job-submitted-sagemaker.json"))
+        location = env.job("llm-pretrain-7b").checkpoint_s3_uri
+        event = _sample(ADOPTABLE_SAGEMAKER)
+        event["detail"]["CheckpointConfig"]["S3Uri"] = location
+        # When a run naming that location is adopted, and its look at the location misses the
+        # submission's alias (written, as far as it can tell, after it looked)
+        _blind_first_location_read(monkeypatch)
+        assert env.put(event).results[0]["reason"] == "adopted"
+        # Then its claim is refused by what is stored: the location stays the job's
+        run = env.job(event["detail"]["TrainingJobName"])
+        assert run.checkpoint_s3_uri == "" and env.store.pool("p5")["used_gpus"] >= run.gpus
+        assert env.store.checkpoint_location_user(location, "someone-else") == "llm-pretrain-7b"
+        assert "checkpoint-location-lost" in env.kinds(run.name)
 
 
 @pytest.mark.parametrize(
@@ -382,6 +431,33 @@ def test_the_redelivery_of_a_submission_whose_handling_died_after_the_insert_com
         again = copy.deepcopy(event)
         again["id"] = "another-submission-of-the-name"
         assert env.put(again).results[0]["outcome"] == "duplicate"
+
+
+def test_the_redelivery_of_an_adoption_whose_handling_died_after_the_insert_claims_its_location():
+    throttled = error_response("ThrottlingException", "Rate of requests exceeds the allowed throughput.", 400)
+    with emulation() as env:
+        event = _sample(ADOPTABLE_SAGEMAKER)
+        run, location = event["detail"]["TrainingJobName"], event["detail"]["CheckpointConfig"]["S3Uri"]
+        # Given a handling that inserted the adopted run, then failed on its location's alias
+        alias = lambda params: throttled if params.get("Item", {}).get("pk", {}).get("S", "").startswith("CKPT") else None  # noqa: E731
+        with aws_says_no(env.store.client, "PutItem", alias) as refused:
+            with pytest.raises(Throttled):
+                env.put(event)
+        assert refused and env.job(run).checkpoint_s3_uri == location
+        # When Lambda redelivers the event
+        result = env.put(event).results[0]
+        # Then the adoption is completed, not called a duplicate: its writes are credited to
+        # it, it is logged once, and its GPUs are counted once
+        assert result["outcome"] == "accepted" and result["reason"] == "adopted"
+        bucket, key = location.removeprefix("s3://").split("/", 1)
+        assert env.store.find_checkpoint_owner(bucket, f"{key}/step-000000000001/manifest.json") == run
+        assert env.kinds(run).count("adopted") == 1
+        assert env.store.pool("p5")["used_gpus"] == env.job(run).gpus
+        # And another event of the same run is its progress, adopting nothing again
+        again = copy.deepcopy(event)
+        again["id"] = "another-event-of-the-run"
+        assert env.put(again).results[0]["reason"].startswith("progress:")
+        assert env.kinds(run).count("adopted") == 1
 
 
 def test_in_a_hostile_world_a_failed_delivery_is_retried_by_lambda_minutes_later_and_handled():

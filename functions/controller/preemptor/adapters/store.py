@@ -43,6 +43,7 @@ ALIAS_TTL_S = 90 * 24 * 3600
 EVENT_CLAIM_S = 90
 USAGE_SETTLE_S = 5 * 60  # far beyond the index's propagation delay (normally under a second)
 TRANSACT_ATTEMPTS = 5
+CLAIM_ATTEMPTS = 3  # an adopted run's claim of a checkpoint location, each after a write meanwhile
 TRANSACT_BACKOFF_S = 0.05  # full jitter: attempt n sleeps up to 0.05 x 2^n s
 _JSON_FIELDS = ("request", "labels")
 _INT_FIELDS = ("gpus", "priority", "incarnation", "preemptions", "stops_without_fresh_checkpoint", "version", "launch_attempts", "launches_given_up")
@@ -811,15 +812,51 @@ class JobsStore:
         data = _unmarshal(item)
         return data["job"], int(data["incarnation"])
 
-    def put_checkpoint_alias(self, checkpoint_s3_uri: str, job: str) -> None:
-        """Map a checkpoint prefix to its job, so S3 "Object Created" events find the job.
-        A submission's location is the controller's own choice and always taken; an adopted
-        run's is its own word, taken only if no other job holds it (`checkpoint_location_user`)."""
-        self._call(
+    def put_checkpoint_alias(self, checkpoint_s3_uri: str, job: str) -> str | None:
+        """Map a checkpoint prefix to its job, so S3 "Object Created" events find the job, and
+        return the job it mapped to before (None if none). A submission's location is the
+        controller's own choice and always taken; an adopted run's is claimed instead
+        (`claim_checkpoint_alias`)."""
+        old = self._call(
             "put_item",
             TableName=self.table,
             Item=_marshal({**_checkpoint_key(checkpoint_s3_uri), "job": job}),
-        )
+            ReturnValues="ALL_OLD",
+        ).get("Attributes")
+        return _unmarshal(old)["job"] if old else None
+
+    def claim_checkpoint_alias(self, checkpoint_s3_uri: str, job: str) -> str | None:
+        """Map a checkpoint prefix to `job` unless another job holds it
+        (`checkpoint_location_user`): None once it is `job`'s, else the job holding it. The
+        write is conditional on the alias read, so a submission taking the location
+        meanwhile is never overwritten."""
+        key = _checkpoint_key(checkpoint_s3_uri)
+        for _ in range(CLAIM_ATTEMPTS):
+            item = self._call("get_item", TableName=self.table, Key=_marshal(key), ConsistentRead=True).get("Item")
+            owner = _unmarshal(item)["job"] if item else None
+            if owner == job:
+                return None
+            if owner is not None and self._holds_location(owner, checkpoint_s3_uri):
+                return owner
+            try:
+                self._call(
+                    "put_item",
+                    TableName=self.table,
+                    Item=_marshal({**key, "job": job}),
+                    **(
+                        {"ConditionExpression": "attribute_not_exists(pk)"}
+                        if owner is None
+                        else {
+                            "ConditionExpression": "#job = :owner",
+                            "ExpressionAttributeNames": {"#job": "job"},
+                            "ExpressionAttributeValues": {":owner": {"S": owner}},
+                        }
+                    ),
+                )
+                return None
+            except ConflictError:
+                continue  # written meanwhile: judged again on what is there now
+        return owner or "a job writing it meanwhile"
 
     def checkpoint_location_user(self, checkpoint_s3_uri: str, job: str) -> str | None:
         """Another job, not ended, whose checkpoint location is exactly this one (its
@@ -828,8 +865,11 @@ class JobsStore:
         owner = _unmarshal(item)["job"] if item else None
         if owner is None or owner == job:
             return None
-        record = self.get(owner)
-        return owner if record is not None and not record.status.is_terminal and record.checkpoint_s3_uri else None
+        return owner if self._holds_location(owner, checkpoint_s3_uri) else None
+
+    def _holds_location(self, job: str, checkpoint_s3_uri: str) -> bool:
+        record = self.get(job)
+        return record is not None and not record.status.is_terminal and record.checkpoint_s3_uri == checkpoint_s3_uri
 
     def find_checkpoint_owner(self, bucket: str, key: str) -> str | None:
         """The job whose checkpoint prefix contains `key` (the deepest one), or None."""

@@ -208,8 +208,10 @@ class Intake:
             # after the insert (or by this one, whose answer was lost and resent): its alias,
             # its log line and its plan are done now (each a no-op if done already).
             record = existing
-        self._take_location(record, now)
-        self.store.put_checkpoint_alias(record.checkpoint_s3_uri, record.name)
+        self._take_location(record, self.store.checkpoint_location_user(record.checkpoint_s3_uri, record.name), now)
+        previous = self.store.put_checkpoint_alias(record.checkpoint_s3_uri, record.name)
+        if previous not in (None, record.name):
+            self._take_location(record, previous, now)  # an adopted run's claim made meanwhile
         tier = self.settings.policy.tier_of(priority)
         self.store.log(
             req.name, record.submitted_at, "submitted", "job-submitted",
@@ -219,34 +221,37 @@ class Intake:
             return IntakeResult("accepted", "job-submitted", req.name)  # planned and moved on already
         return self._settled(req.pool, event.event_id, "accepted", "job-submitted", req.name, now)
 
-    def _take_location(self, record: JobRecord, now: float) -> None:
+    def _take_location(self, record: JobRecord, user: str | None, now: float) -> None:
         """A submission's checkpoint location is the controller's to give (the team's prefix
-        for that job name). A job that claimed it first, an adopted run naming it in its own
-        CheckpointConfig or tag, loses it: from now on its checkpoints are the submission's,
-        and crediting the run with them would confirm its stop by another job's work (and
-        send that job's helper its checkpoint requests). It keeps running, counted, with no
-        checkpoint the controller can confirm, as an adopted run without a location."""
+        for that job name). A job that claimed it first (`user`), an adopted run naming it in
+        its own CheckpointConfig or tag, loses it: from now on its checkpoints are the
+        submission's, and crediting the run with them would confirm its stop by another
+        job's work (and send that job's helper its checkpoint requests). It keeps running,
+        counted, with no checkpoint the controller can confirm, as an adopted run without a
+        location."""
         uri = record.checkpoint_s3_uri
-        for _ in range(actions.JUDGE_ATTEMPTS):
-            user = self.store.checkpoint_location_user(uri, record.name)
-            squatter = self.store.get(user) if user is not None else None
+        for _ in range(actions.JUDGE_ATTEMPTS if user else 0):
+            squatter = self.store.get(user)
             if squatter is None or squatter.checkpoint_s3_uri != uri or squatter.status.is_terminal:
                 return
             try:
-                self.store.transition(
-                    squatter, squatter.with_changes(checkpoint_s3_uri="", last_checkpoint_at=None), [squatter.status]
-                )
+                self._lose_location(squatter, now, f"{uri} is the checkpoint location of job {record.name}, submitted now")
             except ConflictError:
                 continue  # it moved meanwhile: judged again on what is stored now
-            self.store.log(
-                squatter.name, now, "checkpoint-location-lost", "location-given-to-submission",
-                f"{uri} is the checkpoint location of job {record.name}, submitted now: no longer trusted as this run's",
-            )
             self.store.log(
                 record.name, now, "checkpoint-location-taken", "location-given-to-submission",
                 f"{uri} was claimed by {squatter.name} ({'an adopted run' if squatter.adopted else 'another job'}); it is this job's",
             )
             return
+
+    def _lose_location(self, record: JobRecord, now: float, why: str) -> None:
+        """`record` keeps running with no checkpoint location (one it may not have).
+
+        Raises:
+            ConflictError: the record changed since it was read.
+        """
+        self.store.transition(record, record.with_changes(checkpoint_s3_uri="", last_checkpoint_at=None), [record.status])
+        self.store.log(record.name, now, "checkpoint-location-lost", "location-given-to-submission", f"{why}: no longer trusted as this run's")
 
     def _cancelled(self, event: "ev.JobCancelled", now: float) -> IntakeResult:
         record = self.store.get(event.name)
@@ -270,6 +275,8 @@ class Intake:
         record = self.store.get(name)
         if record is None or record.incarnation != incarnation:
             return IntakeResult("ignored", f"stale: event for incarnation {incarnation} of {name}", name)
+        if record.adopted and record.submitted_by == event.event_id:
+            return self._complete_adoption(record, event.event_id, "", now)  # the event that adopted it, again
         outcome = outcomes.get(status)
         secondary = getattr(event, "secondary_status", None)
         if outcome is None and service == "sagemaker" and secondary in MANAGED_SPOT_PROGRESS:
@@ -417,11 +424,33 @@ class Intake:
             stoppable=claims.managed,
         )
         if not self.store.put_adopted(record):
-            return IntakeResult("duplicate", f"{name} already known", name)
-        if checkpoint:
-            self.store.put_checkpoint_alias(checkpoint, name)
-        stop = "stoppable" if claims.managed else "not stoppable (no preemptor:managed=true tag)"
-        self.store.log(name, now, "adopted", "tagged-outside-controller", f"{gpus} GPUs counted in {pool.name}, {stop}{shared}")
+            existing = self.store.get(name)
+            if existing is None or existing.submitted_by != event.event_id or not existing.adopted:
+                return IntakeResult("duplicate", f"{name} already known", name)
+            record = existing  # this very event, adopted by a concurrent handling
+        return self._complete_adoption(record, event.event_id, shared, now)
+
+    def _complete_adoption(self, record: JobRecord, event_id: str, shared: str, now: float) -> IntakeResult:
+        """An adopted run, inserted: its checkpoint location claimed and its log line written
+        (each a no-op if done already), also on the redelivery of an event whose handling
+        died after the insert (`_run_changed`)."""
+        name, uri = record.name, record.checkpoint_s3_uri
+        holder = self.store.claim_checkpoint_alias(uri, name) if uri else None
+        if holder is not None:
+            # Taken meanwhile (a submission of the job whose location it is): the run keeps its
+            # GPUs counted, without the location.
+            for _ in range(actions.JUDGE_ATTEMPTS):
+                try:
+                    self._lose_location(self.store.require(name), now, f"{uri} is job {holder}'s")
+                    break
+                except ConflictError:
+                    continue
+        if shared or "adopted" not in {e["kind"] for e in self.store.history(name)}:
+            stop = "stoppable" if record.stoppable else "not stoppable (no preemptor:managed=true tag)"
+            self.store.log(
+                name, record.submitted_at, "adopted", "tagged-outside-controller",
+                f"{record.gpus} GPUs counted in {record.pool}, {stop}{shared}", once=f"adopted#{event_id}",
+            )
         return IntakeResult("accepted", "adopted", name)
 
     def _job_shaped(self, checkpoint: str) -> bool:
