@@ -244,14 +244,14 @@ class Intake:
             )
             return
 
-    def _lose_location(self, record: JobRecord, now: float, why: str) -> None:
+    def _lose_location(self, record: JobRecord, now: float, why: str, reason: str = "location-given-to-submission") -> None:
         """`record` keeps running with no checkpoint location (one it may not have).
 
         Raises:
             ConflictError: the record changed since it was read.
         """
         self.store.transition(record, record.with_changes(checkpoint_s3_uri="", last_checkpoint_at=None), [record.status])
-        self.store.log(record.name, now, "checkpoint-location-lost", "location-given-to-submission", f"{why}: no longer trusted as this run's")
+        self.store.log(record.name, now, "checkpoint-location-lost", reason, f"{why}: no longer trusted as this run's")
 
     def _cancelled(self, event: "ev.JobCancelled", now: float) -> IntakeResult:
         record = self.store.get(event.name)
@@ -441,7 +441,7 @@ class Intake:
             # GPUs counted, without the location.
             for _ in range(actions.JUDGE_ATTEMPTS):
                 try:
-                    self._lose_location(self.store.require(name), now, f"{uri} is job {holder}'s")
+                    self._lose_location(self.store.require(name), now, f"{uri} is job {holder}'s", "location-held-by-another-job")
                     break
                 except ConflictError:
                     continue
