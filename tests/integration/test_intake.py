@@ -168,23 +168,6 @@ def _blind_first_location_read(monkeypatch) -> None:
     monkeypatch.setattr(JobsStore, "checkpoint_location_user", read)
 
 
-def test_an_adopted_runs_claim_landing_just_after_a_submission_looked_is_taken_back(monkeypatch):
-    with emulation() as env:
-        location = f"s3://{env.stack.parameters['CheckpointBucketName']}/research/llm-pretrain-7b"
-        event = _sample(ADOPTABLE_SAGEMAKER)
-        event["detail"]["CheckpointConfig"]["S3Uri"] = location
-        assert env.put(event).results[0]["reason"] == "adopted"
-        run = event["detail"]["TrainingJobName"]
-        # When the job whose location it is is submitted, and its look at the location misses
-        # the run's claim (made, as far as it can tell, after it looked)
-        _blind_first_location_read(monkeypatch)
-        env.put(_sample("preemptor/job-submitted-sagemaker.json"))
-        # Then the alias it overwrote names the run, and the run loses the location all the same
-        assert env.job(run).checkpoint_s3_uri == ""
-        assert env.store.checkpoint_location_user(location, "someone-else") == "llm-pretrain-7b"
-        assert "checkpoint-location-lost" in env.kinds(run)
-
-
 def test_a_submission_taking_its_location_just_before_an_adopted_run_claims_it_keeps_it(monkeypatch):
     with emulation() as env:
         env.put(_sample("preemptor/job-submitted-sagemaker.json"))

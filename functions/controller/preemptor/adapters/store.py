@@ -856,7 +856,7 @@ class JobsStore:
                 return None
             except ConflictError:
                 continue  # written meanwhile: judged again on what is there now
-        return owner or "a job writing it meanwhile"
+        return owner or "a job that wrote it meanwhile"
 
     def checkpoint_location_user(self, checkpoint_s3_uri: str, job: str) -> str | None:
         """Another job, not ended, whose checkpoint location is exactly this one (its

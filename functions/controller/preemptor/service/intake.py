@@ -208,10 +208,9 @@ class Intake:
             # after the insert (or by this one, whose answer was lost and resent): its alias,
             # its log line and its plan are done now (each a no-op if done already).
             record = existing
-        self._take_location(record, self.store.checkpoint_location_user(record.checkpoint_s3_uri, record.name), now)
         previous = self.store.put_checkpoint_alias(record.checkpoint_s3_uri, record.name)
         if previous not in (None, record.name):
-            self._take_location(record, previous, now)  # an adopted run's claim made meanwhile
+            self._take_location(record, previous, now)
         tier = self.settings.policy.tier_of(priority)
         self.store.log(
             req.name, record.submitted_at, "submitted", "job-submitted",
@@ -221,16 +220,16 @@ class Intake:
             return IntakeResult("accepted", "job-submitted", req.name)  # planned and moved on already
         return self._settled(req.pool, event.event_id, "accepted", "job-submitted", req.name, now)
 
-    def _take_location(self, record: JobRecord, user: str | None, now: float) -> None:
+    def _take_location(self, record: JobRecord, user: str, now: float) -> None:
         """A submission's checkpoint location is the controller's to give (the team's prefix
-        for that job name). A job that claimed it first (`user`), an adopted run naming it in
-        its own CheckpointConfig or tag, loses it: from now on its checkpoints are the
+        for that job name). The job its alias named before (`user`), an adopted run naming it
+        in its own CheckpointConfig or tag, loses it: from now on its checkpoints are the
         submission's, and crediting the run with them would confirm its stop by another
         job's work (and send that job's helper its checkpoint requests). It keeps running,
         counted, with no checkpoint the controller can confirm, as an adopted run without a
         location."""
         uri = record.checkpoint_s3_uri
-        for _ in range(actions.JUDGE_ATTEMPTS if user else 0):
+        for _ in range(actions.JUDGE_ATTEMPTS):
             squatter = self.store.get(user)
             if squatter is None or squatter.checkpoint_s3_uri != uri or squatter.status.is_terminal:
                 return
@@ -276,7 +275,7 @@ class Intake:
         if record is None or record.incarnation != incarnation:
             return IntakeResult("ignored", f"stale: event for incarnation {incarnation} of {name}", name)
         if record.adopted and record.submitted_by == event.event_id:
-            return self._complete_adoption(record, event.event_id, "", now)  # the event that adopted it, again
+            return self._complete_adoption(record, event.event_id, "", now, again=True)  # the event that adopted it
         outcome = outcomes.get(status)
         secondary = getattr(event, "secondary_status", None)
         if outcome is None and service == "sagemaker" and secondary in MANAGED_SPOT_PROGRESS:
@@ -427,13 +426,13 @@ class Intake:
             existing = self.store.get(name)
             if existing is None or existing.submitted_by != event.event_id or not existing.adopted:
                 return IntakeResult("duplicate", f"{name} already known", name)
-            record = existing  # this very event, adopted by a concurrent handling
+            return self._complete_adoption(existing, event.event_id, "", now, again=True)  # adopted by a concurrent handling
         return self._complete_adoption(record, event.event_id, shared, now)
 
-    def _complete_adoption(self, record: JobRecord, event_id: str, shared: str, now: float) -> IntakeResult:
-        """An adopted run, inserted: its checkpoint location claimed and its log line written
-        (each a no-op if done already), also on the redelivery of an event whose handling
-        died after the insert (`_run_changed`)."""
+    def _complete_adoption(self, record: JobRecord, event_id: str, shared: str, now: float, again: bool = False) -> IntakeResult:
+        """An adopted run, inserted: its checkpoint location claimed and its log line written,
+        also `again` for the same event (a redelivery after a handling that died after the
+        insert, `_run_changed`): then each is done only if not done already."""
         name, uri = record.name, record.checkpoint_s3_uri
         holder = self.store.claim_checkpoint_alias(uri, name) if uri else None
         if holder is not None:
@@ -441,11 +440,11 @@ class Intake:
             # GPUs counted, without the location.
             for _ in range(actions.JUDGE_ATTEMPTS):
                 try:
-                    self._lose_location(self.store.require(name), now, f"{uri} is job {holder}'s", "location-held-by-another-job")
+                    self._lose_location(self.store.require(name), now, f"{uri} is held by {holder}", "location-held-by-another-job")
                     break
                 except ConflictError:
                     continue
-        if shared or "adopted" not in {e["kind"] for e in self.store.history(name)}:
+        if not again or "adopted" not in {e["kind"] for e in self.store.history(name)}:
             stop = "stoppable" if record.stoppable else "not stoppable (no preemptor:managed=true tag)"
             self.store.log(
                 name, record.submitted_at, "adopted", "tagged-outside-controller",
