@@ -236,6 +236,35 @@ def test_a_submission_takes_its_checkpoint_location_back_from_an_adopted_run_tha
         assert "checkpoint-location-taken" in env.kinds("llm-pretrain-7b")
 
 
+def test_the_redelivery_of_a_submission_whose_handling_died_after_its_alias_takes_the_location_back():
+    throttled = error_response("ThrottlingException", "Rate of requests exceeds the allowed throughput.", 400)
+    with emulation() as env:
+        # Given an adopted run that claimed the location a job not yet submitted will be given
+        event = _sample(ADOPTABLE_SAGEMAKER)
+        location = f"s3://{env.stack.parameters['CheckpointBucketName']}/research/llm-pretrain-7b"
+        event["detail"]["CheckpointConfig"]["S3Uri"] = location
+        assert env.put(event).results[0]["reason"] == "adopted"
+        run = event["detail"]["TrainingJobName"]
+        # And a handling of that job's submission that wrote the location's alias, then
+        # failed reading the run it replaced
+        submission = _sample("preemptor/job-submitted-sagemaker.json")
+        squatter_read = lambda params: throttled if params.get("Key", {}).get("pk", {}).get("S") == f"JOB#{run}" else None  # noqa: E731
+        with aws_says_no(env.store.client, "GetItem", squatter_read) as refused:
+            with pytest.raises(Throttled):
+                env.put(submission)
+        assert refused and env.job(run).checkpoint_s3_uri == location
+        # When Lambda redelivers the submission
+        assert env.put(submission).results[0]["outcome"] == "accepted"
+        # Then the run is stripped of the location all the same, as if nothing had failed
+        squatter = env.job(run)
+        assert squatter.checkpoint_s3_uri == "" and squatter.last_checkpoint_at is None
+        assert env.kinds(run).count("checkpoint-location-lost") == 1
+        assert env.kinds("llm-pretrain-7b").count("checkpoint-location-taken") == 1
+        # And a third delivery is known as handled and changes nothing
+        assert env.put(submission).results[0]["reason"].endswith("already handled")
+        assert env.kinds(run).count("checkpoint-location-lost") == 1
+
+
 @pytest.mark.parametrize(
     "tag, required, counted",
     [
@@ -399,8 +428,8 @@ def test_the_redelivery_of_a_submission_whose_handling_died_after_the_insert_com
     with emulation() as env:
         event = _sample("preemptor/job-submitted-sagemaker.json")
         # Given a handling that inserted the job, then failed on the checkpoint alias
-        alias = lambda params: throttled if params.get("Item", {}).get("pk", {}).get("S", "").startswith("CKPT") else None  # noqa: E731
-        with aws_says_no(env.store.client, "PutItem", alias) as refused:
+        alias = lambda params: throttled if params.get("Key", {}).get("pk", {}).get("S", "").startswith("CKPT") else None  # noqa: E731
+        with aws_says_no(env.store.client, "UpdateItem", alias) as refused:
             with pytest.raises(Throttled):
                 env.put(event)
         assert refused and env.job("llm-pretrain-7b").status is JobState.PENDING

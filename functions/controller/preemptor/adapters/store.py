@@ -814,15 +814,27 @@ class JobsStore:
 
     def put_checkpoint_alias(self, checkpoint_s3_uri: str, job: str) -> str | None:
         """Map a checkpoint prefix to its job, so S3 "Object Created" events find the job, and
-        return the job it mapped to before (None if none). A submission's location is the
+        return the job it was taken from (None if none). A submission's location is the
         controller's own choice and always taken; an adopted run's is claimed instead
-        (`claim_checkpoint_alias`)."""
-        old = self._call(
-            "put_item",
-            TableName=self.table,
-            Item=_marshal({**_checkpoint_key(checkpoint_s3_uri), "job": job}),
-            ReturnValues="ALL_OLD",
-        ).get("Attributes")
+        (`claim_checkpoint_alias`).
+
+        The job it was taken from stays on the alias (`replaced`): a write repeated because
+        the handling that made it died before it dealt with that job returns it again."""
+        key = _marshal(_checkpoint_key(checkpoint_s3_uri))
+        try:
+            old = self._call(
+                "update_item",
+                TableName=self.table,
+                Key=key,
+                UpdateExpression="SET #replaced = if_not_exists(#job, :none), #job = :job",
+                ConditionExpression="attribute_not_exists(#job) OR #job <> :job",
+                ExpressionAttributeNames={"#job": "job", "#replaced": "replaced"},
+                ExpressionAttributeValues={":job": {"S": job}, ":none": {"S": ""}},
+                ReturnValues="ALL_OLD",
+            ).get("Attributes")
+        except ConflictError:  # the alias is this job's already, written by an earlier try
+            item = self._call("get_item", TableName=self.table, Key=key, ConsistentRead=True).get("Item")
+            return (_unmarshal(item).get("replaced") or None) if item else None
         return _unmarshal(old)["job"] if old else None
 
     def claim_checkpoint_alias(self, checkpoint_s3_uri: str, job: str) -> str | None:
