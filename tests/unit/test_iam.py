@@ -70,6 +70,10 @@ NOT_EXERCISED = {
     ("ReconcileFunction", "batch:TerminateJob"): "a Batch run no job accounts for is stopped (tests/workflows/test_job_ended_and_spot.py)",
     ("ReconcileFunction", "batch:DescribeJobs"): "reconcile of a live Batch run (tests/storm/test_storm_scenarios.py, batch case)",
     ("FinishCycleFunction", "dynamodb:UpdateItem"): "a plan step that failed lets the lease go (tests/workflows/test_bounded.py)",
+    **{
+        ("FinishCycleFunction", f"dynamodb:{a}"): "a failed cycle's admissions go back to the queue (tests/workflows/test_crashed_steps.py, which checks its calls against the policy)"
+        for a in ("GetItem", "PutItem", "Query")
+    },
     ("ReconcileFunction", "dynamodb:PutItem"): "a repair's decision-log entry (tests/workflows/test_bounded.py)",
     ("ReconcileFunction", "states:DescribeExecution"): (
         "a victim whose preempt workflow never started or failed (tests/workflows/test_crashed_steps.py; "

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from emulation import START, emulation
 from test_job_ended_and_spot import G5, _batch_queue
 
@@ -213,7 +215,40 @@ def test_the_retry_is_bounded_a_step_that_always_dies_is_reported():
         assert any("Lambda.Unknown" in a for a in env.stack.alerts()), [json.loads(a).get("kind") for a in env.stack.alerts()]
 
 
-def test_a_victim_whose_plan_step_died_for_good_after_marking_it_is_preempted_by_reconcile():
+def test_an_admission_whose_plan_step_died_for_good_goes_back_to_the_queue_and_launches_at_the_next_cycle():
+    with emulation(hostile=_hostile) as env:
+        # Given a plan step that dies after its work on every attempt: it admits the job
+        # into free capacity each time, and its cycle gives up before launching it
+        dead = kill_after_work(env, function="Plan", times=None)
+        env.submit(name="train", team="a", priority=200, pool="p5", instances=2, duration=1200)
+        assert len(dead) == 3
+        [failed] = env.executions("ScheduleStateMachine")
+        assert failed["status"] == "FAILED"
+        # Then the failed cycle gave its admission back: nothing holds GPUs unlaunched
+        job = env.job("train")
+        assert job.status is JobState.PENDING and not job.run_id
+        assert env.store.pool("p5")["used_gpus"] == 0
+        assert "admission-released" in env.kinds("train")
+        env.stack.hostile.crash_after_step = lambda function_name, event: False
+        # When the next cycle runs (reconcile plans every pool every 5 minutes), long
+        # before reconcile would call an admission stuck
+        env.advance(300)
+        repairs = env.stack.invoke_lambda(env.stack.resources["ReconcileFunction"], {})["repairs"]
+        env.stack.drain()
+        # Then the job runs, launched once
+        assert not [r for r in repairs if r.get("job") == "train"]
+        assert env.job("train").status is JobState.RUNNING
+        assert env.kinds("train").count("launched") == 1
+        assert env.store.pool("p5")["used_gpus"] == 16
+        # And every call of the failed cycle's release was one its function may make
+        from iam_policy import StackPolicies
+
+        assert StackPolicies.of(env.stack).denials(env.stack.calls.calls) == []
+
+
+@pytest.mark.parametrize("registration", ["written", "throttled"])
+def test_a_victim_whose_plan_step_died_for_good_after_marking_it_is_preempted_by_reconcile(registration):
+    from aws_faults import THROTTLING, aws_says_no
     from preemptor.service.reconcile import PREEMPT_START_GRACE_S, preemption_deadline_s
 
     with emulation(hostile=_hostile) as env:
@@ -230,7 +265,13 @@ def test_a_victim_whose_plan_step_died_for_good_after_marking_it_is_preempted_by
         # When reconcile runs past the grace, long before the preemption deadline
         env.advance(PREEMPT_START_GRACE_S + 60)
         assert PREEMPT_START_GRACE_S + 60 < preemption_deadline_s(env.stack.deps().settings, "p5")
-        repairs = env.stack.invoke_lambda(env.stack.resources["ReconcileFunction"], {})["repairs"]
+        # (with the pool's registration write throttled, the repair of its jobs goes on)
+        pool_write = lambda params: THROTTLING if params["Key"]["pk"]["S"] == "POOL#p5" and "capacity_gpus" in params.get("UpdateExpression", "") else None  # noqa: E731
+        with aws_says_no(env.store.client, "UpdateItem", pool_write if registration == "throttled" else lambda params: None) as refused:
+            result = env.stack.invoke_lambda(env.stack.resources["ReconcileFunction"], {})
+        assert bool(refused) is (registration == "throttled")
+        assert [e.get("part") for e in result["errors"]] == (["registration"] if registration == "throttled" else [])
+        repairs = result["repairs"]
         env.stack.drain()
         # Then it started the victim's preempt workflow under the plan's name, which stopped
         # and requeued the sweep; the critical job runs

@@ -118,6 +118,7 @@ class PlanCycle(_Step):
 class FinishCycle(_Step):
     pool: Name
     owner: Name
+    cycle: int | None = Field(default=None, ge=0)  # the failed cycle: its admissions are released
 
 
 def step_input(model: type[BaseModel] | TypeAdapter) -> Callable:

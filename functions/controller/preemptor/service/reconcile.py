@@ -11,7 +11,9 @@ run goes on with the others.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from enum import StrEnum
+from typing import Any
 
 from ..adapters.checkpoints import CheckpointStore
 from ..adapters.runners import INCARNATION_TAG, JOB_TAG, MANAGED_TAG, Runner
@@ -91,14 +93,26 @@ def reconcile(
 
 def _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now, repairs, errors, oldest) -> None:
     """One pool: its registration, an orphaned lease, every active job's run, the usage
-    recount, and a schedule when anything changed or work waits."""
-    store.ensure_pool(pool.name, pool.capacity_gpus)
-    store.register_pool(pool.name)
-    cleared = store.clear_expired_lease(pool.name, now)
+    recount, and a schedule when anything changed or work waits.
+
+    Each part goes on when another fails (a throttled write of the pool's registration must
+    not leave a stuck preemption unrepaired for another five minutes): its error is recorded
+    with the part's name, and the next run tries it again. A queue that could not be read is
+    planned anyway (a cycle with nothing to do costs one plan)."""
+
+    def part(name: str, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except Exception as error:  # noqa: BLE001 - one part's failure never skips the others
+            errors.append({"pool": pool.name, "part": name, "error": type(error).__name__, "detail": str(error)[:500]})
+            return None
+
+    part("registration", lambda: (store.ensure_pool(pool.name, pool.capacity_gpus), store.register_pool(pool.name)))
+    cleared = part("lease", lambda: store.clear_expired_lease(pool.name, now))
     if cleared:
         repairs.append({"pool": pool.name, "repair": Repair.ORPHANED_LEASE_CLEARED.value, "holder": cleared})
     schedule = False
-    for record in store.active(pool.name):
+    for record in part("jobs", lambda: store.active(pool.name)) or ():
         try:
             repair = _check_run(store, runners, workflows, settings, record, now)
             if repair is None and record.status is JobState.RUNNING and record.checkpoint_s3_uri:
@@ -111,17 +125,17 @@ def _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now,
             schedule = schedule or repair["repair"] != Repair.MISSED_END.value or repair.get("released", False)
             if repair.get("wait_s"):
                 # A capacity wait: plan the pool again once its backoff is over.
-                workflows.start(
+                part("backoff", lambda: workflows.start(
                     "schedule", execution_name("backoff", record.name, f"{int(now)}"), {"pool": pool.name, "wait_s": repair["wait_s"]}
-                )
-    recount = _recount_usage(store, pool.name, now)
+                ))
+    recount = part("recount", lambda: _recount_usage(store, pool.name, now)) or {}
     if recount.get("repair"):
         repairs.append(recount)
-    pending = store.pending(pool.name, settings.pending_window)
-    for tier, wait in oldest_wait_by_tier(pending, settings.policy, now).items():
+    pending = part("queue", lambda: store.pending(pool.name, settings.pending_window))
+    for tier, wait in oldest_wait_by_tier(pending or [], settings.policy, now).items():
         oldest[tier] = max(oldest.get(tier, 0.0), wait)
-    if pending or schedule or recount.get("rerun"):
-        workflows.start("schedule", execution_name("reconcile", pool.name, f"{int(now)}"), {"pool": pool.name})
+    if pending is None or pending or schedule or recount.get("rerun"):
+        part("schedule", lambda: workflows.start("schedule", execution_name("reconcile", pool.name, f"{int(now)}"), {"pool": pool.name}))
 
 
 def _stop_unknown_runs(

@@ -351,9 +351,33 @@ def explain(*, store: JobsStore, settings: Settings, job: str, now: float) -> di
     return answer
 
 
-def finish_cycle(*, store: JobsStore, pool_name: str, owner: str) -> dict:
-    """Release the lease; `rerun` is true when work arrived while we held it."""
-    return {"pool": pool_name, "owner": owner, "rerun": store.release_lease(pool_name, owner)}
+def finish_cycle(*, store: JobsStore, pool_name: str, owner: str, cycle: int | None = None, now: float = 0.0) -> dict:
+    """Release the lease after the cycle's plan step failed for good; `rerun` is true when
+    work arrived while we held it.
+
+    With `cycle`: what that cycle's plan step admitted before it failed goes back to the
+    queue. The workflow launches a cycle's admissions only from the step's answer,
+    and there is none: left admitted, each would hold its GPUs, unlaunched, until reconcile
+    called it stuck half an hour later (and a preemptor choosing it as a victim would find it
+    not running, so not preemptible). No run exists for them: the launch step never ran.
+    Its victims are left marked: reconcile starts their preemption (`PREEMPT_START_GRACE_S`)."""
+    rerun = store.release_lease(pool_name, owner)  # first: a read refused below must not lock the pool out
+    released = _release_admissions(store, pool_name, f"{owner}#{cycle}", now) if cycle is not None else []
+    return {"pool": pool_name, "owner": owner, "rerun": rerun, "released": released}
+
+
+def _release_admissions(store: JobsStore, pool_name: str, mark: str, now: float) -> list[str]:
+    released = []
+    for record in store.active(pool_name):
+        if record.decided_by != mark or record.status is not JobState.ADMITTED or record.run_id:
+            continue
+        try:
+            store.transition(record, record.with_changes(status=JobState.PENDING, admitted_at=None), [JobState.ADMITTED], usage_delta=-record.gpus)
+        except ConflictError:
+            continue  # it moved meanwhile (cancelled, or released by reconcile): not ours to release
+        store.log(record.name, now, "admission-released", "plan-step-failed", "admitted by a scheduling cycle that failed before launching it; back in the queue")
+        released.append(record.name)
+    return released
 
 
 def _reserve_admissions(
