@@ -210,15 +210,21 @@ def test_an_adopted_runs_location_in_the_checkpoint_bucket_is_trusted_only_where
         assert ("not trusted as its own" in adopted["detail"]) is not trusted
 
 
+def _adopted_run_on_the_submissions_location(env) -> tuple[str, str]:
+    """An adopted run whose own CheckpointConfig names the location the sample submission
+    (job-submitted-sagemaker.json, not yet sent) will be given; returns (run, location)."""
+    event = _sample(ADOPTABLE_SAGEMAKER)
+    location = f"s3://{env.stack.parameters['CheckpointBucketName']}/research/llm-pretrain-7b"
+    event["detail"]["CheckpointConfig"]["S3Uri"] = location
+    assert env.put(event).results[0]["reason"] == "adopted"
+    return event["detail"]["TrainingJobName"], location
+
+
 def test_a_submission_takes_its_checkpoint_location_back_from_an_adopted_run_that_claimed_it_first():
     with emulation() as env:
         # Given an adopted run whose own CheckpointConfig names the location a job not yet
         # submitted will be given, and which has been credited with a checkpoint there
-        event = _sample(ADOPTABLE_SAGEMAKER)
-        location = f"s3://{env.stack.parameters['CheckpointBucketName']}/research/llm-pretrain-7b"
-        event["detail"]["CheckpointConfig"]["S3Uri"] = location
-        assert env.put(event).results[0]["reason"] == "adopted"
-        run = event["detail"]["TrainingJobName"]
+        run, location = _adopted_run_on_the_submissions_location(env)
         squatter = env.job(run)
         assert squatter.checkpoint_s3_uri == location
         env.store.transition(squatter, squatter.with_changes(last_checkpoint_at=env.clock.now()), [squatter.status])
@@ -240,11 +246,7 @@ def test_the_redelivery_of_a_submission_whose_handling_died_after_its_alias_take
     throttled = error_response("ThrottlingException", "Rate of requests exceeds the allowed throughput.", 400)
     with emulation() as env:
         # Given an adopted run that claimed the location a job not yet submitted will be given
-        event = _sample(ADOPTABLE_SAGEMAKER)
-        location = f"s3://{env.stack.parameters['CheckpointBucketName']}/research/llm-pretrain-7b"
-        event["detail"]["CheckpointConfig"]["S3Uri"] = location
-        assert env.put(event).results[0]["reason"] == "adopted"
-        run = event["detail"]["TrainingJobName"]
+        run, location = _adopted_run_on_the_submissions_location(env)
         # And a handling of that job's submission that wrote the location's alias, then
         # failed reading the run it replaced
         submission = _sample("preemptor/job-submitted-sagemaker.json")
