@@ -63,11 +63,16 @@ class StackPolicies:
         self.statements = statements
 
     @classmethod
-    def of(cls, stack: Any) -> "StackPolicies":
+    def of(cls, stack: Any, managed: tuple[str, ...] = ()) -> "StackPolicies":
+        """The roles' policies; and, each as a principal of its own, the managed policies
+        named in `managed` (a policy the template offers for people, e.g. operators)."""
         template = sam_transform(parameter_values=dict(stack.parameters), region=stack.region)
         resolver = _Resolver(stack, template)
         resources = template["Resources"]
         out: dict[str, list[Statement]] = {}
+        for logical in managed:
+            document = resolver.resolve(resources[logical]["Properties"]["PolicyDocument"])
+            out[logical] = _statements(logical, logical, document)
         for logical, res in resources.items():
             role_ref = res.get("Properties", {}).get(
                 {"AWS::Lambda::Function": "Role", "AWS::StepFunctions::StateMachine": "RoleArn"}.get(res["Type"], "-")
@@ -77,22 +82,7 @@ class StackPolicies:
             role = resources[role_ref["Fn::GetAtt"][0]]["Properties"]
             statements: list[Statement] = []
             for policy in role.get("Policies", []):
-                document = resolver.resolve(policy["PolicyDocument"])
-                for i, st in enumerate(_as_list(document.get("Statement"))):
-                    if st is None:  # an `If` that chose AWS::NoValue
-                        continue
-                    statements.append(
-                        Statement(
-                            principal=logical,
-                            sid=st.get("Sid") or f"{policy['PolicyName']}#{i}",
-                            effect=st["Effect"],
-                            actions=tuple(_as_list(st.get("Action"))),
-                            not_actions=tuple(_as_list(st.get("NotAction"))),
-                            resources=tuple(_as_list(st.get("Resource"))),
-                            not_resources=tuple(_as_list(st.get("NotResource"))),
-                            conditions=st.get("Condition") or {},
-                        )
-                    )
+                statements += _statements(logical, policy["PolicyName"], resolver.resolve(policy["PolicyDocument"]))
             out[logical] = statements
         return cls(out)
 
@@ -131,6 +121,39 @@ class StackPolicies:
 
     def statement(self, principal: str, sid: str) -> Statement:
         return next(st for st in self.statements[principal] if st.sid == sid)
+
+
+def resource_policy(stack: Any, logical: str) -> list[Statement]:
+    """The statements of a resource policy of the template (`AWS::SQS::QueuePolicy`...),
+    resolved against the emulated stack; the principal of each is the policy's logical id."""
+    template = sam_transform(parameter_values=dict(stack.parameters), region=stack.region)
+    document = _Resolver(stack, template).resolve(template["Resources"][logical]["Properties"]["PolicyDocument"])
+    return _statements(logical, logical, document)
+
+
+def denied_by_resource_policy(statements: list[Statement], request: AuthorizationRequest) -> bool:
+    """Whether an explicit Deny of a resource policy matches `request` (its Principal "*")."""
+    return any(st.effect == "Deny" and _statement_matches(st, request) for st in statements)
+
+
+def _statements(principal: str, name: str, document: dict) -> list[Statement]:
+    out = []
+    for i, st in enumerate(_as_list(document.get("Statement"))):
+        if st is None:  # an `If` that chose AWS::NoValue
+            continue
+        out.append(
+            Statement(
+                principal=principal,
+                sid=st.get("Sid") or f"{name}#{i}",
+                effect=st["Effect"],
+                actions=tuple(_as_list(st.get("Action"))),
+                not_actions=tuple(_as_list(st.get("NotAction"))),
+                resources=tuple(_as_list(st.get("Resource"))),
+                not_resources=tuple(_as_list(st.get("NotResource"))),
+                conditions=st.get("Condition") or {},
+            )
+        )
+    return out
 
 
 # --------------------------------------------------------------------------- matching
@@ -310,6 +333,13 @@ class _Resolver:
     def _get_att(self, logical: str, attr: str) -> str:
         if attr == "Name" and self.stack.types.get(logical) == "AWS::Serverless::StateMachine":
             return self.stack.resources[logical].rsplit(":", 1)[-1]
+        if logical not in self.stack.resources:  # made by the SAM transform: a function's role or rule
+            kind = self.template["Resources"][logical]["Type"]
+            account, region, name = self.stack._ref("AWS::AccountId"), self.stack.region, f"{self.stack.stack_name}-{logical}"
+            return {
+                "AWS::IAM::Role": f"arn:aws:iam::{account}:role/{name}",
+                "AWS::Events::Rule": f"arn:aws:events:{region}:{account}:rule/{name}",
+            }[kind]
         return self.stack._get_att(logical, attr)
 
     def _sub(self, arg: Any) -> str:

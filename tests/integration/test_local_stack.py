@@ -163,6 +163,44 @@ def test_an_event_put_with_plain_boto3_reaches_the_intake(capsys, local):
     assert view["pool"] == "g5" and view["service"] == "batch"
 
 
+def test_a_dead_letter_is_redriven_by_the_cli_and_its_job_runs(capsys, local):
+    # Given a submission EventBridge could not deliver to the intake (its dead letter: the
+    # event, and its target in the message's attributes), and a message that is no dead letter
+    state = local.state()
+    sqs = boto3.client(
+        "sqs", endpoint_url=state.endpoint_url, region_name=state.region,
+        aws_access_key_id="x", aws_secret_access_key="x",
+    )
+    queue = state.outputs["EventsDeadLetterQueueUrl"]
+    [intake] = [a for a in state.outputs["RedriveFunctionArns"].split(",") if "Intake" in a]
+    request = {**json.loads((JOBS / "batch-eval-sweep.json").read_text()), "name": "eval-sweep-43"}
+    event = {
+        "version": "0", "id": "0d1e2a3d-redriven", "detail-type": "Job Submitted", "source": "preemptor.platform",
+        "account": "123456789012", "time": "2026-12-05T00:00:00Z", "region": state.region, "resources": [],
+        "detail": request,
+    }
+    attributes = {"RULE_ARN": "arn:aws:events:us-east-1:123456789012:rule/submissions", "TARGET_ARN": intake,
+                  "ERROR_CODE": "SDK_CLIENT_ERROR", "ERROR_MESSAGE": "Rate Exceeded. (Service: Lambda, Status Code: 429)"}
+    sqs.send_message(QueueUrl=queue, MessageBody=json.dumps(event),
+                     MessageAttributes={k: {"DataType": "String", "StringValue": v} for k, v in attributes.items()})
+    sqs.send_message(QueueUrl=queue, MessageBody="not a dead letter")
+    # When the operator lists the queue, then redrives it
+    code, listed, err = cli(capsys, local, "redrive", "--dry-run")
+    assert code == 6 and [d["event_id"] for d in listed["listed"]] == ["0d1e2a3d-redriven"], err
+    assert cli(capsys, local, "status", "eval-sweep-43")[0] == 1  # a dry run hands nothing back
+    code, result, err = cli(capsys, local, "redrive")
+    # Then the dead letter went back to the intake and its job runs; the other message is
+    # refused with its reason, left in the queue, and the exit code says something was left
+    assert code == 6, err
+    assert [d["event_id"] for d in result["redriven"]] == ["0d1e2a3d-redriven"]
+    [refused] = result["refused"]
+    assert refused["why"] == "its body is not JSON"
+    view = eventually(lambda: main_ok_status(capsys, local, "eval-sweep-43"), "eval-sweep-43 running")
+    assert view["pool"] == "g5"
+    code, again, _ = cli(capsys, local, "redrive")
+    assert again["redriven"] == [] and len(again["refused"]) == 1
+
+
 def main_ok_status(capsys, local, job):
     code, view, _ = cli(capsys, local, "status", job)
     return view if code == 0 and view["state"] in ("RUNNING", "COMPLETED") else None

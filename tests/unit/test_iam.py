@@ -26,12 +26,14 @@ from botocore.exceptions import ClientError
 from iam_policy import (
     StackPolicies,
     condition_key_supported,
+    denied_by_resource_policy,
     privilege,
+    resource_policy,
     resource_type_of,
 )
 from replays import GROUP, RUNS, replay
 
-from preemptor_tools.local.aws_calls import AwsCall
+from preemptor_tools.local.aws_calls import AuthorizationRequest, AwsCall
 from preemptor_tools.local.clock import SimClock
 from preemptor_tools.local.stack import EmulatedStack
 from template_support import REPO_ROOT
@@ -438,3 +440,26 @@ def _batch_queue(stack: EmulatedStack) -> None:
     )
     batch.register_job_definition(jobDefinitionName="g5-training", type="container", containerProperties={"image": "t:1", "vcpus": 1, "memory": 512})
 
+
+# --------------------------------------------------------------------------- the dead-letter queue
+@pytest.mark.parametrize(
+    "sender, context, denied",
+    [
+        ("EventBridge, for a rule", {"aws:PrincipalServiceName": ("events.amazonaws.com",)}, False),
+        ("the intake's role", {"aws:PrincipalArn": ("ROLE:IntakeFunctionRole",)}, False),
+        ("reconcile's role", {"aws:PrincipalArn": ("ROLE:ReconcileFunctionRole",)}, False),
+        ("another function's role", {"aws:PrincipalArn": ("ROLE:PlanFunctionRole",)}, True),
+        ("a team's role", {"aws:PrincipalArn": ("arn:aws:iam::123456789012:role/research-ci",)}, True),
+        ("another service", {"aws:PrincipalServiceName": ("sns.amazonaws.com",)}, True),
+        ("an anonymous request", {}, True),
+    ],
+)
+def test_only_eventbridge_and_the_two_functions_may_write_to_the_dead_letter_queue(stack, sender, context, denied):
+    # `preemptor redrive` hands the queue's events to the intake, which trusts a
+    # submission's source: a message anyone else wrote would bypass the bus's condition.
+    statements = resource_policy(stack, "EventsDeadLetterQueuePolicy")
+    queue = stack.resolve({"Fn::GetAtt": ["EventsDeadLetterQueue", "Arn"]})
+    role = lambda logical: f"arn:aws:iam::123456789012:role/{stack.stack_name}-{logical}"  # noqa: E731
+    context = {k: tuple(role(v[5:]) if v.startswith("ROLE:") else v for v in vs) for k, vs in context.items()}
+    request = AuthorizationRequest("sqs:SendMessage", queue, context)
+    assert denied_by_resource_policy(statements, request) is denied, sender

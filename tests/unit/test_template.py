@@ -496,8 +496,17 @@ def test_every_rule_target_has_a_dead_letter_queue_and_retry_policy(cfn):
 
 def test_dead_letter_queue_accepts_exactly_our_rules(cfn):
     (policy,) = resources_of_type(cfn, "AWS::SQS::QueuePolicy").values()
-    (statement,) = policy["Properties"]["PolicyDocument"]["Statement"]
+    statement, no_one_else = policy["Properties"]["PolicyDocument"]["Statement"]
     assert statement["Principal"] == {"Service": "events.amazonaws.com"}
+    # (and denies every other sender but the two functions' roles: tests/unit/test_iam.py)
+    roles = no_one_else["Condition"]["ArnNotEqualsIfExists"]["aws:PrincipalArn"]
+    assert no_one_else["Effect"] == "Deny" and {r["Fn::GetAtt"][0] for r in roles} == {"IntakeFunctionRole", "ReconcileFunctionRole"}
+    assert all(cfn["Resources"][r["Fn::GetAtt"][0]]["Type"] == "AWS::IAM::Role" for r in roles)  # made by the SAM transform
+    with_destination = {
+        logical for logical, fn in resources_of_type(cfn, "AWS::Lambda::EventInvokeConfig").items()
+        if fn["Properties"]["DestinationConfig"]["OnFailure"]["Destination"] == {"Fn::GetAtt": ["EventsDeadLetterQueue", "Arn"]}
+    }
+    assert len(with_destination) == 2  # the intake's and reconcile's: the only senders besides EventBridge
     assert _actions(statement) == ["sqs:SendMessage"]
     sources = statement["Condition"]["ArnEquals"]["aws:SourceArn"]
     assert {s["Fn::GetAtt"][0] for s in sources} == set(resources_of_type(cfn, "AWS::Events::Rule"))

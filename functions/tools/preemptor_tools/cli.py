@@ -41,6 +41,7 @@ from . import argtypes
 from .inputs import InputFileError, load
 
 EXIT_OK, EXIT_NOT_FOUND, EXIT_BAD_INPUT, EXIT_AWS, EXIT_TIMED_OUT, EXIT_JOB_FAILED = 0, 1, 2, 3, 4, 5
+EXIT_LEFT_IN_QUEUE = 6  # `redrive` left dead letters in the queue (refused, or AWS said no)
 
 
 class UsageError(Exception):
@@ -147,6 +148,11 @@ def _parser() -> argparse.ArgumentParser:
     undrain.add_argument("pool")
     _add_target_options(undrain)
 
+    redrive = sub.add_parser("redrive", help="hand the events of the dead-letter queue back to their functions")
+    redrive.add_argument("--dry-run", action="store_true", help="only list what would be redriven; the queue is left as it is")
+    redrive.add_argument("--limit", type=argtypes.positive_int, help="at most N messages")
+    _add_target_options(redrive)
+
     local = sub.add_parser("local", help="the local stack: emulated AWS on 127.0.0.1 that the CLI and AWS SDKs talk to")
     local_sub = local.add_subparsers(dest="local_command", required=True)
     up = local_sub.add_parser("up", help="serve the local stack until `local down` or Ctrl-C")
@@ -198,6 +204,7 @@ def _dispatch(args) -> int:
         "pools": _pools,
         "drain": _drain,
         "undrain": _drain,
+        "redrive": _redrive,
         "local": _local,
     }
     return commands[args.command](args)
@@ -427,6 +434,15 @@ def _drain(args) -> int:
     else:
         print(f"pool {args.pool} undrained: scheduling again" + (" (a cycle started)" if result["schedule_execution"] else ""))
     return EXIT_OK
+
+
+def _redrive(args) -> int:
+    from . import redrive
+
+    target = _target(args)
+    result = redrive.redrive(target, dry_run=args.dry_run, limit=args.limit, wait_s=0 if target.local else 1)
+    _print(args, result, redrive.render)
+    return EXIT_LEFT_IN_QUEUE if result["refused"] or result["failed"] else EXIT_OK
 
 
 def _local(args) -> int:

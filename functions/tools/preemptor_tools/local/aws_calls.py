@@ -464,6 +464,13 @@ def _invoke(scope: _Scope, op: str, p: dict) -> list[AuthorizationRequest]:
     return [AuthorizationRequest("lambda:InvokeFunction", arn)]
 
 
+@_translates("sqs", "ReceiveMessage", "DeleteMessage", "ChangeMessageVisibility", "SendMessage")
+def _sqs(scope: _Scope, op: str, p: dict) -> list[AuthorizationRequest]:
+    # A queue URL is https://sqs.<region>.amazonaws.com/<account>/<name>.
+    account, name = p["QueueUrl"].rstrip("/").split("/")[-2:]
+    return [AuthorizationRequest(f"sqs:{op}", f"arn:aws:sqs:{scope.region}:{account}:{name}")]
+
+
 @_translates("sns", "Publish")
 def _publish(scope: _Scope, op: str, p: dict) -> list[AuthorizationRequest]:
     topic = p["TopicArn"]

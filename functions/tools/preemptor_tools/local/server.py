@@ -74,6 +74,13 @@ LOCAL_SCENARIO = Scenario(
 )
 
 
+@dataclass(frozen=True)
+class _Invocation:
+    """An asynchronous Invoke of `function` waiting in the driver's inbox (a bus's name otherwise)."""
+
+    function: str
+
+
 @dataclass
 class Options:
     port: int = DEFAULT_PORT
@@ -153,6 +160,8 @@ class LocalStack:
                 id_factory=lambda: str(uuid.uuid4()),
             )
             unsubscribe = moto_patches.on_events_put(lambda bus, event: self._inbox.put((bus, event)))
+            # An asynchronous Invoke over HTTP (`preemptor redrive`) runs on the driver too.
+            stack.async_handoff = lambda function, event: self._inbox.put((_Invocation(function), event))
             http = None
             try:
                 create_batch_queues(stack, scenario)
@@ -219,6 +228,10 @@ class LocalStack:
                 bus, event = self._inbox.get_nowait()
             except queue.Empty:
                 return
+            if isinstance(bus, _Invocation):
+                if self._guarded(stack.invoke_async, bus.function, event) is not None:
+                    self._guarded(stack.drain)
+                continue
             if event.get("detail-type") == "Job Submitted":
                 if self.submissions >= self.options.max_jobs:
                     name = (event.get("detail") or {}).get("name", "?")

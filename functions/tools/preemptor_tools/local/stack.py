@@ -22,6 +22,7 @@ import re
 import sys
 import threading
 import time
+import uuid
 import warnings
 import zipfile
 from collections import deque
@@ -101,6 +102,7 @@ class DeployedFunction:
     arn: str
     handler: str
     environment: dict[str, str]
+    on_failure: str | None = None  # the queue (URL) its failed asynchronous invocations go to
 
 
 @dataclass
@@ -137,6 +139,8 @@ class EmulatedStack:
         self.metrics = metrics
         self.dead_letters: list[tuple[dict, str]] = []  # events a function failed on, after retries
         self.async_retries: list[tuple[float, int, str, dict]] = []  # (due, attempt, function, event)
+        # Who runs an asynchronous Invoke made to moto (`_invoke_async`): None, the caller's thread.
+        self.async_handoff: Callable[[str, dict], None] | None = None
         self.stack_name = stack_name
         self.region = region
         self.template_path = template_path
@@ -183,7 +187,7 @@ class EmulatedStack:
         # Functions that emitted no metric in an invocation say so; locally that is noise.
         warnings.filterwarnings("ignore", message="No application metrics to publish")
         clock_module.use_clock(self.clock)
-        moto_patches.install(self.clock, self._invoke_from_workflow)
+        moto_patches.install(self.clock, self._invoke_from_workflow, self._invoke_async)
         # After the patches: the recorder wraps moto's Task states as patched.
         self.calls.install()
         if self.hostile is not None:
@@ -290,7 +294,8 @@ class EmulatedStack:
             elif kind == "AWS::SNS::Topic":
                 self._create_topic(logical)
             elif kind == "AWS::SQS::Queue":
-                self.client("sqs").create_queue(QueueName=f"{self.stack_name}-{logical}")
+                # Its Ref is its URL, as CloudFormation's (`_get_att` makes its ARN).
+                self.resources[logical] = self.client("sqs").create_queue(QueueName=self.resources[logical])["QueueUrl"]
             elif kind == "AWS::Events::EventBus":
                 # Only so that PutEvents on it is accepted (the local stack's HTTP endpoint):
                 # routing to the functions is `put_event`'s, by the functions' rules.
@@ -316,7 +321,9 @@ class EmulatedStack:
                 Code={"ZipFile": _empty_zip()},
                 Environment={"Variables": env},
             )
-            self.functions[name] = DeployedFunction(name, self.resolve({"Fn::GetAtt": [logical, "Arn"]}), props["Handler"], env)
+            self.functions[name] = DeployedFunction(
+                name, self.resolve({"Fn::GetAtt": [logical, "Arn"]}), props["Handler"], env, self._on_failure_queue(props)
+            )
             shared_env.update(env)
             for event_name, event in props.get("Events", {}).items():
                 if event["Type"] == "Schedule":
@@ -351,6 +358,15 @@ class EmulatedStack:
         if kind == "AWS::SNS::Topic":
             return f"arn:aws:sns:{self.region}:{ACCOUNT}:{self.stack_name}-{logical}"
         return f"{self.stack_name}-{logical}"
+
+    def _on_failure_queue(self, props: dict) -> str | None:
+        """The URL of the SQS queue a function's `EventInvokeConfig` sends its failed
+        asynchronous invocations to (None: Lambda discards them)."""
+        on_failure = props.get("EventInvokeConfig", {}).get("DestinationConfig", {}).get("OnFailure", {})
+        if on_failure.get("Type") != "SQS":
+            return None
+        arn = str(self.resolve(on_failure["Destination"]))
+        return self.client("sqs").get_queue_url(QueueName=arn.rsplit(":", 1)[-1])["QueueUrl"]
 
     def _create_table(self, logical: str, props: dict) -> None:
         kwargs = {
@@ -403,6 +419,8 @@ class EmulatedStack:
     def _ref(self, name: str) -> str:
         pseudo = {
             "AWS::StackName": self.stack_name,
+            "AWS::StackId": f"arn:aws:cloudformation:{self.region}:{ACCOUNT}:stack/{self.stack_name}/"
+            + str(uuid.uuid5(uuid.NAMESPACE_URL, self.stack_name)),
             "AWS::Region": self.region,
             "AWS::AccountId": ACCOUNT,
             "AWS::Partition": "aws",
@@ -426,6 +444,8 @@ class EmulatedStack:
             return f"arn:aws:dynamodb:{self.region}:{ACCOUNT}:table/{physical}"
         if service == "kms":
             return f"arn:aws:kms:{self.region}:{ACCOUNT}:key/{physical}"
+        if service == "sqs":  # its name, the last part of its URL
+            return f"arn:aws:sqs:{self.region}:{ACCOUNT}:{physical.rsplit('/', 1)[-1]}"
         return f"arn:aws:{service or 'local'}:{self.region}:{ACCOUNT}:{physical}"
 
     def _sub(self, template: Any) -> str:
@@ -473,6 +493,19 @@ class EmulatedStack:
         with self.calls.unattributed():
             self.client("stepfunctions").stop_execution(executionArn=execution_arn, error=error, cause=cause)
 
+    def _invoke_async(self, function_name: str, event: dict) -> None:
+        """An `InvocationType=Event` invocation (`preemptor redrive` makes them): handed to
+        `async_handoff` when set (the local stack's driver thread runs it), else run now."""
+        if self.async_handoff is not None:
+            self.async_handoff(function_name, event)
+        else:
+            self.invoke_async(function_name, event)
+
+    def invoke_async(self, function_name: str, event: dict) -> Any:
+        """Lambda's asynchronous invocation of one function: a failure is Lambda's to retry
+        and then dead-letter, never raised to the caller."""
+        return self._deliver(function_name, event, raises=False)
+
     # Lambda's asynchronous invocation (EventBridge targets): two retries, a minute after
     # the failure and two minutes after that, then the function's dead-letter queue.
     ASYNC_RETRY_DELAYS_S = (60.0, 120.0)
@@ -505,19 +538,50 @@ class EmulatedStack:
                 routed.results.append(self._deliver(rule.function, event))
         return routed
 
-    def _deliver(self, function_name: str, event: dict, attempt: int = 1) -> Any:
-        if self.hostile is None:
-            return self.invoke_lambda(function_name, event)
+    def _deliver(self, function_name: str, event: dict, attempt: int = 1, *, raises: bool | None = None) -> Any:
+        """One asynchronous invocation's attempt (`raises`: a handler's error goes to the
+        caller instead; by default, without a hostile world)."""
+        if raises is None:
+            raises = self.hostile is None
         try:
             return self.invoke_lambda(function_name, event)
         except Exception as e:  # noqa: BLE001 - what Lambda's async retries see
-            reason = f"{type(e).__name__}: {e}"
+            if raises:
+                raise
+            error = e
+        reason = f"{type(error).__name__}: {error}"
         if attempt < self.ASYNC_ATTEMPTS:
             delay = self.ASYNC_RETRY_DELAYS_S[attempt - 1]
             self.async_retries.append((self.clock.now() + delay, attempt + 1, function_name, event))
             return {"outcome": "retrying", "reason": f"attempt {attempt} failed, Lambda retries in {delay:.0f} s: {reason}"}
-        self.dead_letters.append((event, reason))
+        self._dead_letter(function_name, event, error)
         return {"outcome": "failed", "reason": f"dead-lettered after {self.ASYNC_ATTEMPTS} attempts: {reason}"}
+
+    def _dead_letter(self, function_name: str, event: dict, error: Exception) -> None:
+        """What Lambda does with an event whose attempts all failed: the invocation record
+        it sends to the function's on-failure destination, an SQS queue here (Lambda
+        developer guide, "Capturing records of Lambda asynchronous invocations"); without
+        one, it is discarded. Sent as Lambda sends it, so no function's call."""
+        self.dead_letters.append((event, f"{type(error).__name__}: {error}"))
+        fn = self.functions[function_name.rsplit(":", 1)[-1]]
+        if fn.on_failure is None:
+            return
+        now = self.clock.now()
+        record = {
+            "version": "1.0",
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z",
+            "requestContext": {
+                "requestId": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{fn.arn}/{len(self.dead_letters)}")),
+                "functionArn": f"{fn.arn}:$LATEST",
+                "condition": "RetriesExhausted",
+                "approximateInvokeCount": self.ASYNC_ATTEMPTS,
+            },
+            "requestPayload": event,
+            "responseContext": {"statusCode": 200, "executedVersion": "$LATEST", "functionError": "Unhandled"},
+            "responsePayload": {"errorMessage": str(error), "errorType": getattr(error, "error_type", type(error).__name__)},
+        }
+        with self.calls.unattributed():
+            self.client("sqs").send_message(QueueUrl=fn.on_failure, MessageBody=json.dumps(record))
 
     def _retry_due(self) -> int:
         """Lambda's retries of failed deliveries whose time has come (each to the one

@@ -28,7 +28,8 @@ Docker-free Lambda and Batch backends and turns on ASL execution.
 
 What the caller must create in moto:
 - Lambda: a function per handler (`create_function` with any zip and a `Handler` string);
-  invoking it calls `lambda_invoker(function_name, event)` instead of running the zip.
+  invoking it calls `lambda_invoker(function_name, event)` instead of running the zip (an
+  asynchronous invocation, `async_invoker`, and answers 202 whatever the handler does).
 - Batch: a compute environment, a job queue and a job definition. Array jobs are not simulated.
 - SageMaker: nothing (training jobs need only the usual CreateTrainingJob request).
 """
@@ -89,11 +90,14 @@ __all__ = [
 ]
 
 
-def install(clock: SimClock, lambda_invoker: LambdaInvoker) -> None:
-    """Patch moto for the local runtime. Calling it again only swaps the clock and invoker."""
+def install(clock: SimClock, lambda_invoker: LambdaInvoker, async_invoker: LambdaInvoker | None = None) -> None:
+    """Patch moto for the local runtime. Calling it again only swaps the clock and invokers
+    (`async_invoker`: what runs an `InvocationType=Event` invocation; without one, the
+    `lambda_invoker`, its error dropped)."""
     with _STATE.lock:
         _STATE.clock = clock
         _STATE.lambda_invoker = lambda_invoker
+        _STATE.async_invoker = async_invoker
         if _STATE.installed:
             return
         lambda_.patch()

@@ -19,6 +19,7 @@ class _State:
         self.lock = threading.RLock()
         self.clock: SimClock | None = None
         self.lambda_invoker: LambdaInvoker | None = None
+        self.async_invoker: LambdaInvoker | None = None  # InvocationType Event
         self.originals: list[tuple[Any, str, Any]] = []
         self.listeners: dict[str, list[Callable]] = defaultdict(list)
         self.logger_levels: dict[str, int] = {}
@@ -56,6 +57,7 @@ def restore_all() -> None:
     _STATE.listeners.clear()
     _STATE.clock = None
     _STATE.lambda_invoker = None
+    _STATE.async_invoker = None
 
 
 def subscribe(topic: str, callback: Callable) -> Callable[[], None]:

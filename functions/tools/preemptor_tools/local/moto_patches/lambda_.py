@@ -4,7 +4,9 @@ Gap filled: `LambdaSimpleBackend.invoke` never runs the function's code. The pat
 `lambda_invoker` given to `install` (the emulated stack runs the handler named by the
 function's `Handler`). A handler's exception becomes the function's error response, as the
 Python runtime returns it, so Step Functions names the error after its class and Retry/Catch
-on it work as on AWS.
+on it work as on AWS. An asynchronous invocation (`InvocationType: Event`) is Lambda's to
+retry and dead-letter, never the caller's: it goes to the `async_invoker` and is answered
+202 with an empty body, whatever the handler does.
 """
 
 from __future__ import annotations
@@ -48,6 +50,15 @@ def _invoke(
     invoker = _STATE.lambda_invoker
     if invoker is None:
         raise RuntimeError("moto_patches.install() has not been called: no lambda_invoker")
+    if headers.get("X-Amz-Invocation-Type") == "Event":
+        if _STATE.async_invoker is not None:
+            _STATE.async_invoker(function.function_name, event)
+            return b""
+        try:
+            invoker(function.function_name, event)
+        except Exception as error:  # noqa: BLE001 - the caller of an async invoke never sees it
+            LOG.info("Lambda %s (asynchronous) raised %s: %s", function.function_name, type(error).__name__, error)
+        return b""
     try:
         result = invoker(function.function_name, event)
     except Exception as error:  # noqa: BLE001 - a handler error is the function's response
