@@ -178,3 +178,83 @@ def test_a_save_on_sigterm_whose_s3_event_never_arrives_is_still_learned_at_the_
         assert sweep.saved_on_stop and sweep.declares_save_on_stop
         assert sweep.last_checkpoint_at is not None and sweep.last_checkpoint_at > START + 2400
         assert sweep.lost_gpu_seconds <= 120 * 64
+
+
+def _stale_cycle(env, interference: str) -> tuple[dict, list[dict]]:
+    """A cycle of p5 whose lease goes from under it after it planned and before its first
+    write (its plan step outlived Step Functions' wait, which gave the cycle up and
+    released the lease; or its lease expired and another cycle took it). Returns the
+    cycle's result and the writes the interference saw."""
+    from aws_faults import aws_says_no
+
+    from preemptor.service import scheduling
+
+    deps = env.stack.deps()
+    owner, now = "schedule-p5-stale", env.clock.now()
+    writes: list[dict] = []
+
+    def lease_goes(params: dict) -> None:
+        if not writes:
+            if interference == "released":
+                deps.store.release_lease("p5", owner)
+            else:
+                assert deps.store.acquire_lease("p5", "schedule-p5-next", now + scheduling.LEASE_TTL_S + 1, scheduling.LEASE_TTL_S)
+        writes.append(params)
+        return None  # the write itself goes out, and meets the lease's condition
+
+    with aws_says_no(deps.store.client, "TransactWriteItems", lease_goes):
+        result = scheduling.plan_cycle(store=deps.store, settings=deps.settings, pool_name="p5", owner=owner, now=now)
+    return result.to_dict(), writes
+
+
+def _held_back(env) -> None:
+    """Submissions wait (the pool drained) and nothing plans the pool once it is undrained
+    (the flag cleared in the table, no cycle started): the test's cycle is the one that plans."""
+    env.store.set_drained("p5", True, env.clock.now())
+
+
+@pytest.mark.parametrize("interference", ["released", "taken"])
+def test_a_cycle_that_lost_its_lease_admits_nothing(interference):
+    with emulation() as env:
+        # Given a pending job that fits the free pool
+        _held_back(env)
+        env.submit(name="train", team="research", priority=200, pool="p5", instances=2, duration=1200)
+        env.store.set_drained("p5", False, env.clock.now())
+        assert env.job("train").status is JobState.PENDING
+        # When a cycle that planned its admission loses the lease before writing it
+        result, writes = _stale_cycle(env, interference)
+        # Then the admission is refused: no GPUs held, no admission that no launch follows
+        assert len(writes) == 1 and result["admits"] == []
+        job = env.job("train")
+        assert job.status is JobState.PENDING and not job.decided_by
+        assert env.store.pool("p5")["used_gpus"] == 0
+        [line] = [e for e in env.store.history("train") if e["kind"] == "admission-deferred"]
+        assert line["reason"] == "lease-lost" and "schedule-p5-stale" in line["detail"]
+        # And the pool's next cycle admits and launches it
+        if interference == "taken":
+            env.store.release_lease("p5", "schedule-p5-next")
+        env.advance(300)
+        env.stack.invoke_lambda(env.stack.resources["ReconcileFunction"], {})
+        env.stack.drain()
+        assert env.job("train").status is JobState.RUNNING
+        assert env.store.pool("p5")["used_gpus"] == 16
+
+
+@pytest.mark.parametrize("interference", ["released", "taken"])
+def test_a_cycle_that_lost_its_lease_marks_no_victim(interference):
+    with emulation() as env:
+        # Given a low job holding the whole pool and a critical job waiting for it
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
+        env.advance(600)
+        _held_back(env)
+        env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1800)
+        env.store.set_drained("p5", False, env.clock.now())
+        # When a cycle that chose the sweep as its victim loses the lease before marking it
+        result, writes = _stale_cycle(env, interference)
+        # Then the sweep is not marked: nobody would stop it for a cycle no longer planning
+        assert len(writes) == 1 and result["preemptions"] == []
+        sweep = env.job("sweep")
+        assert sweep.status is JobState.RUNNING and not sweep.preempted_by
+        [line] = [e for e in env.store.history("sweep") if e["kind"] == "preemption-skipped"]
+        assert line["reason"] == "lease-lost"
+        assert "preemption-started" not in env.kinds("sweep")

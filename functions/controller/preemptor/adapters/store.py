@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
-from ..core.errors import CapacityExhausted, ConflictError, EventInProgress, JobNotFound, TransactionConflict
+from ..core.errors import CapacityExhausted, ConflictError, EventInProgress, JobNotFound, LeaseLost, TransactionConflict
 from ..core.jobs import JobRecord
 from ..core.model import JobState, PastPreemption, TeamUsage
 from ..core.s3uri import S3Uri
@@ -415,6 +415,10 @@ class JobsStore:
             )
             return False
 
+    def lease_holder(self, pool: str) -> str | None:
+        """Who holds the pool's scheduling lease (a consistent read), expired or not."""
+        return (self.pool(pool) or {}).get("lease_owner")
+
     def release_lease(self, pool: str, owner: str) -> bool:
         """Give the lease back, always (the next cycle takes it again). Returns True if the
         holder must plan again: someone asked for a plan while it held the lease.
@@ -568,6 +572,7 @@ class JobsStore:
         usage_delta: int = 0,
         pool_limit: int | None = None,
         alias: bool = False,
+        lease_owner: str | None = None,
     ) -> JobRecord:
         """Write what `new` changes from `record` (field by field) if the stored job still has
         one of the `expect` statuses, the same incarnation and the version `record` was read
@@ -577,17 +582,23 @@ class JobsStore:
         same change is applied on the fresh item; any other change meanwhile (a status, a
         cancel request...) raises ConflictError, and the caller re-reads and judges. With a
         positive delta and `pool_limit`, raises CapacityExhausted rather than push usage
-        above the limit. A transaction DynamoDB keeps cancelling for concurrent ones raises
-        the retryable TransactionConflict.
+        above the limit. With `lease_owner`, the write happens only while that scheduling
+        cycle holds the job's pool's lease (the same transaction), else raises LeaseLost. A
+        transaction DynamoDB keeps cancelling for concurrent ones raises the retryable
+        TransactionConflict.
         """
         expect = tuple(expect)
         for _ in range(3):
             try:
-                self._transact(self._transition_items(record, new, expect, usage_delta, pool_limit, alias))
+                self._transact(self._transition_items(record, new, expect, usage_delta, pool_limit, alias, lease_owner))
                 return replace_version(new, record.version + 1)
             except ConflictError as e:
-                if usage_delta > 0 and pool_limit is not None and len(e.reasons) > 1 and e.reasons[1] == "ConditionalCheckFailed":
-                    raise CapacityExhausted(f"pool {record.pool} cannot take {usage_delta} more GPUs") from e
+                if len(e.reasons) > 1 and e.reasons[1] == "ConditionalCheckFailed" and (usage_delta or lease_owner):
+                    # The pool item's condition: the lease, or (admissions) the capacity.
+                    if lease_owner is not None and self.lease_holder(record.pool) != lease_owner:
+                        raise LeaseLost(f"the cycle {lease_owner} no longer holds pool {record.pool}'s lease") from e
+                    if usage_delta > 0 and pool_limit is not None:
+                        raise CapacityExhausted(f"pool {record.pool} cannot take {usage_delta} more GPUs") from e
                 current = self.get(record.name)
                 rebased = _rebase(record, new, current, expect)
                 if rebased is None:
@@ -597,7 +608,14 @@ class JobsStore:
         raise ConflictError(f"job {record.name} kept changing")
 
     def _transition_items(
-        self, record: JobRecord, new: JobRecord, expect: tuple[JobState, ...], usage_delta: int, pool_limit: int | None, alias: bool
+        self,
+        record: JobRecord,
+        new: JobRecord,
+        expect: tuple[JobState, ...],
+        usage_delta: int,
+        pool_limit: int | None,
+        alias: bool,
+        lease_owner: str | None = None,
     ) -> list[dict]:
         update = _update_expression(changed_fields(record, new), record.version)
         status_keys = {f":s{i}": {"S": s.value} for i, s in enumerate(expect)}
@@ -609,12 +627,23 @@ class JobsStore:
         condition = f"#st IN ({', '.join(status_keys)}) AND #inc = :inc AND {_version_condition(record.version)}"
         items = [{"Update": {"TableName": self.table, "Key": job_key(record.name), "ConditionExpression": condition, **update}}]
         if usage_delta:
-            items.append(self._usage_update(record.pool, usage_delta, pool_limit))
+            items.append(self._usage_update(record.pool, usage_delta, pool_limit, lease_owner))
+        elif lease_owner is not None:  # (one operation per item in a transaction: else on the usage update)
+            items.append(
+                {
+                    "ConditionCheck": {
+                        "TableName": self.table,
+                        "Key": pool_key(record.pool),
+                        "ConditionExpression": "lease_owner = :lease",
+                        "ExpressionAttributeValues": {":lease": {"S": lease_owner}},
+                    }
+                }
+            )
         if alias:
             items.append({"Put": {"TableName": self.table, "Item": self._alias_item(new)}})
         return items
 
-    def _usage_update(self, pool: str, delta: int, limit: int | None) -> dict:
+    def _usage_update(self, pool: str, delta: int, limit: int | None, lease_owner: str | None = None) -> dict:
         update = {
             "TableName": self.table,
             "Key": pool_key(pool),
@@ -622,9 +651,15 @@ class JobsStore:
             "usage_seq = if_not_exists(usage_seq, :zero) + :one",
             "ExpressionAttributeValues": {":d": _to_attr(delta), ":zero": _to_attr(0), ":one": _to_attr(1)},
         }
+        conditions = []
         if limit is not None and delta > 0:
-            update["ConditionExpression"] = "attribute_not_exists(used_gpus) OR used_gpus <= :lim"
+            conditions.append("(attribute_not_exists(used_gpus) OR used_gpus <= :lim)")
             update["ExpressionAttributeValues"][":lim"] = _to_attr(limit - delta)
+        if lease_owner is not None:
+            conditions.append("lease_owner = :lease")
+            update["ExpressionAttributeValues"][":lease"] = {"S": lease_owner}
+        if conditions:
+            update["ConditionExpression"] = " AND ".join(conditions)
         return {"Update": update}
 
     def update_fields(self, record: JobRecord, expect: Iterable[JobState], **changes: Any) -> JobRecord:

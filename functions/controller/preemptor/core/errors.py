@@ -53,6 +53,11 @@ class CapacityExhausted(ConflictError):
     """Reserving capacity would oversubscribe the pool."""
 
 
+class LeaseLost(ConflictError):
+    """The scheduling cycle no longer holds its pool's lease (its workflow gave the cycle up
+    and released it, or it expired and another cycle took it): it may admit and mark nothing."""
+
+
 # -- not found ----------------------------------------------------------------------------
 class JobNotFound(PreemptorError):
     """No such job in the jobs table."""

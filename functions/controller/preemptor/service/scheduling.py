@@ -24,7 +24,7 @@ from ..adapters.checkpoints import CheckpointStore
 from ..adapters.store import JobsStore
 from ..adapters.workflows import execution_name
 from ..config import Mode, Settings
-from ..core.errors import ConflictError
+from ..core.errors import ConflictError, LeaseLost
 from ..core.jobs import JobRecord
 from ..core.model import Decision, JobState, PastPreemption, Pool, Reason, Snapshot, TeamUsage
 from ..core.policy import Policy, escalation_lead_s, history_window_s
@@ -194,9 +194,9 @@ def plan_cycle(
 
     by_name = {r.name: r for r in pending + active}
     _fail_exhausted(store, decision, by_name, now)
-    new_admits = _reserve_admissions(store, decision, by_name, pool_cfg.capacity_gpus, now, mark)
+    new_admits = _reserve_admissions(store, decision, by_name, pool_cfg.capacity_gpus, now, owner, mark)
     admits = _unique(earlier_admits + new_admits)
-    preemptions = _unique(earlier_victims + _mark_victims(store, decision, by_name, now, mark))
+    preemptions = _unique(earlier_victims + _mark_victims(store, decision, by_name, now, owner, mark))
     if checkpoints is not None and decision.checkpoint_requests:
         learning.request_ahead(store, checkpoints, decision, by_name, now)  # issue 10: ahead of preemption
     cut = learning.cut_waits(store, decision, by_name, now) if decision.wait_cuts else []
@@ -381,10 +381,13 @@ def _release_admissions(store: JobsStore, pool_name: str, mark: str, now: float)
 
 
 def _reserve_admissions(
-    store: JobsStore, decision: Decision, by_name: dict[str, JobRecord], capacity: int, now: float, mark: str
+    store: JobsStore, decision: Decision, by_name: dict[str, JobRecord], capacity: int, now: float, owner: str, mark: str
 ) -> list[dict]:
+    """Admit the decision's jobs, each only while `owner` holds the pool's lease: a plan step
+    that outlived its workflow's wait for it (Step Functions gave the cycle up and released
+    the lease) admits nothing more, so no admission is left that no launch follows."""
     admitted = []
-    for admission in decision.admits:
+    for i, admission in enumerate(decision.admits):
         record = by_name[admission.job]
         try:
             store.transition(
@@ -395,7 +398,11 @@ def _reserve_admissions(
                 expect=[JobState.PENDING],
                 usage_delta=record.gpus,
                 pool_limit=capacity,
+                lease_owner=owner,
             )
+        except LeaseLost as e:
+            _log_lease_lost(store, record.name, "admission-deferred", len(decision.admits) - i - 1, now, e)
+            break
         except ConflictError as e:
             current = store.get(record.name)
             if current is not None and current.decided_by == mark and current.status is JobState.ADMITTED and not current.run_id:
@@ -417,10 +424,12 @@ def _reserve_admissions(
 
 
 def _mark_victims(
-    store: JobsStore, decision: Decision, by_name: dict[str, JobRecord], now: float, mark: str
+    store: JobsStore, decision: Decision, by_name: dict[str, JobRecord], now: float, owner: str, mark: str
 ) -> list[dict]:
+    """Mark the decision's victims, each only while `owner` holds the pool's lease (a victim
+    marked by a cycle that no longer plans the pool would be stopped for nothing)."""
     marked = []
-    for p in decision.preemptions:
+    for i, p in enumerate(decision.preemptions):
         victim = by_name[p.victim]
         # issue 10: the workflow does not ask (a fresh checkpoint it confirms as before)
         at_once = not p.wait_for_checkpoint and p.stop is not Reason.CHECKPOINT_FRESH
@@ -437,7 +446,11 @@ def _mark_victims(
                     stop_reason=p.stop.value if at_once else None,
                 ),
                 expect=[JobState.RUNNING],
+                lease_owner=owner,
             )
+        except LeaseLost as e:
+            _log_lease_lost(store, victim.name, "preemption-skipped", len(decision.preemptions) - i - 1, now, e)
+            break
         except ConflictError as e:
             current = store.get(victim.name)
             if current is not None and current.decided_by == mark and current.status is JobState.PREEMPTING and current.preempted_by:
@@ -469,6 +482,12 @@ def _mark_victims(
             item["checkpoint_age_s"] = round(p.checkpoint_age_s, 3)
         marked.append(item)
     return marked
+
+
+def _log_lease_lost(store: JobsStore, job: str, kind: str, left: int, now: float, error: LeaseLost) -> None:
+    """The first write a cycle that lost its lease was refused (one line: a stale cycle may
+    be a step that outlived its time, with many writes left that would each be refused)."""
+    store.log(job, now, kind, "lease-lost", f"{error}; {left} more left undone; the pool's next cycle plans them again")
 
 
 def _fail_exhausted(store: JobsStore, decision: Decision, by_name: dict[str, JobRecord], now: float) -> None:
