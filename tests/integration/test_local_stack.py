@@ -199,6 +199,14 @@ def test_a_dead_letter_is_redriven_by_the_cli_and_its_job_runs(capsys, local):
     assert view["pool"] == "g5"
     code, again, _ = cli(capsys, local, "redrive")
     assert again["redriven"] == [] and len(again["refused"]) == 1
+    # When the operator discards what the redrive refuses (a dry run discards nothing)
+    code, listed, _ = cli(capsys, local, "redrive", "--discard-refused", "--dry-run")
+    assert code == 6 and [r["discarded"] for r in listed["refused"]] == [False]
+    code, result, err = cli(capsys, local, "redrive", "--discard-refused")
+    # Then it is gone, said so, and the queue is empty (its alarm can fire for the next one)
+    assert code == 0, err
+    assert [(r["why"], r["discarded"]) for r in result["refused"]] == [("its body is not JSON", True)]
+    assert sqs.receive_message(QueueUrl=queue, VisibilityTimeout=0).get("Messages", []) == []
 
 
 def main_ok_status(capsys, local, job):

@@ -151,6 +151,9 @@ def _parser() -> argparse.ArgumentParser:
     redrive = sub.add_parser("redrive", help="hand the events of the dead-letter queue back to their functions")
     redrive.add_argument("--dry-run", action="store_true", help="only list what would be redriven; the queue is left as it is")
     redrive.add_argument("--limit", type=argtypes.positive_int, help="at most N messages")
+    redrive.add_argument(
+        "--discard-refused", action="store_true", help="delete the messages it will not hand back (listed first, with why)"
+    )
     _add_target_options(redrive)
 
     local = sub.add_parser("local", help="the local stack: emulated AWS on 127.0.0.1 that the CLI and AWS SDKs talk to")
@@ -440,9 +443,12 @@ def _redrive(args) -> int:
     from . import redrive
 
     target = _target(args)
-    result = redrive.redrive(target, dry_run=args.dry_run, limit=args.limit, wait_s=0 if target.local else 1)
+    result = redrive.redrive(
+        target, dry_run=args.dry_run, limit=args.limit, wait_s=0 if target.local else 1, discard_refused=args.discard_refused
+    )
     _print(args, result, redrive.render)
-    return EXIT_LEFT_IN_QUEUE if result["refused"] or result["failed"] else EXIT_OK
+    left = result["failed"] or any(not r["discarded"] for r in result["refused"])
+    return EXIT_LEFT_IN_QUEUE if left else EXIT_OK
 
 
 def _local(args) -> int:

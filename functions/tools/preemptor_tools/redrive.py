@@ -122,12 +122,17 @@ def stack_functions(target: Target) -> frozenset[str]:
     return frozenset(arns)
 
 
-def redrive(target: Target, *, dry_run: bool = False, limit: int | None = None, wait_s: int = 1) -> dict:
+def redrive(
+    target: Target, *, dry_run: bool = False, limit: int | None = None, wait_s: int = 1, discard_refused: bool = False
+) -> dict:
     """Re-invoke the dead letters of `target`'s queue (at most `limit`), or only list them
     (`dry_run`); `wait_s`: each ReceiveMessage's long poll (a short poll may miss messages).
+    `discard_refused`: delete the messages it refuses, once listed (left in the queue, they
+    keep its alarm in ALARM, and a new dead letter would then notify no one).
 
-    Returns `redriven` (or `listed`), `refused` (with why) and `failed` (Lambda or SQS said no;
-    the message stays). Every message not deleted is made visible again before returning."""
+    Returns `redriven` (or `listed`), `refused` (with why, and whether it was discarded) and
+    `failed` (Lambda or SQS said no; the message stays). Every message not deleted is made
+    visible again before returning."""
     queue = target.outputs.get("EventsDeadLetterQueueUrl")
     if not queue:
         raise BadInput(f"stack {target.name} has no EventsDeadLetterQueueUrl output")
@@ -156,8 +161,14 @@ def redrive(target: Target, *, dry_run: bool = False, limit: int | None = None, 
                 seen.add(message["MessageId"])
                 letter = read(message, functions)
                 if isinstance(letter, str):
-                    refused.append({"message_id": message["MessageId"], "why": letter})
-                    kept.append(message["ReceiptHandle"])
+                    entry = {"message_id": message["MessageId"], "why": letter, "discarded": False}
+                    refused.append(entry)
+                    if discard_refused and not dry_run:
+                        entry["discarded"], why_kept = _delete(sqs, queue, message["ReceiptHandle"])
+                        if why_kept:
+                            entry["why"] += f"; not discarded: {why_kept}"
+                    if not entry["discarded"]:
+                        kept.append(message["ReceiptHandle"])
                 elif dry_run:
                     done.append(letter.view())
                     kept.append(letter.receipt)
@@ -190,12 +201,17 @@ def _redrive_one(sqs: Any, lam: Any, queue: str, letter: DeadLetter) -> str | No
         lam.invoke(FunctionName=letter.function_arn, InvocationType="Event", Payload=json.dumps(letter.event).encode())
     except ClientError as e:
         return f"not re-invoked: {_error(e)}"
+    deleted, why_kept = _delete(sqs, queue, letter.receipt)
+    # Re-invoked but not deleted: a later redrive invokes it again, which the intake drops by its event id.
+    return None if deleted else f"re-invoked, but left in the queue: {why_kept}"
+
+
+def _delete(sqs: Any, queue: str, receipt: str) -> tuple[bool, str]:
     try:
-        sqs.delete_message(QueueUrl=queue, ReceiptHandle=letter.receipt)
+        sqs.delete_message(QueueUrl=queue, ReceiptHandle=receipt)
     except ClientError as e:
-        # Re-invoked: a later redrive invokes it again, which the intake drops by its event id.
-        return f"re-invoked, but left in the queue: {_error(e)}"
-    return None
+        return False, _error(e)
+    return True, ""
 
 
 def _error(e: ClientError) -> str:
@@ -215,6 +231,9 @@ def render(result: dict, painter: Any) -> str:
         lines.append(painter.paint(f"left {len(result['failed'])} in the queue, AWS said no:", "31"))
         lines += [f"  event {f['event_id']}: {f['why']}" for f in result["failed"]]
     if result["refused"]:
-        lines.append(painter.paint(f"refused {len(result['refused'])} (left in the queue):", "33"))
-        lines += [f"  message {r['message_id']}: {r['why']}" for r in result["refused"]]
+        lines.append(painter.paint(f"refused {len(result['refused'])}:", "33"))
+        lines += [
+            f"  message {r['message_id']} ({'discarded' if r['discarded'] else 'left in the queue'}): {r['why']}"
+            for r in result["refused"]
+        ]
     return "\n".join(lines)
