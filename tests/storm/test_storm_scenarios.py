@@ -89,3 +89,54 @@ def test_hostile_world_example_every_job_completes_within_capacity() -> None:
     assert report["pools"][0]["max_gpus_in_use"] > 0
     assert report["stuck"] == []
     assert violations(result, scenario) == []
+
+
+def test_the_dead_letters_of_a_chaos_run_redriven_once_it_is_over_change_nothing_settled() -> None:
+    # Given the preemption story under every chaos rate at once, where Lambda dead-lettered
+    # events after their three attempts (deliveries throttled or crashed each time: state
+    # changes, checkpoint notices, submissions' copies, reconcile's schedule)
+    from preemptor_tools import ops, redrive
+    from preemptor_tools.local import server
+    from preemptor_tools.local.scenario import Chaos
+
+    chaos = {"seed": 21, "throttle_rate": 0.15, "crash_rate": 0.15, "duplicate_rate": 0.3, "reorder_rate": 0.3,
+             "transaction_conflict_rate": 0.3}
+    scenario = story(chaos=chaos)
+    seen: dict = {}
+
+    def settled(stack) -> dict:
+        sagemaker = stack.client("sagemaker")
+        return {
+            "jobs": {j.name: (j.status, j.incarnation, j.run_id, j.preemptions, j.stops_without_fresh_checkpoint) for j in stack.jobs()},
+            "runs": sorted(r["TrainingJobName"] for r in sagemaker.list_training_jobs(MaxResults=100)["TrainingJobSummaries"]),
+            "used_gpus": stack.deps().store.pool("p5")["used_gpus"],
+        }
+
+    def at_the_end(stack) -> None:
+        if "started" not in seen:
+            seen["started"] = True
+            return
+        # When the storm is over and the operator redrives the queue
+        seen["before"] = settled(stack)
+        seen["dead_letters"] = len(stack.dead_letters)
+        stack.hostile.chaos = Chaos(seed=chaos["seed"])
+        target = ops.Target(stack.stack_name, server.stack_outputs(stack), dict(stack.parameters), stack.session)
+        seen["redrive"] = redrive.redrive(target, wait_s=0)
+        stack.drain()
+        seen["after"] = settled(stack)
+        seen["left"] = stack.client("sqs").receive_message(QueueUrl=target.outputs["EventsDeadLetterQueueUrl"]).get("Messages", [])
+        seen["dead_letters_after"] = len(stack.dead_letters)
+
+    result = demo.run(scenario, tick_s=60, on_stack=at_the_end)
+    assert violations(result, scenario) == []
+    # Then every dead letter went back to its function and was handled: none refused, none
+    # failed again, the queue is empty
+    assert seen["dead_letters"] >= 3, seen["dead_letters"]
+    assert len(seen["redrive"]["redriven"]) == seen["dead_letters"]
+    assert seen["redrive"]["refused"] == [] and seen["redrive"]["failed"] == []
+    assert seen["left"] == [] and seen["dead_letters_after"] == seen["dead_letters"]
+    # And the stale events changed nothing that had settled: no job moved, no run was
+    # launched again, no GPU is held
+    assert seen["after"] == seen["before"]
+    assert seen["after"]["used_gpus"] == 0
+    assert {j["name"]: j["state"] for j in result.report["jobs"]} == {"sweep": "Completed", "incident-fix": "Completed"}
