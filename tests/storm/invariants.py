@@ -143,7 +143,37 @@ def preemptions_resolve_within_their_waits(result: DemoResult, scenario: Scenari
     return out
 
 
+def decision_log_tells_every_change(result: DemoResult, scenario: Scenario) -> list[str]:
+    """The decision log (what `explain` and `history` answer from) tells each change of a
+    job that happened: a launch line per run the controller created, an admission before
+    each, a preemption per requeue, and the end of a completed job, once."""
+    out = []
+    kinds: dict[str, dict[str, int]] = {}
+    for entry in result.history:
+        counts = kinds.setdefault(entry["job"], {})
+        counts[entry["kind"]] = counts.get(entry["kind"], 0) + 1
+    runs: dict[str, int] = {}
+    for run in result.runs:
+        tags = run["tags"]
+        if tags.get(MANAGED_TAG) == "true" and "preemptor:job" in tags:
+            runs[tags["preemptor:job"]] = runs.get(tags["preemptor:job"], 0) + 1
+    for job in result.report["jobs"]:
+        name, seen = job["name"], kinds.get(job["name"], {})
+        launches = seen.get("launched", 0) + seen.get("relaunched", 0)
+        if launches != runs.get(name, 0):
+            out.append(f"job {name}: {runs.get(name, 0)} runs created, {launches} launch lines")
+        if seen.get("admitted", 0) < launches:
+            out.append(f"job {name}: {launches} launch lines, {seen.get('admitted', 0)} admissions")
+        stopped = seen.get("requeued", 0)
+        if stopped > seen.get("preemption-started", 0) + seen.get("interruption", 0):
+            out.append(f"job {name}: requeued {stopped} times, {seen.get('preemption-started', 0)} preemptions started")
+        if job["state"] == "Completed" and seen.get("completed", 0) != 1:
+            out.append(f"job {name}: Completed, {seen.get('completed', 0)} completion lines")
+    return out
+
+
 INVARIANTS = (
+    decision_log_tells_every_change,
     fleet_never_above_capacity,
     accepted_jobs_settle,
     no_run_launched_twice,

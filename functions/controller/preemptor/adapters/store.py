@@ -18,7 +18,7 @@ import json
 import random
 import time
 import uuid
-from dataclasses import dataclass, fields as dataclass_fields
+from dataclasses import dataclass, field as dataclass_field, fields as dataclass_fields
 from decimal import Decimal
 from typing import Any, Callable, Iterable, Iterator
 
@@ -174,6 +174,21 @@ def _rebase(seen: JobRecord, new: JobRecord, current: JobRecord | None, expect: 
     if not moved <= _NOTES or moved & ours:
         return None
     return current.with_changes(**{name: getattr(new, name) for name in ours})
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """A decision-log entry written in the same transaction as the state change it tells
+    (`JobsStore.transition(log=...)`): both are written, or neither. A line written after
+    its change is lost when that write is refused or the function dies between the two, and
+    the retry, finding the change made, does not write it again."""
+
+    job: str
+    at: float
+    kind: str
+    reason: str
+    detail: str = ""
+    extra: dict = dataclass_field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -573,6 +588,7 @@ class JobsStore:
         pool_limit: int | None = None,
         alias: bool = False,
         lease_owner: str | None = None,
+        log: LogLine | None = None,
     ) -> JobRecord:
         """Write what `new` changes from `record` (field by field) if the stored job still has
         one of the `expect` statuses, the same incarnation and the version `record` was read
@@ -583,14 +599,17 @@ class JobsStore:
         cancel request...) raises ConflictError, and the caller re-reads and judges. With a
         positive delta and `pool_limit`, raises CapacityExhausted rather than push usage
         above the limit. With `lease_owner`, the write happens only while that scheduling
-        cycle holds the job's pool's lease (the same transaction), else raises LeaseLost. A
-        transaction DynamoDB keeps cancelling for concurrent ones raises the retryable
-        TransactionConflict.
+        cycle holds the job's pool's lease (the same transaction), else raises LeaseLost.
+        `log`: the decision-log line that tells the change, written with it. A transaction
+        DynamoDB keeps cancelling for concurrent ones raises the retryable TransactionConflict.
         """
         expect = tuple(expect)
         for _ in range(3):
+            items = self._transition_items(record, new, expect, usage_delta, pool_limit, alias, lease_owner)
+            if log is not None:
+                items.append({"Put": {"TableName": self.table, "Item": self._log_item(log.job, log.at, log.kind, log.reason, log.detail, None, log.extra)}})
             try:
-                self._transact(self._transition_items(record, new, expect, usage_delta, pool_limit, alias, lease_owner))
+                self._transact(items)
                 return replace_version(new, record.version + 1)
             except ConflictError as e:
                 if len(e.reasons) > 1 and e.reasons[1] == "ConditionalCheckFailed" and (usage_delta or lease_owner):
@@ -967,6 +986,10 @@ class JobsStore:
         with the same `at`, it replaces itself, so a retried step that logs what its first
         attempt may have logged already leaves one entry.
         """
+        self._call("put_item", TableName=self.table, Item=self._log_item(job, at, kind, reason, detail, once, extra))
+
+    @staticmethod
+    def _log_item(job: str, at: float, kind: str, reason: str, detail: str, once: str | None, extra: dict) -> dict:
         # The counter keeps entries of one container in order within a millisecond.
         unique = f"{next(_LOG_SEQ):08d}#{uuid.uuid4().hex[:8]}" if once is None else f"once#{once}"
         fields = {
@@ -980,7 +1003,7 @@ class JobsStore:
         }
         if extra:
             fields["extra"] = json.dumps(extra, sort_keys=True, default=str)
-        self._call("put_item", TableName=self.table, Item=_marshal(fields))
+        return _marshal(fields)
 
     def history(self, job: str) -> list[dict]:
         items = self._pages(

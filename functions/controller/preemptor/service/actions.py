@@ -16,7 +16,7 @@ import random
 from ..adapters.alerts import Alerts
 from ..adapters.checkpoints import CheckpointStore
 from ..adapters.runners import Runner
-from ..adapters.store import JobsStore
+from ..adapters.store import JobsStore, LogLine
 from ..core.errors import AccessDenied, CheckpointLocationUnavailable, ConflictError, RunNameTaken, ServiceJobNotFound, ServiceRejected
 from ..core.jobs import JobRecord
 from ..core.model import JobState
@@ -265,19 +265,14 @@ def _back_to_queue(
         preempting_since=None,
         **learning.after_stop(record),  # issue 10: a checkpoint during the grace?
     )
-    moved = _release_stopped(store, policy, record, new, fresh, now, alerts)
+    line = LogLine(
+        record.name, now, "requeued", reason,
+        f"{why}; {lost:.0f} GPU-seconds lost{_since_checkpoint(record)}; resumes from its checkpoint as {new.next_run_name}",
+        {"preemptor": record.preempted_by, "lost_gpu_seconds": lost, "fresh_checkpoint": fresh},
+    )
+    moved = _release_stopped(store, policy, record, new, fresh, now, alerts, line)
     if moved is not None:
         return moved
-    store.log(
-        record.name,
-        now,
-        "requeued",
-        reason,
-        f"{why}; {lost:.0f} GPU-seconds lost{_since_checkpoint(record)}; resumes from its checkpoint as {new.next_run_name}",
-        preemptor=record.preempted_by,
-        lost_gpu_seconds=lost,
-        fresh_checkpoint=fresh,
-    )
     if alerts is not None:
         alerts.notify(
             "preempted", job=record.name, team=record.team, subject=f"Preemptor: job {record.name} was {reason}",
@@ -290,13 +285,14 @@ def _back_to_queue(
 
 
 def _release_stopped(
-    store: JobsStore, policy: Policy, record: JobRecord, new: JobRecord, fresh: bool, now: float, alerts: Alerts | None
+    store: JobsStore, policy: Policy, record: JobRecord, new: JobRecord, fresh: bool, now: float, alerts: Alerts | None,
+    log: LogLine,
 ) -> dict | None:
-    """Write a stopped victim's next state and free its GPUs, and fold its run into its
-    team's usage; None when done. If it moved meanwhile (a cancel request, an end event),
-    it is judged again on the fresh item and that answer returned."""
+    """Write a stopped victim's next state (and `log`, its line) and free its GPUs, and fold
+    its run into its team's usage; None when done. If it moved meanwhile (a cancel request,
+    an end event), it is judged again on the fresh item and that answer returned."""
     try:
-        store.transition(record, new, expect=[record.status], usage_delta=-record.gpus)
+        store.transition(record, new, expect=[record.status], usage_delta=-record.gpus, log=log)
     except ConflictError:
         current = store.get(record.name)
         if current is not None and current.status is JobState.PREEMPTING and current.incarnation == record.incarnation:
@@ -328,13 +324,13 @@ def _end_adopted(
         stops_without_fresh_checkpoint=record.stops_without_fresh_checkpoint + (0 if fresh else 1),
         preempting_since=None,
     )
-    moved = _release_stopped(store, policy, record, new, fresh, now, alerts)
+    line = LogLine(
+        record.name, now, f"{reason}-not-relaunched", reason, f"{end}; {lost:.0f} GPU-seconds lost{_since_checkpoint(record)}",
+        {"preemptor": record.preempted_by, "lost_gpu_seconds": lost, "fresh_checkpoint": fresh},
+    )
+    moved = _release_stopped(store, policy, record, new, fresh, now, alerts, line)
     if moved is not None:
         return moved
-    store.log(
-        record.name, now, f"{reason}-not-relaunched", reason, f"{end}; {lost:.0f} GPU-seconds lost{_since_checkpoint(record)}",
-        preemptor=record.preempted_by, lost_gpu_seconds=lost, fresh_checkpoint=fresh,
-    )
     if alerts is not None:
         alerts.notify(
             "preempted", job=record.name, team=record.team, subject=f"Preemptor: job {record.name} was {reason}; relaunch it",
@@ -393,16 +389,16 @@ def spare(*, store: JobsStore, policy: Policy, job: str, incarnation: int, now: 
     if record is None or record.status is not JobState.PREEMPTING:
         return {"spared": False}
     until = now + policy.for_pool(record.pool).checkpoint_wait_max_s
+    what = "no fresh checkpoint in time" if why == "checkpoint-timeout" else "its stop was refused"
     try:
         store.transition(
             record,
             record.with_changes(status=JobState.RUNNING, preempted_by=None, preempting_since=None, spared_until=until),
             expect=[JobState.PREEMPTING],
+            log=LogLine(job, now, "preemption-cancelled", why, f"{what}; left running, protected for {until - now:.0f} s"),
         )
     except ConflictError:
         return {"spared": False}
-    what = "no fresh checkpoint in time" if why == "checkpoint-timeout" else "its stop was refused"
-    store.log(job, now, "preemption-cancelled", why, f"{what}; left running, protected for {until - now:.0f} s")
     if record.preempted_by and record.preempted_by != SPOT_INTERRUPTION:
         store.log(
             record.preempted_by, now, "victim-spared", why, f"{record.name} was not stopped ({what}); the pool is planned again"
@@ -443,7 +439,7 @@ def launch(
     new = running_on(record, run_id, now, instance_type)
     for _ in range(JUDGE_ATTEMPTS):
         try:
-            store.transition(record, new, expect=[JobState.ADMITTED], alias=True)
+            store.transition(record, new, expect=[JobState.ADMITTED], alias=True, log=_launch_line(record, new, instance_type, now))
             break
         except ConflictError:
             current = store.get(job)
@@ -465,20 +461,25 @@ def launch(
         runners[record.service].stop(run_id, "preemptor: cancelled")
         store.log(job, now, "cancel-requested", "job-cancelled", f"{new.run_name} was created as the cancel arrived; stopping it")
         return {"launched": True, "run_id": run_id, "run_name": new.run_name, "stopping": True}
+    if record.incarnation > 1 and record.first_started_at is not None and alerts is not None:
+        alerts.notify(
+            "relaunched", job=job, team=record.team, subject=f"Preemptor: job {job} relaunched as {new.run_name}",
+            message={"run": new.run_name, "pool": record.pool, "resumes_from": record.checkpoint_s3_uri, "offering": instance_type},
+        )
+    return {"launched": True, "run_id": run_id, "run_name": new.run_name, "pool": record.pool, "relaunch": record.incarnation > 1}
+
+
+def _launch_line(record: JobRecord, new: JobRecord, instance_type: str | None, now: float) -> LogLine:
+    """The decision-log line of a launch, written with the run's record."""
     on = "" if not instance_type else f" to {instance_type}" if record.service == "batch" else f" on {describe_offering(instance_type)}"
+    extra = {"instance_type": instance_type}
     if record.incarnation > 1 and record.first_started_at is None:
         # The earlier runs never got capacity: nothing was trained, nothing to resume.
-        store.log(job, now, "relaunched", "capacity-free", f"{new.run_name}{on}: a new run after {record.capacity_retries} that met no capacity (nothing trained yet)", instance_type=instance_type)
-    elif record.incarnation > 1:
-        store.log(job, now, "relaunched", "capacity-free", f"{new.run_name}{on} resumes from {record.checkpoint_s3_uri}", instance_type=instance_type)
-        if alerts is not None:
-            alerts.notify(
-                "relaunched", job=job, team=record.team, subject=f"Preemptor: job {job} relaunched as {new.run_name}",
-                message={"run": new.run_name, "pool": record.pool, "resumes_from": record.checkpoint_s3_uri, "offering": instance_type},
-            )
-    else:
-        store.log(job, now, "launched", "capacity-free", f"{new.run_name} created in {record.service}{on}", instance_type=instance_type)
-    return {"launched": True, "run_id": run_id, "run_name": new.run_name, "pool": record.pool, "relaunch": record.incarnation > 1}
+        detail = f"{new.run_name}{on}: a new run after {record.capacity_retries} that met no capacity (nothing trained yet)"
+        return LogLine(record.name, now, "relaunched", "capacity-free", detail, extra)
+    if record.incarnation > 1:
+        return LogLine(record.name, now, "relaunched", "capacity-free", f"{new.run_name}{on} resumes from {record.checkpoint_s3_uri}", extra)
+    return LogLine(record.name, now, "launched", "capacity-free", f"{new.run_name} created in {record.service}{on}", extra)
 
 
 def running_on(record: JobRecord, run_id: str, started_at: float, instance_type: str | None = None) -> JobRecord:
@@ -553,10 +554,10 @@ def _wait_for_capacity(
                 record.with_changes(status=JobState.FAILED, ended_at=now, outcome_reason=why, capacity_retries=retries),
                 [record.status],
                 usage_delta=-record.gpus,
+                log=LogLine(record.name, now, "failed", "no-capacity", why),
             )
         except ConflictError:
             return {"released": False, "pool": record.pool, "reason": "conflict"}  # it moved meanwhile: its own step decides
-        store.log(record.name, now, "failed", "no-capacity", why)
         if alerts is not None:
             alerts.notify(
                 "failed", job=record.name, team=record.team, subject=f"Preemptor: job {record.name} failed: no capacity",
@@ -579,20 +580,14 @@ def _wait_for_capacity(
         changes.update(incarnation=record.incarnation + 1, run_id=None, run_name=None, started_at=None)
         if record.first_started_at == record.started_at:
             changes["first_started_at"] = None  # that run never trained: the job has not started yet
+    line = LogLine(
+        record.name, now, "capacity-wait", "no-capacity", f"launch {retries} met no capacity ({reason}); tried again after {wait:.0f} s",
+        {"retries": retries, "not_before": now + wait, "run_created": run_created},
+    )
     try:
-        store.transition(record, record.with_changes(**changes), [record.status], usage_delta=-record.gpus)
+        store.transition(record, record.with_changes(**changes), [record.status], usage_delta=-record.gpus, log=line)
     except ConflictError:
         return {"released": False, "pool": record.pool, "reason": "conflict"}
-    store.log(
-        record.name,
-        now,
-        "capacity-wait",
-        "no-capacity",
-        f"launch {retries} met no capacity ({reason}); tried again after {wait:.0f} s",
-        retries=retries,
-        not_before=now + wait,
-        run_created=run_created,
-    )
     # Whole seconds, rounded up: a Wait state's SecondsPath takes a non-negative integer, and
     # the pool planned after it must find the backoff over (not_before <= now).
     return {"released": True, "pool": record.pool, "reason": "no-capacity", "not_before": now + wait, "wait_s": math.ceil(wait)}
@@ -623,8 +618,8 @@ def _launch_refused(
         new = record.with_changes(
             status=JobState.FAILED, ended_at=now, outcome_reason=reason, launch_attempts=attempts, last_launch_error=str(error)
         )
-        store.transition(record, new, [JobState.ADMITTED], usage_delta=-record.gpus)
-        store.log(record.name, now, "failed", "launch-rejected", f"launch refused {attempts} times; last: {error}")
+        line = LogLine(record.name, now, "failed", "launch-rejected", f"launch refused {attempts} times; last: {error}")
+        store.transition(record, new, [JobState.ADMITTED], usage_delta=-record.gpus, log=line)
         if alerts is not None:
             alerts.notify(
                 "failed", job=record.name, team=record.team, subject=f"Preemptor: job {record.name} failed to launch",
@@ -643,17 +638,13 @@ def _launch_refused(
         last_launch_error=str(error),
         incarnation=record.incarnation + (1 if taken else 0),
     )
-    store.transition(record, new, [JobState.ADMITTED], usage_delta=-record.gpus)
-    store.log(
-        record.name,
-        now,
-        "launch-failed",
-        "service-rejected",
+    line = LogLine(
+        record.name, now, "launch-failed", "service-rejected",
         f"attempt {attempts} of {MAX_LAUNCH_ATTEMPTS} refused: {error}; retried after {wait:.0f} s"
         + (f" as {new.next_run_name}" if taken else ""),
-        attempts=attempts,
-        not_before=now + wait,
+        {"attempts": attempts, "not_before": now + wait},
     )
+    store.transition(record, new, [JobState.ADMITTED], usage_delta=-record.gpus, log=line)
     return {
         "launched": False, "reason": "service-rejected", "attempts": attempts, "not_before": now + wait, "wait_s": math.ceil(wait),
         "error": str(error),
@@ -667,10 +658,10 @@ def _cancel_admitted(store: JobsStore, record: JobRecord, now: float) -> dict:
             record.with_changes(status=JobState.CANCELLED, ended_at=now, outcome_reason="cancelled", admitted_at=None),
             [JobState.ADMITTED],
             usage_delta=-record.gpus,
+            log=LogLine(record.name, now, "cancelled", "job-cancelled", "cancelled before its launch; GPUs released"),
         )
     except ConflictError:
         return {"launched": False, "reason": "conflict"}
-    store.log(record.name, now, "cancelled", "job-cancelled", "cancelled before its launch; GPUs released")
     return {"launched": False, "reason": "cancelled"}
 
 
@@ -691,11 +682,11 @@ def cancel(*, store: JobsStore, runners: dict[str, Runner], job: str, now: float
         if record.status is JobState.PENDING:
             try:
                 store.transition(
-                    record, record.with_changes(status=JobState.CANCELLED, ended_at=now, outcome_reason="cancelled"), [JobState.PENDING]
+                    record, record.with_changes(status=JobState.CANCELLED, ended_at=now, outcome_reason="cancelled"), [JobState.PENDING],
+                    log=LogLine(job, now, "cancelled", "job-cancelled", "removed from the queue"),
                 )
             except ConflictError:
                 continue
-            store.log(job, now, "cancelled", "job-cancelled", "removed from the queue")
             return {"outcome": "accepted", "reason": "cancelled-pending"}
         if record.status is JobState.ADMITTED:
             result = _cancel_admitted(store, record, now)
@@ -749,6 +740,7 @@ def finish(
                 new,
                 expect=[JobState.ADMITTED, JobState.RUNNING, JobState.PREEMPTING],
                 usage_delta=-record.gpus,
+                log=LogLine(job, now, outcome, reason, f"{record.run_name or record.name} ended: {state.value}"),
             )
             break
         except ConflictError:
@@ -761,7 +753,6 @@ def finish(
     else:
         return {"released": False, "pool": record.pool, "reason": "conflict"}
     _fold_usage(store, policy, record, now)
-    store.log(job, now, outcome, reason, f"{record.run_name or record.name} ended: {state.value}")
     if state is JobState.FAILED and alerts is not None:
         alerts.notify(
             "failed", job=job, team=record.team, subject=f"Preemptor: job {job} failed",

@@ -23,7 +23,7 @@ from ..adapters.alerts import Alerts
 from ..adapters.checkpoints import CONTROL_DIR, MANIFEST, CheckpointStore, in_unsealed_helper_checkpoint
 from ..adapters.instances import InstanceResolver
 from ..adapters.runners import Runner
-from ..adapters.store import JobsStore
+from ..adapters.store import JobsStore, LogLine
 from ..adapters.workflows import WorkflowStarter, execution_name, settled_schedule
 from ..config import Settings
 from ..core import events as ev
@@ -249,8 +249,8 @@ class Intake:
         Raises:
             ConflictError: the record changed since it was read.
         """
-        self.store.transition(record, record.with_changes(checkpoint_s3_uri="", last_checkpoint_at=None), [record.status])
-        self.store.log(record.name, now, "checkpoint-location-lost", reason, f"{why}: no longer trusted as this run's")
+        line = LogLine(record.name, now, "checkpoint-location-lost", reason, f"{why}: no longer trusted as this run's")
+        self.store.transition(record, record.with_changes(checkpoint_s3_uri="", last_checkpoint_at=None), [record.status], log=line)
 
     def _cancelled(self, event: "ev.JobCancelled", now: float) -> IntakeResult:
         record = self.store.get(event.name)

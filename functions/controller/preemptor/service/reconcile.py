@@ -17,7 +17,7 @@ from typing import Any
 
 from ..adapters.checkpoints import CheckpointStore
 from ..adapters.runners import INCARNATION_TAG, JOB_TAG, MANAGED_TAG, Runner
-from ..adapters.store import JobsStore
+from ..adapters.store import JobsStore, LogLine
 from ..adapters.workflows import WorkflowStarter, execution_name
 from ..config import Settings
 from ..core.errors import ConflictError, ServiceJobNotFound
@@ -254,16 +254,16 @@ def settle_admission(
     changes: dict = {"status": JobState.PENDING, "admitted_at": None}
     if gave_up is not None:
         changes.update(not_before=now + wait_s, launches_given_up=record.launches_given_up + 1, last_launch_error=gave_up)
-    try:
-        store.transition(record, record.with_changes(**changes), [JobState.ADMITTED], usage_delta=-record.gpus)
-    except ConflictError:
-        return None
     kind = Repair.STUCK_ADMISSION_RELEASED
     if gave_up is not None:
         detail = f"its launch gave up ({gave_up}); back in the queue in {wait_s:.0f} s"
     else:
         detail = "admitted but never launched; back in the queue"
-    store.log(record.name, now, "admission-released", "launch-gave-up" if gave_up is not None else kind.value, detail)
+    line = LogLine(record.name, now, "admission-released", "launch-gave-up" if gave_up is not None else kind.value, detail)
+    try:
+        store.transition(record, record.with_changes(**changes), [JobState.ADMITTED], usage_delta=-record.gpus, log=line)
+    except ConflictError:
+        return None
     out = {"job": record.name, "pool": record.pool, "repair": kind.value}
     # Whole seconds, rounded up, for the workflow's wake-up (a Wait state's SecondsPath).
     return {**out, "not_before": now + wait_s, "wait_s": math.ceil(wait_s)} if gave_up is not None else out
@@ -293,17 +293,17 @@ def _record_found_run(store: JobsStore, record, run, offerings: tuple[str, ...],
     Batch run stuck RUNNABLE is judged by its own queue)."""
     offering = run.offering if len(offerings) > 1 and run.offering in offerings else None
     new = actions.running_on(record, run.run_id, min(run.created_at, now) if run.created_at else now, offering)
-    try:
-        store.transition(record, new, [JobState.ADMITTED], alias=True)
-    except ConflictError:
-        return None  # it moved meanwhile: judged on the next run
     kind = Repair.STUCK_ADMISSION_RECORDED
     where = "" if not run.offering else f" in {run.offering}" if record.service == "batch" else f" on {describe_offering(run.offering)}"
-    store.log(
+    line = LogLine(
         record.name, now, "relaunched" if record.incarnation > 1 else "launched", kind.value,
         f"{new.run_name} was created by a launch that died before recording it; found in {record.service}{where} and recorded",
-        run=run.run_id, instance_type=offering,
+        {"run": run.run_id, "instance_type": offering},
     )
+    try:
+        store.transition(record, new, [JobState.ADMITTED], alias=True, log=line)
+    except ConflictError:
+        return None  # it moved meanwhile: judged on the next run
     return {"job": record.name, "pool": record.pool, "repair": kind.value, "run": run.run_id}
 
 
@@ -411,6 +411,13 @@ def _spare_stuck_victim(store: JobsStore, settings: Settings, record, now: float
     the stop may succeed) instead of waiting for capacity that never frees."""
     protect_s = preemption_deadline_s(settings, record.pool)
     kind = Repair.STUCK_PREEMPTION_SPARED
+    since = now - (record.preempting_since or now)
+    line = LogLine(
+        record.name, now, "preemption-abandoned", kind.value,
+        f"still running {since:.0f} s after it was chosen for {record.preempted_by} (its stop was refused or never took "
+        f"effect); left running, protected for {protect_s:.0f} s",
+        {"preemptor": record.preempted_by},
+    )
     try:
         store.transition(
             record,
@@ -421,19 +428,10 @@ def _spare_stuck_victim(store: JobsStore, settings: Settings, record, now: float
                 stop_signal_at=None, stop_at_once=False, stop_reason=None,
             ),
             expect=[JobState.PREEMPTING],
+            log=line,
         )
     except ConflictError:
         return None
-    since = now - (record.preempting_since or now)
-    store.log(
-        record.name,
-        now,
-        "preemption-abandoned",
-        kind.value,
-        f"still running {since:.0f} s after it was chosen for {record.preempted_by} (its stop was refused or never took "
-        f"effect); left running, protected for {protect_s:.0f} s",
-        preemptor=record.preempted_by,
-    )
     if record.preempted_by and record.preempted_by != actions.SPOT_INTERRUPTION:
         store.log(
             record.preempted_by,

@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..adapters.checkpoints import CheckpointStore
-from ..adapters.store import JobsStore
+from ..adapters.store import JobsStore, LogLine
 from ..adapters.workflows import execution_name
 from ..config import Mode, Settings
 from ..core.errors import ConflictError, LeaseLost
@@ -371,11 +371,16 @@ def _release_admissions(store: JobsStore, pool_name: str, mark: str, now: float)
     for record in store.active(pool_name):
         if record.decided_by != mark or record.status is not JobState.ADMITTED or record.run_id:
             continue
+        line = LogLine(
+            record.name, now, "admission-released", "plan-step-failed",
+            "admitted by a scheduling cycle that failed before launching it; back in the queue",
+        )
         try:
-            store.transition(record, record.with_changes(status=JobState.PENDING, admitted_at=None), [JobState.ADMITTED], usage_delta=-record.gpus)
+            store.transition(
+                record, record.with_changes(status=JobState.PENDING, admitted_at=None), [JobState.ADMITTED], usage_delta=-record.gpus, log=line
+            )
         except ConflictError:
             continue  # it moved meanwhile (cancelled, or released by reconcile): not ours to release
-        store.log(record.name, now, "admission-released", "plan-step-failed", "admitted by a scheduling cycle that failed before launching it; back in the queue")
         released.append(record.name)
     return released
 
@@ -389,6 +394,10 @@ def _reserve_admissions(
     admitted = []
     for i, admission in enumerate(decision.admits):
         record = by_name[admission.job]
+        line = LogLine(
+            record.name, now, "admitted", admission.reason.value,
+            f"{record.gpus} GPUs reserved in {record.pool} (incarnation {record.incarnation})",
+        )
         try:
             store.transition(
                 record,
@@ -399,6 +408,7 @@ def _reserve_admissions(
                 usage_delta=record.gpus,
                 pool_limit=capacity,
                 lease_owner=owner,
+                log=line,
             )
         except LeaseLost as e:
             _log_lease_lost(store, record.name, "admission-deferred", len(decision.admits) - i - 1, now, e)
@@ -412,13 +422,6 @@ def _reserve_admissions(
                 continue
             store.log(record.name, now, "admission-deferred", "conflict", str(e))
             continue
-        store.log(
-            record.name,
-            now,
-            "admitted",
-            admission.reason.value,
-            f"{record.gpus} GPUs reserved in {record.pool} (incarnation {record.incarnation})",
-        )
         admitted.append({"job": record.name, "incarnation": record.incarnation, "gpus": record.gpus})
     return admitted
 
@@ -433,6 +436,13 @@ def _mark_victims(
         victim = by_name[p.victim]
         # issue 10: the workflow does not ask (a fresh checkpoint it confirms as before)
         at_once = not p.wait_for_checkpoint and p.stop is not Reason.CHECKPOINT_FRESH
+        age = "no checkpoint yet" if p.checkpoint_age_s is None else f"last checkpoint {p.checkpoint_age_s:.0f} s old"
+        line = LogLine(
+            victim.name, now, "preemption-started", p.reason.value,
+            f"for {p.preemptor}; {age}; a stop now would lose {p.lost_gpu_seconds:,.0f} GPU-seconds",
+            {"preemptor": p.preemptor, "rule": p.rule.value, "lost_gpu_seconds": p.lost_gpu_seconds,
+             "checkpoint_age_s": p.checkpoint_age_s},
+        )
         try:
             store.transition(
                 victim,
@@ -447,6 +457,7 @@ def _mark_victims(
                 ),
                 expect=[JobState.RUNNING],
                 lease_owner=owner,
+                log=line,
             )
         except LeaseLost as e:
             _log_lease_lost(store, victim.name, "preemption-skipped", len(decision.preemptions) - i - 1, now, e)
@@ -459,18 +470,6 @@ def _mark_victims(
                 continue
             store.log(victim.name, now, "preemption-skipped", "conflict", str(e))
             continue
-        age = "no checkpoint yet" if p.checkpoint_age_s is None else f"last checkpoint {p.checkpoint_age_s:.0f} s old"
-        store.log(
-            victim.name,
-            now,
-            "preemption-started",
-            p.reason.value,
-            f"for {p.preemptor}; {age}; a stop now would lose {p.lost_gpu_seconds:,.0f} GPU-seconds",
-            preemptor=p.preemptor,
-            rule=p.rule.value,
-            lost_gpu_seconds=p.lost_gpu_seconds,
-            checkpoint_age_s=p.checkpoint_age_s,
-        )
         store.record_preemption(
             PastPreemption(victim.pool, now, victim.gpus, p.lost_gpu_seconds, victim.name), ttl_s=BUDGET_MEMORY_S
         )
@@ -499,10 +498,10 @@ def _fail_exhausted(store: JobsStore, decision: Decision, by_name: dict[str, Job
                 record,
                 record.with_changes(status=JobState.FAILED, ended_at=now, outcome_reason=failure.reason.value),
                 expect=[JobState.PENDING],
+                log=LogLine(record.name, now, "failed", failure.reason.value, failure.detail),
             )
         except ConflictError:
             continue
-        store.log(record.name, now, "failed", failure.reason.value, failure.detail)
 
 
 def _log_shadow(store: JobsStore, decision: Decision, now: float) -> None:
