@@ -588,7 +588,7 @@ class JobsStore:
         pool_limit: int | None = None,
         alias: bool = False,
         lease_owner: str | None = None,
-        log: LogLine | None = None,
+        log: LogLine | tuple[LogLine, ...] = (),
     ) -> JobRecord:
         """Write what `new` changes from `record` (field by field) if the stored job still has
         one of the `expect` statuses, the same incarnation and the version `record` was read
@@ -600,14 +600,15 @@ class JobsStore:
         positive delta and `pool_limit`, raises CapacityExhausted rather than push usage
         above the limit. With `lease_owner`, the write happens only while that scheduling
         cycle holds the job's pool's lease (the same transaction), else raises LeaseLost.
-        `log`: the decision-log line that tells the change, written with it. A transaction
+        `log`: the decision-log lines that tell the change (the job's, and its preemptor's),
+        written with it. A transaction
         DynamoDB keeps cancelling for concurrent ones raises the retryable TransactionConflict.
         """
         expect = tuple(expect)
         for _ in range(3):
             items = self._transition_items(record, new, expect, usage_delta, pool_limit, alias, lease_owner)
-            if log is not None:
-                items.append({"Put": {"TableName": self.table, "Item": self._log_item(log.job, log.at, log.kind, log.reason, log.detail, None, log.extra)}})
+            for line in (log,) if isinstance(log, LogLine) else log:
+                items.append({"Put": {"TableName": self.table, "Item": self._log_item(line.job, line.at, line.kind, line.reason, line.detail, None, line.extra)}})
             try:
                 self._transact(items)
                 return replace_version(new, record.version + 1)

@@ -390,19 +390,20 @@ def spare(*, store: JobsStore, policy: Policy, job: str, incarnation: int, now: 
         return {"spared": False}
     until = now + policy.for_pool(record.pool).checkpoint_wait_max_s
     what = "no fresh checkpoint in time" if why == "checkpoint-timeout" else "its stop was refused"
+    lines = [LogLine(job, now, "preemption-cancelled", why, f"{what}; left running, protected for {until - now:.0f} s")]
+    if record.preempted_by and record.preempted_by != SPOT_INTERRUPTION:
+        lines.append(
+            LogLine(record.preempted_by, now, "victim-spared", why, f"{record.name} was not stopped ({what}); the pool is planned again")
+        )
     try:
         store.transition(
             record,
             record.with_changes(status=JobState.RUNNING, preempted_by=None, preempting_since=None, spared_until=until),
             expect=[JobState.PREEMPTING],
-            log=LogLine(job, now, "preemption-cancelled", why, f"{what}; left running, protected for {until - now:.0f} s"),
+            log=tuple(lines),
         )
     except ConflictError:
         return {"spared": False}
-    if record.preempted_by and record.preempted_by != SPOT_INTERRUPTION:
-        store.log(
-            record.preempted_by, now, "victim-spared", why, f"{record.name} was not stopped ({what}); the pool is planned again"
-        )
     return {"spared": True, "why": why}
 
 

@@ -418,6 +418,14 @@ def _spare_stuck_victim(store: JobsStore, settings: Settings, record, now: float
         f"effect); left running, protected for {protect_s:.0f} s",
         {"preemptor": record.preempted_by},
     )
+    lines = [line]
+    if record.preempted_by and record.preempted_by != actions.SPOT_INTERRUPTION:
+        lines.append(
+            LogLine(
+                record.preempted_by, now, "victim-not-stopped", kind.value,
+                f"waits: its victim {record.name} could not be stopped; the pool is planned again", {"victim": record.name},
+            )
+        )
     try:
         store.transition(
             record,
@@ -428,19 +436,10 @@ def _spare_stuck_victim(store: JobsStore, settings: Settings, record, now: float
                 stop_signal_at=None, stop_at_once=False, stop_reason=None,
             ),
             expect=[JobState.PREEMPTING],
-            log=line,
+            log=tuple(lines),
         )
     except ConflictError:
         return None
-    if record.preempted_by and record.preempted_by != actions.SPOT_INTERRUPTION:
-        store.log(
-            record.preempted_by,
-            now,
-            "victim-not-stopped",
-            kind.value,
-            f"waits: its victim {record.name} could not be stopped; the pool is planned again",
-            victim=record.name,
-        )
     return {"job": record.name, "pool": record.pool, "repair": kind.value, "preemptor": record.preempted_by}
 
 

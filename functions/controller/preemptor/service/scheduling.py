@@ -457,7 +457,7 @@ def _mark_victims(
                 ),
                 expect=[JobState.RUNNING],
                 lease_owner=owner,
-                log=line,
+                log=(line, LogLine(p.preemptor, now, "preempting", "preempts-lower-priority", f"stopping {victim.name} ({victim.gpus} GPUs)")),
             )
         except LeaseLost as e:
             _log_lease_lost(store, victim.name, "preemption-skipped", len(decision.preemptions) - i - 1, now, e)
@@ -473,7 +473,6 @@ def _mark_victims(
         store.record_preemption(
             PastPreemption(victim.pool, now, victim.gpus, p.lost_gpu_seconds, victim.name), ttl_s=BUDGET_MEMORY_S
         )
-        store.log(p.preemptor, now, "preempting", "preempts-lower-priority", f"stopping {victim.name} ({victim.gpus} GPUs)")
         store.nominate(p.preemptor, now)
         item = _victim_item(victim, p.preemptor, now, p.lost_gpu_seconds)
         item["reason"] = p.reason.value  # for the metrics: preemptions by reason
