@@ -26,8 +26,10 @@ def _submission() -> dict:
     return json.loads(load_raw("preemptor/job-submitted-sagemaker.json"))
 
 
-def _is_job_item(params: dict) -> bool:
-    return params.get("Item", {}).get("sk", {}).get("S") == "JOB"
+def _is_job_insert(params: dict) -> bool:
+    """The transaction that inserts a submitted job (with its `submitted` line)."""
+    first = (params.get("TransactItems") or [{}])[0]
+    return first.get("Put", {}).get("Item", {}).get("sk", {}).get("S") == "JOB"
 
 
 def _target(env) -> ops.Target:
@@ -56,10 +58,10 @@ def _redrive(env, target: ops.Target | None = None, **options) -> dict:
 
 
 def _dead_lettered_submission(env) -> dict:
-    """A submission whose three attempts all fail (its job item's insert is throttled the
-    while): Lambda sends its invocation record to the queue."""
+    """A submission whose three attempts all fail (its job's insert is throttled the while):
+    Lambda sends its invocation record to the queue."""
     event = _submission()
-    with aws_says_no(env.store.client, "PutItem", lambda p: THROTTLED if _is_job_item(p) else None):
+    with aws_says_no(env.store.client, "TransactWriteItems", lambda p: THROTTLED if _is_job_insert(p) else None):
         assert env.put(event).results[0]["outcome"] == "retrying"
         env.advance(180, step=60)
     return event
@@ -250,7 +252,7 @@ def test_a_redriven_event_that_fails_again_returns_to_the_queue():
     with emulation(hostile=_hostile) as env:
         # Given a dead-lettered submission, and the cause still there
         event = _dead_lettered_submission(env)
-        with aws_says_no(env.store.client, "PutItem", lambda p: THROTTLED if _is_job_item(p) else None):
+        with aws_says_no(env.store.client, "TransactWriteItems", lambda p: THROTTLED if _is_job_insert(p) else None):
             # When it is redriven: Lambda's three attempts fail again
             [done] = _redrive(env)["redriven"]
             env.advance(180, step=60)

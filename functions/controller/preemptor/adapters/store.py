@@ -189,6 +189,7 @@ class LogLine:
     reason: str
     detail: str = ""
     extra: dict = dataclass_field(default_factory=dict)
+    once: str | None = None  # as `JobsStore.log`'s: written again with the same `at`, it replaces itself
 
 
 @dataclass(frozen=True, slots=True)
@@ -494,15 +495,15 @@ class JobsStore:
         return set(item["names"]["SS"]) if item and "names" in item else set()
 
     # -- jobs -----------------------------------------------------------------------------
-    def put_new(self, record: JobRecord) -> bool:
-        """Insert a job. Returns False if a job of that name already exists (duplicate)."""
+    def put_new(self, record: JobRecord, log: LogLine | None = None) -> bool:
+        """Insert a job (with `log`, its decision-log line, in the same transaction). Returns
+        False if a job of that name already exists (duplicate)."""
+        put = {"TableName": self.table, "Item": record_to_item(record), "ConditionExpression": "attribute_not_exists(pk)"}
         try:
-            self._call(
-                "put_item",
-                TableName=self.table,
-                Item=record_to_item(record),
-                ConditionExpression="attribute_not_exists(pk)",
-            )
+            if log is None:
+                self._call("put_item", **put)
+            else:
+                self._transact([{"Put": put}, self._log_put(log)])
             return True
         except ConflictError:
             return False
@@ -601,14 +602,14 @@ class JobsStore:
         above the limit. With `lease_owner`, the write happens only while that scheduling
         cycle holds the job's pool's lease (the same transaction), else raises LeaseLost.
         `log`: the decision-log lines that tell the change (the job's, and its preemptor's),
-        written with it. A transaction
-        DynamoDB keeps cancelling for concurrent ones raises the retryable TransactionConflict.
+        written with it. A transaction DynamoDB keeps cancelling for concurrent ones raises
+        the retryable TransactionConflict.
         """
         expect = tuple(expect)
         for _ in range(3):
             items = self._transition_items(record, new, expect, usage_delta, pool_limit, alias, lease_owner)
             for line in (log,) if isinstance(log, LogLine) else log:
-                items.append({"Put": {"TableName": self.table, "Item": self._log_item(line.job, line.at, line.kind, line.reason, line.detail, None, line.extra)}})
+                items.append(self._log_put(line))
             try:
                 self._transact(items)
                 return replace_version(new, record.version + 1)
@@ -988,6 +989,11 @@ class JobsStore:
         attempt may have logged already leaves one entry.
         """
         self._call("put_item", TableName=self.table, Item=self._log_item(job, at, kind, reason, detail, once, extra))
+
+    def _log_put(self, line: LogLine) -> dict:
+        """A transaction's Put of a decision-log line."""
+        item = self._log_item(line.job, line.at, line.kind, line.reason, line.detail, line.once, line.extra)
+        return {"Put": {"TableName": self.table, "Item": item}}
 
     @staticmethod
     def _log_item(job: str, at: float, kind: str, reason: str, detail: str, once: str | None, extra: dict) -> dict:

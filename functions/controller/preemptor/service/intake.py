@@ -200,22 +200,22 @@ class Intake:
             restart_overhead_s=req.restart_overhead_s,
             spot=req.spot,
         )
-        if not self.store.put_new(record):
+        tier = self.settings.policy.tier_of(priority)
+        line = LogLine(
+            req.name, record.submitted_at, "submitted", "job-submitted",
+            f"team {req.team}, priority {priority} ({tier}), {record.gpus} GPUs in {req.pool}", once=f"submitted#{event.event_id}",
+        )
+        if not self.store.put_new(record, log=line):
             existing = self.store.get(req.name)
             if existing is None or existing.submitted_by != event.event_id:
                 return IntakeResult("duplicate", f"job {req.name} was already submitted", req.name)
-            # This very submission, inserted by an earlier handling of the event that died
-            # after the insert (or by this one, whose answer was lost and resent): its alias,
-            # its log line and its plan are done now (each a no-op if done already).
+            # This very submission, inserted with its line by an earlier handling of the
+            # event that died after the insert (or by this one, whose answer was lost and
+            # resent): its alias and its plan are done now (each a no-op if done already).
             record = existing
         previous = self.store.put_checkpoint_alias(record.checkpoint_s3_uri, record.name)
         if previous not in (None, record.name):
             self._take_location(record, previous, now)
-        tier = self.settings.policy.tier_of(priority)
-        self.store.log(
-            req.name, record.submitted_at, "submitted", "job-submitted",
-            f"team {req.team}, priority {priority} ({tier}), {record.gpus} GPUs in {req.pool}", once=f"submitted#{event.event_id}",
-        )
         if record.status is not JobState.PENDING:
             return IntakeResult("accepted", "job-submitted", req.name)  # planned and moved on already
         return self._settled(req.pool, event.event_id, "accepted", "job-submitted", req.name, now)
