@@ -48,6 +48,13 @@ def transaction_conflict(items: int) -> dict:
 SAGEMAKER_NOT_FOUND = error_response("ValidationException", "Requested resource not found.", 400)
 
 
+def is_job_insert(params: dict) -> bool:
+    """Whether a TransactWriteItems call inserts a submitted job (with its `submitted` line):
+    the predicate for faults on the intake's insert."""
+    first = (params.get("TransactItems") or [{}])[0]
+    return first.get("Put", {}).get("Item", {}).get("sk", {}).get("S") == "JOB"
+
+
 def _call_params(request: dict) -> dict:
     """The call's parameters: the decoded body of a JSON-protocol request (DynamoDB,
     SageMaker, Batch), else the request's URL and query (S3)."""

@@ -12,7 +12,7 @@ from eventfiles import all_event_files, load_raw
 
 import pytest
 
-from aws_faults import answer_lost, aws_says_no, error_response
+from aws_faults import answer_lost, aws_says_no, error_response, is_job_insert
 from preemptor.adapters.store import JobsStore
 from preemptor.config import JobDefinition, PoolConfig
 from preemptor.core.errors import EventInProgress, Throttled
@@ -380,7 +380,7 @@ def test_a_failed_submission_whose_claim_could_not_be_given_back_is_handled_by_l
         event = _sample("preemptor/job-submitted-sagemaker.json")
         client = env.store.client
         # Given DynamoDB throttles the job's record and then the claim's release
-        job_put = lambda params: throttled if _is_job_insert(params) else None  # noqa: E731
+        job_put = lambda params: throttled if is_job_insert(params) else None  # noqa: E731
         with aws_says_no(client, "TransactWriteItems", job_put) as refused_puts, aws_says_no(client, "DeleteItem", throttled) as refused_deletes:
             with pytest.raises(Throttled):
                 env.put(event)
@@ -408,17 +408,11 @@ def test_a_submission_backdated_by_its_event_time_is_submitted_when_received():
         assert job.submitted_at == received and job.waiting_since() == received
 
 
-def _is_job_insert(params: dict) -> bool:
-    """The transaction that inserts a submitted job (with its `submitted` line)."""
-    first = (params.get("TransactItems") or [{}])[0]
-    return first.get("Put", {}).get("Item", {}).get("sk", {}).get("S") == "JOB"
-
-
 def test_a_submission_whose_insert_lost_its_answer_is_accepted_once():
     with emulation() as env:
         # Given the job's insert reaches DynamoDB and its answer is lost, so botocore resends
         # it and the resend finds the item it wrote itself
-        with answer_lost(env.store.client, "TransactWriteItems", when=_is_job_insert) as resent:
+        with answer_lost(env.store.client, "TransactWriteItems", when=is_job_insert) as resent:
             result = env.put(_sample("preemptor/job-submitted-sagemaker.json")).results[0]
         assert resent == [1]
         # Then the submission is accepted, logged once and launched: not called a duplicate
@@ -485,7 +479,7 @@ def test_in_a_hostile_world_a_failed_delivery_is_retried_by_lambda_minutes_later
         client = env.store.client
         event = _sample("preemptor/job-submitted-sagemaker.json")
         # Given a submission whose handling fails and whose claim cannot be given back
-        job_put = lambda params: throttled if _is_job_insert(params) else None  # noqa: E731
+        job_put = lambda params: throttled if is_job_insert(params) else None  # noqa: E731
         with aws_says_no(client, "TransactWriteItems", job_put), aws_says_no(client, "DeleteItem", throttled):
             first = env.put(event).results[0]
         # Then Lambda retries it a minute later (the claim still held: retried again), and

@@ -11,7 +11,7 @@ from emulation import START, emulation
 from eventfiles import load_raw
 from iam_policy import StackPolicies
 
-from aws_faults import aws_says_no, error_response
+from aws_faults import aws_says_no, error_response, is_job_insert
 from preemptor.core.model import JobState
 from preemptor_tools import ops, redrive
 from preemptor_tools.local import server
@@ -24,12 +24,6 @@ THROTTLED = error_response("ThrottlingException", "Rate of requests exceeds the 
 
 def _submission() -> dict:
     return json.loads(load_raw("preemptor/job-submitted-sagemaker.json"))
-
-
-def _is_job_insert(params: dict) -> bool:
-    """The transaction that inserts a submitted job (with its `submitted` line)."""
-    first = (params.get("TransactItems") or [{}])[0]
-    return first.get("Put", {}).get("Item", {}).get("sk", {}).get("S") == "JOB"
 
 
 def _target(env) -> ops.Target:
@@ -61,7 +55,7 @@ def _dead_lettered_submission(env) -> dict:
     """A submission whose three attempts all fail (its job's insert is throttled the while):
     Lambda sends its invocation record to the queue."""
     event = _submission()
-    with aws_says_no(env.store.client, "TransactWriteItems", lambda p: THROTTLED if _is_job_insert(p) else None):
+    with aws_says_no(env.store.client, "TransactWriteItems", lambda p: THROTTLED if is_job_insert(p) else None):
         assert env.put(event).results[0]["outcome"] == "retrying"
         env.advance(180, step=60)
     return event
@@ -252,7 +246,7 @@ def test_a_redriven_event_that_fails_again_returns_to_the_queue():
     with emulation(hostile=_hostile) as env:
         # Given a dead-lettered submission, and the cause still there
         event = _dead_lettered_submission(env)
-        with aws_says_no(env.store.client, "TransactWriteItems", lambda p: THROTTLED if _is_job_insert(p) else None):
+        with aws_says_no(env.store.client, "TransactWriteItems", lambda p: THROTTLED if is_job_insert(p) else None):
             # When it is redriven: Lambda's three attempts fail again
             [done] = _redrive(env)["redriven"]
             env.advance(180, step=60)

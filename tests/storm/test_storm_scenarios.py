@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from storm.invariants import violations
 
-from preemptor_tools.local import demo
-from preemptor_tools.local.scenario import Scenario
+from preemptor_tools import ops, redrive
+from preemptor_tools.local import demo, server
+from preemptor_tools.local.scenario import Chaos, Scenario
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "examples" / "scenarios"
 
@@ -95,10 +96,6 @@ def test_the_dead_letters_of_a_chaos_run_redriven_once_it_is_over_change_nothing
     # Given the preemption story under every chaos rate at once, where Lambda dead-lettered
     # events after their three attempts (deliveries throttled or crashed each time: state
     # changes, checkpoint notices, submissions' copies, reconcile's schedule)
-    from preemptor_tools import ops, redrive
-    from preemptor_tools.local import server
-    from preemptor_tools.local.scenario import Chaos
-
     chaos = {"seed": 21, "throttle_rate": 0.15, "crash_rate": 0.15, "duplicate_rate": 0.3, "reorder_rate": 0.3,
              "transaction_conflict_rate": 0.3}
     scenario = story(chaos=chaos)

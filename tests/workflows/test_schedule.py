@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from aws_faults import aws_says_no
 from emulation import START, emulation
 
 from preemptor.core.model import JobState
+from preemptor.service import scheduling
 from preemptor_tools.local.scenario import ScenarioJob, submission_event
 
 
@@ -185,10 +187,6 @@ def _stale_cycle(env, interference: str) -> tuple[dict, list[dict]]:
     write (its plan step outlived Step Functions' wait, which gave the cycle up and
     released the lease; or its lease expired and another cycle took it). Returns the
     cycle's result and the writes the interference saw."""
-    from aws_faults import aws_says_no
-
-    from preemptor.service import scheduling
-
     deps = env.stack.deps()
     owner, now = "schedule-p5-stale", env.clock.now()
     writes: list[dict] = []

@@ -92,8 +92,8 @@ __all__ = [
 
 def install(clock: SimClock, lambda_invoker: LambdaInvoker, async_invoker: LambdaInvoker | None = None) -> None:
     """Patch moto for the local runtime. Calling it again only swaps the clock and invokers
-    (`async_invoker`: what runs an `InvocationType=Event` invocation; without one, the
-    `lambda_invoker`, its error dropped)."""
+    (`async_invoker`: what runs an `InvocationType=Event` invocation; without one, such an
+    invocation is an error)."""
     with _STATE.lock:
         _STATE.clock = clock
         _STATE.lambda_invoker = lambda_invoker

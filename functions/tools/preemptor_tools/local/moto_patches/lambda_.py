@@ -51,13 +51,9 @@ def _invoke(
     if invoker is None:
         raise RuntimeError("moto_patches.install() has not been called: no lambda_invoker")
     if headers.get("X-Amz-Invocation-Type") == "Event":
-        if _STATE.async_invoker is not None:
-            _STATE.async_invoker(function.function_name, event)
-            return b""
-        try:
-            invoker(function.function_name, event)
-        except Exception as error:  # noqa: BLE001 - the caller of an async invoke never sees it
-            LOG.info("Lambda %s (asynchronous) raised %s: %s", function.function_name, type(error).__name__, error)
+        if _STATE.async_invoker is None:
+            raise RuntimeError("moto_patches.install() was given no async_invoker: an asynchronous Invoke has no one to run it")
+        _STATE.async_invoker(function.function_name, event)
         return b""
     try:
         result = invoker(function.function_name, event)
