@@ -16,6 +16,7 @@ from preemptor_tools.local.scenario import ScenarioJob, local_pool, submission_e
 from preemptor_tools.local.stack import EmulatedStack, RoutedEvent
 
 P5 = PoolConfig(name="p5", service="sagemaker", instance_type="ml.p5.48xlarge", instances=8, gpus_per_instance=8)
+G5 = PoolConfig(name="g5", service="batch", gpus=32)
 
 
 @dataclass
@@ -102,3 +103,20 @@ def emulation(
             yield Emulation(stack, clock, fleet, list(pools))
         finally:
             fleet.close()
+
+
+def batch_queues(env: Emulation, *queues: str) -> None:
+    """Batch job queues (g5-queue unless named) on one unmanaged compute environment, and
+    the g5-training job definition: the emulated fleet runs what is submitted to them."""
+    batch, iam = env.stack.client("batch"), env.stack.client("iam")
+    role = iam.create_role(RoleName="batch", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    ce = batch.create_compute_environment(
+        computeEnvironmentName="g5-ce", type="UNMANAGED", state="ENABLED", serviceRole=role
+    )["computeEnvironmentArn"]
+    for queue in queues or ("g5-queue",):
+        batch.create_job_queue(
+            jobQueueName=queue, state="ENABLED", priority=1, computeEnvironmentOrder=[{"order": 1, "computeEnvironment": ce}]
+        )
+    batch.register_job_definition(
+        jobDefinitionName="g5-training", type="container", containerProperties={"image": "x", "vcpus": 1, "memory": 512}
+    )

@@ -11,6 +11,7 @@ from typing import Callable
 import boto3
 import pytest
 from aws_faults import THROTTLING, answer_lost_after_applied, aws_says_no, error_response
+from emulation import batch_queues, emulation
 from moto import mock_aws
 from template_support import table_key_schema
 
@@ -172,11 +173,9 @@ BATCH_QUEUES = ("g5-queue", "g5-spot")
 @pytest.fixture
 def batch_world():
     # The emulated stack's Batch: jobs wait for the fleet (plain moto runs them in Docker)
-    from emulation import emulation
-    from test_job_ended_and_spot import _batch_queue
 
     with emulation() as env:
-        _batch_queue(env, *BATCH_QUEUES)
+        batch_queues(env, *BATCH_QUEUES)
         record = JobRecord(
             name="train-b", team="vision", priority=100, pool="g5", service="batch", gpus=8,
             request={"jobQueue": "g5-queue", "jobDefinition": "g5-training"},
@@ -218,7 +217,6 @@ def test_a_batch_submit_is_sent_once_and_no_answer_is_retryable_after_a_look(bat
 
 def test_the_controllers_batch_submits_are_sent_once():
     # botocore's own retries would resend a SubmitJob whose answer was lost: a second job
-    from emulation import emulation
 
     with emulation() as env:
         runner = env.stack.deps().runners["batch"]
@@ -248,11 +246,9 @@ def test_a_run_name_someone_else_took_is_skipped_by_the_next_attempt(world):
 
 
 def test_a_batch_run_reconcile_records_in_a_fallback_queue_is_judged_by_that_queue():
-    from emulation import emulation
-    from test_job_ended_and_spot import _batch_queue
 
     with emulation() as env:
-        _batch_queue(env, *BATCH_QUEUES)
+        batch_queues(env, *BATCH_QUEUES)
         store, batch = env.store, env.stack.client("batch")
         store.ensure_pool("g5", 32)
         record = JobRecord(
@@ -277,13 +273,11 @@ def test_a_batch_run_reconcile_records_in_a_fallback_queue_is_judged_by_that_que
 
 
 def test_a_batch_run_of_a_dead_launch_that_already_ended_is_recorded_not_run_again():
-    from emulation import emulation
-    from test_job_ended_and_spot import _batch_queue
 
     from preemptor_tools.local.moto_patches import set_batch_job_status
 
     with emulation() as env:
-        _batch_queue(env, *BATCH_QUEUES)
+        batch_queues(env, *BATCH_QUEUES)
         store, batch = env.store, env.stack.client("batch")
         store.ensure_pool("g5", 32)
         record = JobRecord(

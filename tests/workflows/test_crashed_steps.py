@@ -12,8 +12,7 @@ import json
 
 import pytest
 
-from emulation import START, emulation
-from test_job_ended_and_spot import G5, _batch_queue
+from emulation import G5, START, batch_queues, emulation
 
 from preemptor.core.model import JobState
 from preemptor_tools.local.hostile import HostileWorld
@@ -63,7 +62,7 @@ def test_a_launch_whose_lambda_died_after_creating_the_run_launches_it_once():
 
 def test_a_batch_launch_whose_lambda_died_after_submitting_submits_once():
     with emulation(pools=[G5], hostile=_hostile) as env:
-        _batch_queue(env)
+        batch_queues(env)
         # Given the launch step's Lambda dies right after SubmitJob (Batch job names are not
         # unique: only the retry's own look-up keeps a second job from being submitted)
         crashed = kill_after_work(env, action="launch")
@@ -170,7 +169,7 @@ def test_a_finish_whose_lambda_died_after_recording_the_end_still_plans_the_pool
 
 def test_a_spot_interruption_whose_mark_step_died_goes_on_to_stop_and_requeue():
     with emulation(pools=[G5], hostile=_hostile) as env:
-        _batch_queue(env)
+        batch_queues(env)
         env.submit(name="spotty", team="a", priority=200, pool="g5", gpus=16, duration=7200, checkpoint_every=1800)
         env.advance(2400)
         # Given the step that marks the job interrupted dies right after its mark

@@ -4,29 +4,12 @@ from __future__ import annotations
 
 import json
 
-from emulation import emulation
+from emulation import G5, batch_queues, emulation
 from eventfiles import load_raw
 
 from preemptor.config import PoolConfig
 from preemptor.core.model import JobState
 from preemptor.service.reconcile import UNKNOWN_RUN_GRACE_S
-
-G5 = PoolConfig(name="g5", service="batch", gpus=32)
-
-
-def _batch_queue(env, *queues: str) -> None:
-    batch, iam = env.stack.client("batch"), env.stack.client("iam")
-    role = iam.create_role(RoleName="batch", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
-    ce = batch.create_compute_environment(
-        computeEnvironmentName="g5-ce", type="UNMANAGED", state="ENABLED", serviceRole=role
-    )["computeEnvironmentArn"]
-    for queue in queues or ("g5-queue",):
-        batch.create_job_queue(
-            jobQueueName=queue, state="ENABLED", priority=1, computeEnvironmentOrder=[{"order": 1, "computeEnvironment": ce}]
-        )
-    batch.register_job_definition(
-        jobDefinitionName="g5-training", type="container", containerProperties={"image": "x", "vcpus": 1, "memory": 512}
-    )
 
 
 def _end_reported(env, name: str, **end) -> str:
@@ -94,7 +77,7 @@ def test_failed_run_is_alerted():
 
 def test_spot_warning_checkpoints_stops_and_requeues_the_job():
     with emulation(pools=[G5]) as env:
-        _batch_queue(env)
+        batch_queues(env)
         # Given a Batch job running on a spot instance (a checkpoint every 30 minutes)
         env.submit(name="spotty", team="a", priority=200, pool="g5", gpus=16, duration=7200, checkpoint_every=1800)
         env.advance(2400)
@@ -130,7 +113,7 @@ def test_spot_warning_checkpoints_stops_and_requeues_the_job():
 
 def test_every_job_on_a_reclaimed_instance_is_warned():
     with emulation(pools=[G5]) as env:
-        _batch_queue(env)
+        batch_queues(env)
         # Given two Batch jobs of 8 GPUs placed on one spot instance (ECS packs containers)
         env.submit(name="left", team="a", priority=200, pool="g5", gpus=8, duration=7200, checkpoint_every=1800)
         env.submit(name="right", team="a", priority=200, pool="g5", gpus=8, duration=7200, checkpoint_every=1800)
@@ -151,7 +134,7 @@ def test_every_job_on_a_reclaimed_instance_is_warned():
 
 def test_rebalance_recommendation_only_asks_for_a_checkpoint():
     with emulation(pools=[G5]) as env:
-        _batch_queue(env)
+        batch_queues(env)
         env.submit(name="steady", team="a", priority=200, pool="g5", gpus=8, duration=7200, checkpoint_every=1800)
         env.advance(300)
         instance = env.fleet.jobs()[0]
@@ -170,7 +153,7 @@ def test_rebalance_recommendation_only_asks_for_a_checkpoint():
 def test_an_aws_health_scheduled_change_of_the_instance_asks_the_job_for_a_checkpoint():
     with emulation(pools=[G5]) as env:
         # Given a Batch job running on an EC2 instance
-        _batch_queue(env)
+        batch_queues(env)
         env.submit(name="steady", team="a", priority=200, pool="g5", gpus=8, duration=7200, checkpoint_every=1800)
         env.advance(300)
         [placed] = [e for e in env.store.history("steady") if e["kind"] == "placed"]
@@ -195,7 +178,7 @@ def test_reconcile_stops_a_managed_batch_job_no_job_accounts_for():
     with emulation(pools=[G5]) as env:
         # Given a Batch job the controller runs, and a managed job of the same queue that no
         # job accounts for (its job ended long ago), and an unmanaged one
-        _batch_queue(env)
+        batch_queues(env)
         env.submit(name="steady", team="a", priority=200, pool="g5", gpus=8, duration=30000)
         batch = env.stack.client("batch")
         managed = {"preemptor:managed": "true", "preemptor:job": "gone", "preemptor:incarnation": "1"}
@@ -222,7 +205,7 @@ def test_a_batch_job_stuck_runnable_is_a_capacity_wait_and_relaunches_on_the_fal
     )
     with emulation(pools=[pool], classify=lambda service, request: ("g5", 16)) as env:
         # Given a Batch pool whose own queue finds no instances for two hours, and a job in it
-        _batch_queue(env, "g5-queue", "g5-ondemand")
+        batch_queues(env, "g5-queue", "g5-ondemand")
         env.fleet.capacity_outage("g5", env.clock.now(), env.clock.now() + 7200, "g5-queue")
         env.submit(name="hotfix", team="a", priority=1000, pool="g5", gpus=16, duration=1200)
         first_run = env.job("hotfix").run_id
@@ -252,7 +235,7 @@ def test_a_batch_job_stuck_runnable_is_a_capacity_wait_and_relaunches_on_the_fal
 def test_a_batch_job_a_queue_time_limit_cancelled_for_capacity_waits_instead_of_failing():
     with emulation(pools=[G5]) as env:
         # Given a Batch job in the pool
-        _batch_queue(env)
+        batch_queues(env)
         env.submit(name="eval", team="a", priority=500, pool="g5", gpus=8, duration=1200)
         record = env.job("eval")
         # When its queue's state time limit action cancels it in RUNNABLE for want of instances
