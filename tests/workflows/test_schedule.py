@@ -4,8 +4,9 @@ victim (statemachines/preempt.asl.json) executed on moto."""
 from __future__ import annotations
 
 import pytest
+from botocore.exceptions import ReadTimeoutError
 
-from aws_faults import aws_says_no
+from aws_faults import answer_lost_after_applied, aws_says_no
 from emulation import START, emulation
 
 from preemptor.core.model import JobState
@@ -256,3 +257,27 @@ def test_a_cycle_that_lost_its_lease_marks_no_victim(interference):
         [line] = [e for e in env.store.history("sweep") if e["kind"] == "preemption-skipped"]
         assert line["reason"] == "lease-lost"
         assert "preemption-started" not in env.kinds("sweep")
+
+
+def test_a_victim_marked_by_a_step_that_lost_its_answer_is_counted_once_in_the_budget():
+    with emulation(policy={"budget": {"window_s": 3600, "max_preemptions": 4}}) as env:
+        # Given a low job holding the whole pool and a critical job waiting for it
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
+        env.advance(600)
+        _held_back(env)
+        env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1800)
+        env.store.set_drained("p5", False, env.clock.now())
+        deps, owner, now = env.stack.deps(), "schedule-p5-lost", env.clock.now()
+        # When the plan step's mark of the sweep is written and its answer lost (the step
+        # fails there, as a function killed right after the write would), and the step is retried
+        with answer_lost_after_applied(deps.store.client, "TransactWriteItems") as lost:
+            with pytest.raises(ReadTimeoutError):
+                scheduling.plan_cycle(store=deps.store, settings=deps.settings, pool_name="p5", owner=owner, now=now)
+        assert lost and env.job("sweep").status is JobState.PREEMPTING
+        retried = scheduling.plan_cycle(store=deps.store, settings=deps.settings, pool_name="p5", owner=owner, now=now)
+        # Then the retry hands over the victim its first attempt marked
+        assert [v["job"] for v in retried.to_dict()["preemptions"]] == ["sweep"]
+        # And the pool's budget counts that preemption, once (it was counted with the mark,
+        # not after it, where the failed attempt never got to)
+        [counted] = deps.store.preemptions_since("p5", now - 3600)
+        assert (counted.victim, counted.gpus, counted.at) == ("sweep", 64, now)

@@ -41,6 +41,7 @@ ALIAS_TTL_S = 90 * 24 * 3600
 # over), and ends before Lambda's retries of a failed delivery (1 min, then 2 min more,
 # after the failure): a handling killed mid-way is redone by a retry, not lost as a duplicate.
 EVENT_CLAIM_S = 90
+PREEMPTION_MEMORY_S = 7 * 86400  # a preemption's budget record outlives any sensible budget window
 USAGE_SETTLE_S = 5 * 60  # far beyond the index's propagation delay (normally under a second)
 TRANSACT_ATTEMPTS = 5
 CLAIM_ATTEMPTS = 3  # an adopted run's claim of a checkpoint location, each after a write meanwhile
@@ -160,6 +161,21 @@ def _version_condition(version: int) -> str:
 
 def replace_version(record: JobRecord, version: int) -> JobRecord:
     return record.with_changes(version=version)
+
+
+def _preemption_item(p: PastPreemption) -> dict:
+    """A preemption in its pool's budget window; it expires (TTL) once no window can reach it."""
+    return _marshal(
+        {
+            "pk": f"POOL#{p.pool}",
+            "sk": f"PREEMPT#{p.at:017.3f}#{p.victim}",
+            "at": p.at,
+            "gpus": p.gpus,
+            "lost_gpu_seconds": p.lost_gpu_seconds,
+            "victim": p.victim,
+            "expires_at": int(p.at + PREEMPTION_MEMORY_S),
+        }
+    )
 
 
 def _rebase(seen: JobRecord, new: JobRecord, current: JobRecord | None, expect: tuple[JobState, ...]) -> JobRecord | None:
@@ -590,6 +606,7 @@ class JobsStore:
         alias: bool = False,
         lease_owner: str | None = None,
         log: LogLine | tuple[LogLine, ...] = (),
+        preemption: PastPreemption | None = None,
     ) -> JobRecord:
         """Write what `new` changes from `record` (field by field) if the stored job still has
         one of the `expect` statuses, the same incarnation and the version `record` was read
@@ -602,14 +619,18 @@ class JobsStore:
         above the limit. With `lease_owner`, the write happens only while that scheduling
         cycle holds the job's pool's lease (the same transaction), else raises LeaseLost.
         `log`: the decision-log lines that tell the change (the job's, and its preemptor's),
-        written with it. A transaction DynamoDB keeps cancelling for concurrent ones raises
-        the retryable TransactionConflict.
+        written with it. `preemption`: a victim's mark is counted in its pool's preemption
+        budget in the same transaction (counted after it, a function that died in between left
+        the budget short of a preemption it had made). A transaction DynamoDB keeps cancelling
+        for concurrent ones raises the retryable TransactionConflict.
         """
         expect = tuple(expect)
         for _ in range(3):
             items = self._transition_items(record, new, expect, usage_delta, pool_limit, alias, lease_owner)
             for line in (log,) if isinstance(log, LogLine) else log:
                 items.append(self._log_put(line))
+            if preemption is not None:
+                items.append({"Put": {"TableName": self.table, "Item": _preemption_item(preemption)}})
             try:
                 self._transact(items)
                 return replace_version(new, record.version + 1)
@@ -808,24 +829,6 @@ class JobsStore:
             except ConflictError:
                 continue
         raise ConflictError(f"usage of team {team} in {pool} kept changing")
-
-    def record_preemption(self, p: PastPreemption, ttl_s: float) -> None:
-        """Remember a preemption for the pool's budget window (expires with the TTL)."""
-        self._call(
-            "put_item",
-            TableName=self.table,
-            Item=_marshal(
-                {
-                    "pk": f"POOL#{p.pool}",
-                    "sk": f"PREEMPT#{p.at:017.3f}#{p.victim}",
-                    "at": p.at,
-                    "gpus": p.gpus,
-                    "lost_gpu_seconds": p.lost_gpu_seconds,
-                    "victim": p.victim,
-                    "expires_at": int(p.at + ttl_s),
-                }
-            ),
-        )
 
     def preemptions_since(self, pool: str, since: float) -> list[PastPreemption]:
         items = self._pages(

@@ -40,7 +40,6 @@ LEASE_TTL_S = 300
 # execution continues: a busy pool never grows one execution's history toward the
 # 25,000-event cap, which cannot be caught.
 MAX_CYCLES = 5
-BUDGET_MEMORY_S = 7 * 86400  # preemption records outlive any sensible budget window
 
 
 @dataclass(frozen=True)
@@ -458,6 +457,7 @@ def _mark_victims(
                 expect=[JobState.RUNNING],
                 lease_owner=owner,
                 log=(line, LogLine(p.preemptor, now, "preempting", "preempts-lower-priority", f"stopping {victim.name} ({victim.gpus} GPUs)")),
+                preemption=PastPreemption(victim.pool, now, victim.gpus, p.lost_gpu_seconds, victim.name),
             )
         except LeaseLost as e:
             _log_lease_lost(store, victim.name, "preemption-skipped", len(decision.preemptions) - i - 1, now, e)
@@ -470,9 +470,6 @@ def _mark_victims(
                 continue
             store.log(victim.name, now, "preemption-skipped", "conflict", str(e))
             continue
-        store.record_preemption(
-            PastPreemption(victim.pool, now, victim.gpus, p.lost_gpu_seconds, victim.name), ttl_s=BUDGET_MEMORY_S
-        )
         store.nominate(p.preemptor, now)
         item = _victim_item(victim, p.preemptor, now, p.lost_gpu_seconds)
         item["reason"] = p.reason.value  # for the metrics: preemptions by reason
