@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import boto3
 import pytest
+from botocore.exceptions import ReadTimeoutError
 from moto import mock_aws
 from template_support import table_key_schema
 
-from aws_faults import answer_lost, aws_says_no, transaction_conflict
+from aws_faults import answer_lost, answer_lost_after_applied, aws_says_no, transaction_conflict
 from preemptor.adapters.store import ALIAS_TTL_S, EVENT_CLAIM_S, GSI, USAGE_SETTLE_S, JobsStore, record_to_item
 from preemptor.core.errors import CapacityExhausted, ConflictError, EventInProgress, Retryable, TransactionConflict
 from preemptor.core.jobs import JobRecord
-from preemptor.core.model import JobState
+from preemptor.core.model import EndedRun, JobState, TeamUsage
 
 
 @pytest.fixture
@@ -257,20 +258,61 @@ def test_a_claim_of_a_crashed_handler_expires_before_lambdas_retries_end(store):
     assert store.claim_event("evt-3", now=100.0 + EVENT_CLAIM_S + 1, owner="retry")
 
 
-def test_a_run_is_folded_into_its_teams_usage_once_even_when_the_write_is_resent(store):
-    # Given a run's usage fold whose write is applied and its answer lost (botocore resends
-    # it; the resend fails its condition, since the first one changed the item)
-    with answer_lost(store.client, "UpdateItem") as resent:
-        store.add_usage("p5", "research", 8, 0.0, 3600.0, 1e12, run="train#1")
-    assert resent == [1]
-    # And the step folding it is retried as well
-    store.add_usage("p5", "research", 8, 0.0, 3600.0, 1e12, run="train#1")
-    # Then the run counts once: 8 GPUs x 1 hour
-    [usage] = store.team_usage("p5")
+def _ended(job: str, started_at: float, ended_at: float, team: str = "research", incarnation: int = 1) -> EndedRun:
+    return EndedRun("p5", team, job, incarnation, 8, started_at, ended_at)
+
+
+def _end_recorded(store: JobsStore, run: EndedRun) -> None:
+    """A running job's end written with its run's end, as `finish` writes them."""
+    record = _job(run.job, gpus=run.gpus).with_changes(team=run.team, incarnation=run.incarnation)
+    store.put_new(record)
+    running = store.transition(record, record.with_changes(status=JobState.RUNNING, started_at=run.started_at), [JobState.PENDING])
+    store.transition(
+        running, running.with_changes(status=JobState.COMPLETED, ended_at=run.ended_at), [JobState.RUNNING], ended_run=run
+    )
+
+
+def test_a_runs_end_counts_in_its_teams_usage_before_and_after_it_is_folded(store):
+    # Given a run's end written with its job's end
+    run = _ended("train", 0.0, 3600.0)
+    _end_recorded(store, run)
+    # Then the team's usage counts it before anyone folds it: 8 GPUs x 1 hour
+    [before] = store.team_usage("p5", 1e12)
+    assert before.gpu_seconds == pytest.approx(8 * 3600, rel=1e-6)
+    # And once folded, it counts the same, once: the end is forgotten with the fold
+    assert store.ended_runs("p5") == [run]
+    assert store.fold_ended_run(run, 1e12) is True
+    assert store.ended_runs("p5") == []
+    [after] = store.team_usage("p5", 1e12)
+    assert after.gpu_seconds == pytest.approx(before.gpu_seconds, rel=1e-9)
+
+
+def test_a_run_is_folded_once_when_the_fold_is_retried_after_its_answer_was_lost(store):
+    run = _ended("train", 0.0, 3600.0)
+    _end_recorded(store, run)
+    # Given a fold applied whose answer is lost (the step folding it fails there)
+    with answer_lost_after_applied(store.client, "TransactWriteItems") as lost, pytest.raises(ReadTimeoutError):
+        store.fold_ended_run(run, 1e12)
+    assert lost == [1]
+    # When it is retried, and another cycle folds the same run as well
+    assert store.fold_ended_run(run, 1e12) is False
+    assert store.fold_ended_run(run, 1e12) is False
+    # Then the run counts once
+    [usage] = store.team_usage("p5", 1e12)
     assert usage.gpu_seconds == pytest.approx(8 * 3600, rel=1e-6)
-    # And the team's next run counts too
-    store.add_usage("p5", "research", 8, 3600.0, 7200.0, 1e12, run="train#2")
-    assert store.team_usage("p5")[0].gpu_seconds == pytest.approx(2 * 8 * 3600, rel=1e-6)
+
+
+def test_runs_folded_out_of_order_count_as_folded_in_order(store):
+    # Given two runs of a team that ended an hour apart, with a one-hour half-life
+    early, late = _ended("a", 0.0, 3600.0), _ended("b", 3600.0, 7200.0)
+    _end_recorded(store, early)
+    _end_recorded(store, late)
+    in_order = TeamUsage("research", 0.0, 0.0).with_run(8, 0.0, 3600.0, 3600.0).with_run(8, 3600.0, 7200.0, 3600.0)
+    # When the later one is folded first
+    assert store.fold_ended_run(late, 3600.0) and store.fold_ended_run(early, 3600.0)
+    # Then the usage is the same as folded in order, as of the later end
+    [usage] = store.team_usage("p5", 3600.0)
+    assert (usage.gpu_seconds, usage.at) == (pytest.approx(in_order.gpu_seconds, rel=1e-9), 7200.0)
 
 
 def test_a_release_resent_after_its_answer_was_lost_still_says_to_plan_again(store):

@@ -429,6 +429,24 @@ def test_writing_a_checkpoint_outside_the_request_prefix_is_denied(stack):
     assert _verdict(marker, "s3:PutObject") is True
 
 
+def test_reconcile_may_delete_a_folded_runs_end_and_no_job(stack):
+    # Given reconcile's role, which folds ended runs into the teams' usage and deletes their ends
+    dynamodb, table = stack.client("dynamodb"), stack.resources["JobsTable"]
+
+    def delete(pk: str, sk: str):
+        return lambda: dynamodb.delete_item(TableName=table, Key={"pk": {"S": pk}, "sk": {"S": sk}})
+
+    # Then it may delete a run's end, a pool item
+    assert _verdict(_decisions(stack, "ReconcileFunction", delete("POOL#p5", "RUNEND#train#1")), "dynamodb:DeleteItem") is True
+    # And never a job, its decision log or a run alias (nor may it in a transaction)
+    for pk, sk in (("JOB#train", "JOB"), ("JOB#train", "LOG#0"), ("RUN#sagemaker#train", "RUN")):
+        assert _verdict(_decisions(stack, "ReconcileFunction", delete(pk, sk)), "dynamodb:DeleteItem") is False
+    transact = lambda: dynamodb.transact_write_items(  # noqa: E731
+        TransactItems=[{"Delete": {"TableName": table, "Key": {"pk": {"S": "JOB#train"}, "sk": {"S": "JOB"}}}}]
+    )
+    assert _verdict(_decisions(stack, "ReconcileFunction", transact), "dynamodb:DeleteItem") is False
+
+
 def _batch_queue(stack: EmulatedStack) -> None:
     batch = stack.client("batch")
     if batch.describe_job_queues(jobQueues=["g5-queue"])["jobQueues"]:

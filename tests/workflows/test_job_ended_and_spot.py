@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+from aws_faults import THROTTLING, aws_says_no
 from emulation import G5, batch_queues, emulation
 from eventfiles import load_raw
 
 from preemptor.config import PoolConfig
-from preemptor.core.model import JobState
+from preemptor.core.model import JobState, run_usage
 from preemptor.service.reconcile import UNKNOWN_RUN_GRACE_S
 
 
@@ -53,6 +55,45 @@ def test_a_duplicate_end_event_frees_nothing_twice():
         # attempt recorded the end (its answer lost) finds the end recorded, and the plan
         # that attempt's workflow never started is not lost
         assert env.states_visited(arn)[-2:] == ["Were GPUs freed?", "Schedule the pool"]
+
+
+def _writes_usage(params: dict) -> bool:
+    """Whether a DynamoDB write touches a team's usage item (USAGE#<team>)."""
+    keys = [params.get("Key", {})] + [next(iter(i.values())).get("Key", {}) for i in params.get("TransactItems", [])]
+    return any(k.get("sk", {}).get("S", "").startswith("USAGE#") for k in keys)
+
+
+def _reconcile(env) -> dict:
+    result = env.stack.invoke_lambda(env.stack.resources["ReconcileFunction"], {})
+    env.stack.drain()
+    return result
+
+
+def test_a_runs_end_counts_in_its_teams_usage_once_though_usage_writes_are_refused_when_it_ends():
+    with emulation() as env:
+        half_life = env.stack.deps().settings.policy.for_pool("p5").fair_share.half_life_s
+        refuse = lambda params: THROTTLING["dynamodb"] if _writes_usage(params) else None  # noqa: E731
+        # Given DynamoDB refusing every write of a team's usage while a run ends and
+        # reconcile, which folds ended runs into the teams' usage, passes after it
+        env.submit(name="first", team="a", priority=200, pool="p5", instances=8, duration=1200)
+        with aws_says_no(env.store.client, "UpdateItem", refuse) as updates, aws_says_no(env.store.client, "TransactWriteItems", refuse) as folds:
+            env.advance(1500)
+            _reconcile(env)
+            job = env.job("first")
+            assert job.status is JobState.COMPLETED and env.store.pool("p5")["used_gpus"] == 0
+            # Then the run counts in its team's usage all the same: its end was written
+            # with the job's, and whoever reads the usage adds it until it is folded
+            [usage] = env.store.team_usage("p5", half_life)
+            assert usage.team == "a"
+            assert usage.gpu_seconds == pytest.approx(run_usage(64, job.started_at, job.ended_at, half_life), rel=1e-9)
+        assert not updates and len(folds) == 1  # the end was never refused: only reconcile's fold
+        # And once the writes are accepted again, reconcile's next pass folds it, once
+        env.advance(300)
+        _reconcile(env)
+        _reconcile(env)
+        assert env.store.ended_runs("p5") == []
+        [folded] = env.store.team_usage("p5", half_life)
+        assert folded == usage
 
 
 def test_a_stale_end_event_frees_nothing_and_plans_nothing():

@@ -27,7 +27,7 @@ from botocore.exceptions import ClientError
 
 from ..core.errors import CapacityExhausted, ConflictError, EventInProgress, JobNotFound, LeaseLost, TransactionConflict
 from ..core.jobs import JobRecord
-from ..core.model import JobState, PastPreemption, TeamUsage
+from ..core.model import EndedRun, JobState, PastPreemption, TeamUsage
 from ..core.s3uri import S3Uri
 from .errors import translate
 
@@ -176,6 +176,27 @@ def _preemption_item(p: PastPreemption) -> dict:
             "expires_at": int(p.at + PREEMPTION_MEMORY_S),
         }
     )
+
+
+def _ended_run_key(run: EndedRun) -> dict:
+    return {"pk": {"S": f"POOL#{run.pool}"}, "sk": {"S": f"RUNEND#{run.job}#{run.incarnation}"}}
+
+
+def _ended_run_item(run: EndedRun) -> dict:
+    """A run's end, kept until it is folded into its team's usage."""
+    return {
+        **_ended_run_key(run),
+        **_marshal(
+            {
+                "team": run.team,
+                "job": run.job,
+                "incarnation": run.incarnation,
+                "gpus": run.gpus,
+                "started_at": run.started_at,
+                "ended_at": run.ended_at,
+            }
+        ),
+    }
 
 
 def _rebase(seen: JobRecord, new: JobRecord, current: JobRecord | None, expect: tuple[JobState, ...]) -> JobRecord | None:
@@ -607,6 +628,7 @@ class JobsStore:
         lease_owner: str | None = None,
         log: LogLine | tuple[LogLine, ...] = (),
         preemption: PastPreemption | None = None,
+        ended_run: EndedRun | None = None,
     ) -> JobRecord:
         """Write what `new` changes from `record` (field by field) if the stored job still has
         one of the `expect` statuses, the same incarnation and the version `record` was read
@@ -621,8 +643,11 @@ class JobsStore:
         `log`: the decision-log lines that tell the change (the job's, and its preemptor's),
         written with it. `preemption`: a victim's mark is counted in its pool's preemption
         budget in the same transaction (counted after it, a function that died in between left
-        the budget short of a preemption it had made). A transaction DynamoDB keeps cancelling
-        for concurrent ones raises the retryable TransactionConflict.
+        the budget short of a preemption it had made). `ended_run`: the run's end is recorded
+        for its team's usage in the same transaction, and folded by `fold_ended_run` (folded
+        after the change, a function that died in between lost it: its retry finds the end
+        written). A transaction DynamoDB keeps cancelling for concurrent ones raises the
+        retryable TransactionConflict.
         """
         expect = tuple(expect)
         for _ in range(3):
@@ -631,6 +656,8 @@ class JobsStore:
                 items.append(self._log_put(line))
             if preemption is not None:
                 items.append({"Put": {"TableName": self.table, "Item": _preemption_item(preemption)}})
+            if ended_run is not None:
+                items.append({"Put": {"TableName": self.table, "Item": _ended_run_item(ended_run)}})
             try:
                 self._transact(items)
                 return replace_version(new, record.version + 1)
@@ -781,8 +808,10 @@ class JobsStore:
         self._set_fields(name, "SET last_checkpoint_at = :t", condition, {":t": _to_attr(at)})
 
     # -- fair share and the preemption budget (per pool, bounded reads) -------------------
-    def team_usage(self, pool: str) -> list[TeamUsage]:
-        """Decayed GPU usage of each team's ended runs in the pool (one item per team)."""
+    def team_usage(self, pool: str, half_life_s: float) -> list[TeamUsage]:
+        """Decayed GPU usage of each team's ended runs in the pool (one item per team), with
+        the runs whose end is recorded and not yet folded (`ended_runs`) added as a fold
+        would add them: whoever reads it sees every ended run, folded or not."""
         items = [
             _unmarshal(i)
             for i in self._pages(
@@ -793,42 +822,57 @@ class JobsStore:
                 ConsistentRead=True,
             )
         ]
-        return [TeamUsage(i["team"], float(i["gpu_seconds"]), float(i["at"])) for i in items]
+        usage = {i["team"]: TeamUsage(i["team"], float(i["gpu_seconds"]), float(i["at"])) for i in items}
+        for run in self.ended_runs(pool):
+            current = usage.get(run.team) or TeamUsage(run.team, 0.0, run.ended_at)
+            usage[run.team] = current.with_run(run.gpus, run.started_at, run.ended_at, half_life_s)
+        return list(usage.values())
 
-    def add_usage(
-        self, pool: str, team: str, gpus: int, started_at: float, ended_at: float, half_life_s: float, run: str | None = None
-    ) -> None:
-        """Fold an ended run into its team's decayed usage (optimistic, retried on a race).
+    def ended_runs(self, pool: str) -> list[EndedRun]:
+        """The pool's ended runs not yet folded into their teams' usage, oldest end first."""
+        items = self._pages(
+            "query",
+            TableName=self.table,
+            KeyConditionExpression="pk = :p AND begins_with(sk, :r)",
+            ExpressionAttributeValues={":p": {"S": f"POOL#{pool}"}, ":r": {"S": "RUNEND#"}},
+            ConsistentRead=True,
+        )
+        runs = [
+            EndedRun(pool, i["team"], i["job"], int(i["incarnation"]), int(i["gpus"]), float(i["started_at"]), float(i["ended_at"]))
+            for i in map(_unmarshal, items)
+        ]
+        return sorted(runs, key=lambda r: (r.ended_at, r.job, r.incarnation))
 
-        `run` names the run (job and incarnation): folded once, however often this is
-        called for it in a row (a retried step, a write resent after its answer was lost,
-        which then fails its condition and would fold it again)."""
-        key = {"pk": {"S": f"POOL#{pool}"}, "sk": {"S": f"USAGE#{team}"}}
+    def fold_ended_run(self, run: EndedRun, half_life_s: float) -> bool:
+        """Fold an ended run into its team's decayed usage and forget its end, in one
+        transaction: exactly once, however many folders race or retry (the one whose delete
+        finds the end gone folds nothing). True if this call folded it."""
+        key = {"pk": {"S": f"POOL#{run.pool}"}, "sk": {"S": f"USAGE#{run.team}"}}
         for _ in range(5):
             item = self._call("get_item", TableName=self.table, Key=key, ConsistentRead=True).get("Item")
             current = _unmarshal(item) if item else None
-            if run is not None and current is not None and current.get("last_run") == run:
-                return
-            usage = TeamUsage(team, float(current["gpu_seconds"]), float(current["at"])) if current else TeamUsage(team, 0.0, ended_at)
-            new = usage.with_run(gpus, started_at, ended_at, half_life_s)
-            condition = "attribute_not_exists(pk)" if current is None else "#at = :old"
-            values = {":g": _to_attr(new.gpu_seconds), ":at": _to_attr(new.at), ":team": _to_attr(team), ":run": _to_attr(run or "")}
+            usage = TeamUsage(run.team, float(current["gpu_seconds"]), float(current["at"])) if current else TeamUsage(run.team, 0.0, run.ended_at)
+            new = usage.with_run(run.gpus, run.started_at, run.ended_at, half_life_s)
+            values = {":g": _to_attr(new.gpu_seconds), ":at": _to_attr(new.at), ":team": _to_attr(run.team)}
             if current is not None:
                 values[":old"] = _to_attr(current["at"])
+            update = {
+                "TableName": self.table,
+                "Key": key,
+                "UpdateExpression": "SET gpu_seconds = :g, #at = :at, team = :team",
+                "ConditionExpression": "attribute_not_exists(pk)" if current is None else "#at = :old",
+                "ExpressionAttributeNames": {"#at": "at"},
+                "ExpressionAttributeValues": values,
+            }
+            forget = {"TableName": self.table, "Key": _ended_run_key(run), "ConditionExpression": "attribute_exists(pk)"}
             try:
-                self._call(
-                    "update_item",
-                    TableName=self.table,
-                    Key=key,
-                    UpdateExpression="SET gpu_seconds = :g, #at = :at, team = :team, last_run = :run",
-                    ConditionExpression=condition,
-                    ExpressionAttributeNames={"#at": "at"},
-                    ExpressionAttributeValues=values,
-                )
-                return
-            except ConflictError:
-                continue
-        raise ConflictError(f"usage of team {team} in {pool} kept changing")
+                self._transact([{"Update": update}, {"Delete": forget}])
+                return True
+            except ConflictError as e:
+                if len(e.reasons) > 1 and e.reasons[1] == "ConditionalCheckFailed":
+                    return False  # folded meanwhile, by another cycle or an earlier attempt
+                continue  # the team's usage moved meanwhile: fold on the fresh value
+        raise ConflictError(f"usage of team {run.team} in {run.pool} kept changing")
 
     def preemptions_since(self, pool: str, since: float) -> list[PastPreemption]:
         items = self._pages(

@@ -329,12 +329,25 @@ class TeamUsage:
         return self.gpu_seconds * 0.5 ** (max(0.0, now - self.at) / half_life_s)
 
     def with_run(self, gpus: int, started_at: float, ended_at: float, half_life_s: float) -> "TeamUsage":
-        """This usage, moved to `ended_at`, plus a run of `gpus` from `started_at` to `ended_at`."""
-        return TeamUsage(
-            self.team,
-            self.decayed(ended_at, half_life_s) + run_usage(gpus, started_at, ended_at, half_life_s),
-            ended_at,
-        )
+        """This usage plus a run of `gpus` from `started_at` to `ended_at`, as it stands at the
+        later of `at` and `ended_at` (a run folded after a later one is decayed to it)."""
+        at = max(self.at, ended_at)
+        run = run_usage(gpus, started_at, ended_at, half_life_s) * 0.5 ** ((at - ended_at) / half_life_s)
+        return TeamUsage(self.team, self.decayed(at, half_life_s) + run, at)
+
+
+@dataclass(frozen=True, slots=True)
+class EndedRun:
+    """A run that ended (for good, or stopped and requeued), recorded with its end and
+    folded into its team's usage after it, exactly once (`JobsStore.fold_ended_run`)."""
+
+    pool: str
+    team: str
+    job: str
+    incarnation: int
+    gpus: int
+    started_at: float
+    ended_at: float
 
 
 def run_usage(gpus: int, started_at: float, now: float, half_life_s: float) -> float:

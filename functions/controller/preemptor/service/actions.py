@@ -19,7 +19,7 @@ from ..adapters.runners import Runner
 from ..adapters.store import JobsStore, LogLine
 from ..core.errors import AccessDenied, CheckpointLocationUnavailable, ConflictError, RunNameTaken, ServiceJobNotFound, ServiceRejected
 from ..core.jobs import JobRecord
-from ..core.model import JobState
+from ..core.model import EndedRun, JobState
 from ..core.pools import describe_offering
 from ..core.policy import Policy
 from ..core.progress import is_fresh, lost_gpu_seconds, saved_in_run_s
@@ -288,11 +288,11 @@ def _release_stopped(
     store: JobsStore, policy: Policy, record: JobRecord, new: JobRecord, fresh: bool, now: float, alerts: Alerts | None,
     log: LogLine,
 ) -> dict | None:
-    """Write a stopped victim's next state (and `log`, its line) and free its GPUs, and fold
-    its run into its team's usage; None when done. If it moved meanwhile (a cancel request,
+    """Write a stopped victim's next state (and `log`, its line), free its GPUs and record
+    its run's end for its team's usage; None when done. If it moved meanwhile (a cancel request,
     an end event), it is judged again on the fresh item and that answer returned."""
     try:
-        store.transition(record, new, expect=[record.status], usage_delta=-record.gpus, log=log)
+        store.transition(record, new, expect=[record.status], usage_delta=-record.gpus, log=log, ended_run=_ended_run(record, now))
     except ConflictError:
         current = store.get(record.name)
         if current is not None and current.status is JobState.PREEMPTING and current.incarnation == record.incarnation:
@@ -301,7 +301,6 @@ def _release_stopped(
                 alerts=alerts,
             )
         return {"requeued": False, "reason": "conflict", "pool": record.pool}
-    _fold_usage(store, policy, record, now)
     return None
 
 
@@ -742,6 +741,7 @@ def finish(
                 expect=[JobState.ADMITTED, JobState.RUNNING, JobState.PREEMPTING],
                 usage_delta=-record.gpus,
                 log=LogLine(job, now, outcome, reason, f"{record.run_name or record.name} ended: {state.value}"),
+                ended_run=_ended_run(record, now),
             )
             break
         except ConflictError:
@@ -753,7 +753,6 @@ def finish(
             record = current
     else:
         return {"released": False, "pool": record.pool, "reason": "conflict"}
-    _fold_usage(store, policy, record, now)
     if state is JobState.FAILED and alerts is not None:
         alerts.notify(
             "failed", job=job, team=record.team, subject=f"Preemptor: job {job} failed",
@@ -762,9 +761,8 @@ def finish(
     return {"released": True, "pool": record.pool}
 
 
-def _fold_usage(store: JobsStore, policy: Policy, record: JobRecord, now: float) -> None:
-    """A run that ended counts towards its team's fair-share usage."""
+def _ended_run(record: JobRecord, now: float) -> EndedRun | None:
+    """The run's end, for its team's fair-share usage (the schedule cycle folds it in)."""
     if record.started_at is None:
-        return
-    half_life = policy.for_pool(record.pool).fair_share.half_life_s
-    store.add_usage(record.pool, record.team, record.gpus, record.started_at, now, half_life, run=f"{record.name}#{record.incarnation}")
+        return None
+    return EndedRun(record.pool, record.team, record.name, record.incarnation, record.gpus, record.started_at, now)

@@ -35,6 +35,8 @@ UNKNOWN_RUN_GRACE_S = 10 * 60  # a run younger than this may be a launch still b
 # Beyond the policy's checkpoint and stop waits, what a preemption may take in retries with
 # backoff (six attempts of at most 60 s per step) before it counts as stuck.
 PREEMPTION_SLACK_S = 15 * 60
+# Ended runs folded per pool and run (the rest at the next run, five minutes later).
+FOLDS_PER_RUN = 200
 
 
 class Repair(StrEnum):
@@ -92,8 +94,9 @@ def reconcile(
 
 
 def _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now, repairs, errors, oldest) -> None:
-    """One pool: its registration, an orphaned lease, every active job's run, the usage
-    recount, and a schedule when anything changed or work waits.
+    """One pool: its registration, an orphaned lease, every active job's run, the fold of
+    ended runs into the teams' usage, the usage recount, and a schedule when anything
+    changed or work waits.
 
     Each part goes on when another fails (a throttled write of the pool's registration must
     not leave a stuck preemption unrepaired for another five minutes): its error is recorded
@@ -128,6 +131,7 @@ def _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now,
                 part("backoff", lambda: workflows.start(
                     "schedule", execution_name("backoff", record.name, f"{int(now)}"), {"pool": pool.name, "wait_s": repair["wait_s"]}
                 ))
+    part("fold", lambda: _fold_ended_runs(store, settings, pool.name))
     recount = part("recount", lambda: _recount_usage(store, pool.name, now)) or {}
     if recount.get("repair"):
         repairs.append(recount)
@@ -201,6 +205,14 @@ def _check_live_run(store: JobsStore, runner: Runner, service: str, run, now: fl
     if record is not None:
         store.log(record.name, now, "unknown-run-stopped", kind.value, f"run {run.run_id} stopped: {why}", run=run.run_id)
     return {"pool": record.pool if record else tags.get("preemptor:pool", ""), "repair": kind.value, "run": run.run_id, "job": name, "why": why}
+
+
+def _fold_ended_runs(store: JobsStore, settings: Settings, pool: str) -> int:
+    """Fold the pool's ended runs into their teams' usage, oldest end first, each exactly
+    once whoever else folds (`store.fold_ended_run`). Until then the planner adds them as it
+    reads (`store.team_usage`): this keeps what it reads to a few items. Returns how many."""
+    half_life = settings.policy.for_pool(pool).fair_share.half_life_s
+    return sum(store.fold_ended_run(run, half_life) for run in store.ended_runs(pool)[:FOLDS_PER_RUN])
 
 
 def _recount_usage(store: JobsStore, pool: str, now: float) -> dict:

@@ -327,7 +327,9 @@ def read_snapshot(
     active = store.active(pool_name)
     window = history_window_s(knobs)  # the budget's, the checkpoint forecast's
     history = store.preemptions_since(pool_name, now - window) if window is not None else []
-    snapshot = build_snapshot(Pool(pool_name, pool_cfg.capacity_gpus), pending, active, store.team_usage(pool_name), history, settings)
+    snapshot = build_snapshot(
+        Pool(pool_name, pool_cfg.capacity_gpus), pending, active, store.team_usage(pool_name, knobs.fair_share.half_life_s), history, settings
+    )
     return pending, active, snapshot
 
 

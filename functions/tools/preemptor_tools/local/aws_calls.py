@@ -293,11 +293,19 @@ def _table(scope: _Scope, name: str) -> str:
     return name if name.startswith("arn:") else scope.arn("dynamodb", f"table/{name}")
 
 
+def _leading_keys(spec: dict) -> Context:
+    """`dynamodb:LeadingKeys` of an item-level request: its item's partition key (the
+    table's is `pk`). Queries and scans are left without it."""
+    item = spec.get("Key") or spec.get("Item") or {}
+    pk = item.get("pk", {}).get("S")
+    return {"dynamodb:LeadingKeys": (pk,)} if pk is not None else {}
+
+
 @_translates("dynamodb", "GetItem", "PutItem", "UpdateItem", "DeleteItem", "Query", "Scan")
 def _dynamodb_single(scope: _Scope, op: str, p: dict) -> list[AuthorizationRequest]:
     table = _table(scope, p["TableName"])
     resource = f"{table}/index/{p['IndexName']}" if p.get("IndexName") else table
-    return [AuthorizationRequest(f"dynamodb:{op}", resource)]
+    return [AuthorizationRequest(f"dynamodb:{op}", resource, _leading_keys(p))]
 
 
 @_translates("dynamodb", "BatchGetItem", "BatchWriteItem")
@@ -314,7 +322,7 @@ def _dynamodb_transact(scope: _Scope, op: str, p: dict) -> list[AuthorizationReq
     out = []
     for item in p["TransactItems"]:
         (kind, spec), = item.items()
-        out.append(AuthorizationRequest(f"dynamodb:{_TRANSACT_ACTIONS[kind]}", _table(scope, spec["TableName"])))
+        out.append(AuthorizationRequest(f"dynamodb:{_TRANSACT_ACTIONS[kind]}", _table(scope, spec["TableName"]), _leading_keys(spec)))
     return out
 
 
