@@ -127,25 +127,32 @@ def answer_lost(
 
 
 @contextmanager
-def answer_lost_after_applied(client: Any, operation: str, times: int = 1) -> Iterator[list[int]]:
+def answer_lost_after_applied(
+    client: Any, operation: str, times: int = 1, when: Callable[[dict], bool] | None = None
+) -> Iterator[list[int]]:
     """The call of `operation` reaches AWS and is applied, and then no answer comes back
     before the read timeout, after every retry the client makes: the caller sees botocore's
-    `ReadTimeoutError`, not knowing the call was applied. Yields the list of calls lost (its
-    length)."""
+    `ReadTimeoutError`, not knowing the call was applied. `when`: only calls whose
+    parameters it accepts. Yields the list of calls lost (its length)."""
     from botocore.exceptions import ReadTimeoutError
 
     lost: list[int] = []
     service = client.meta.service_model.service_id.hyphenize()
-    event = f"after-call.{service}.{operation}"
     unique = f"answer-lost-after-applied-{id(lost)}"
 
-    def handler(**_: Any) -> None:
-        if len(lost) < times:
+    def remember(params: dict, context: dict, **_: Any) -> None:
+        context[unique] = _call_params(params)
+
+    def handler(context: dict, **_: Any) -> None:
+        if len(lost) < times and (when is None or when(context.get(unique, {}))):
             lost.append(1)
             raise ReadTimeoutError(endpoint_url=f"https://{service}.emulated")
 
-    client.meta.events.register(event, handler, unique_id=unique)
+    # (unique ids are the emitter's, not the event's: one per handler)
+    client.meta.events.register_first(f"before-call.{service}.{operation}", remember, unique_id=f"{unique}-params")
+    client.meta.events.register(f"after-call.{service}.{operation}", handler, unique_id=unique)
     try:
         yield lost
     finally:
-        client.meta.events.unregister(event, unique_id=unique)
+        client.meta.events.unregister(f"before-call.{service}.{operation}", unique_id=f"{unique}-params")
+        client.meta.events.unregister(f"after-call.{service}.{operation}", unique_id=unique)

@@ -77,6 +77,10 @@ NOT_EXERCISED = {
         for a in ("GetItem", "PutItem", "Query")
     },
     ("ReconcileFunction", "dynamodb:PutItem"): "a repair's decision-log entry (tests/workflows/test_bounded.py)",
+    **{
+        ("ReconcileFunction", action): "a notice its writer did not publish (tests/workflows/test_notices.py)"
+        for action in ("sns:Publish", "kms:Decrypt", "kms:GenerateDataKey")
+    },
     ("ReconcileFunction", "states:DescribeExecution"): (
         "a victim whose preempt workflow never started or failed (tests/workflows/test_crashed_steps.py; "
         "the call's resource: test_reconcile_may_look_up_and_start_only_preempt_executions)"

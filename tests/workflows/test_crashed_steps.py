@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
+from aws_faults import answer_lost_after_applied
 from emulation import G5, START, batch_queues, emulation
 
 from preemptor.core.model import JobState
@@ -312,3 +312,34 @@ def test_a_victim_whose_preempt_workflow_failed_is_preempted_again_by_reconcile_
         statuses = sorted(e["status"] for e in env.executions("PreemptStateMachine"))
         assert statuses == ["FAILED", "SUCCEEDED"]
         assert env.job("sweep").status is JobState.PENDING and env.job("incident").status is JobState.RUNNING
+
+
+def _requeue(params: dict) -> bool:
+    """Whether a TransactWriteItems call is a stopped victim's requeue (with its run's end)."""
+    return any(i.get("Put", {}).get("Item", {}).get("sk", {}).get("S", "").startswith("RUNEND#") for i in params.get("TransactItems", []))
+
+
+def test_a_step_whose_write_got_no_answer_is_retried_and_its_workflow_goes_on():
+    with emulation() as env:
+        # Given a low job on the whole pool with a fresh checkpoint
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
+        env.advance(900)
+        # When a critical job preempts it, and the requeue's write is applied but its answer
+        # never comes (a read timeout once botocore's retries ran out: no AWS error code)
+        with answer_lost_after_applied(env.store.client, "TransactWriteItems", when=_requeue) as lost:
+            env.submit(name="incident", team="production", priority="critical", pool="p5", instances=8, duration=600)
+            env.advance(600)
+        # Then the step failed as ServiceUnavailable, which the workflow retries (under its
+        # own name, ReadTimeoutError, no Retry matched and the preemption failed), and the
+        # retry found the requeue done: the preemption went through, once
+        assert lost == [1]
+        [preemption] = env.executions("PreemptStateMachine")
+        assert preemption["status"] == "SUCCEEDED"
+        assert env.kinds("sweep").count("requeued") == 1 and env.job("sweep").incarnation == 2
+        assert env.job("incident").status is JobState.RUNNING
+        history = env.stack.client("stepfunctions").get_execution_history(executionArn=preemption["executionArn"])["events"]
+        failures = [
+            details["error"] for e in history for key, details in e.items()
+            if key in ("lambdaFunctionFailedEventDetails", "taskFailedEventDetails")
+        ]
+        assert failures == ["ServiceUnavailable"]

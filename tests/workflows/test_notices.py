@@ -5,10 +5,19 @@ policies as SNS does)."""
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
+from typing import Iterator
 
+import pytest
+from aws_faults import error_response
+from botocore.awsrequest import AWSResponse
+from botocore.exceptions import ConnectTimeoutError
 from emulation import emulation
 
 from preemptor.adapters.alerts import NOTICE_KINDS
+from preemptor_tools.local.moto_patches import LambdaRuntimeExited
+
+THROTTLED = error_response("Throttling", "Rate exceeded", 400)
 
 
 def _subscribe(env, name: str, filter_policy: dict | None) -> str:
@@ -59,3 +68,98 @@ def test_each_team_gets_the_notices_of_its_own_jobs_before_and_after_a_preemptio
         assert _received(env, production) == []
         assert {n["attributes"]["kind"] for n in _received(env, everything)} == {"preemption-planned", "preempted", "relaunched"}
         assert set(NOTICE_KINDS) >= {"preemption-planned", "preempted", "relaunched"}
+
+
+def _reconcile(env) -> None:
+    env.stack.invoke_lambda(env.stack.resources["ReconcileFunction"], {})
+    env.stack.drain()
+
+
+def _preempted_and_relaunched(env) -> None:
+    """Research's sweep holds the pool, production's critical job preempts it, and the sweep
+    is relaunched once production is done."""
+    env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
+    env.advance(600)
+    env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1200)
+    env.advance(1800)
+
+
+@contextmanager
+def _publish_fails(env, kind: str, how: str) -> Iterator[list[dict]]:
+    """Every SNS Publish of a notice of `kind` fails: SNS throttles it (`throttled`), or no
+    answer comes once botocore's retries ran out (`no-answer`), or the function dies as it
+    publishes (`died`: the runtime is killed; Step Functions retries the step, which finds
+    its change made). Yields the calls that failed."""
+    client = env.stack.deps().alerts.client
+    failed: list[dict] = []
+
+    def handler(params: dict, **_):
+        body = params.get("body") or {}
+        if not any(k.endswith(".StringValue") and v == kind for k, v in body.items()):
+            return None
+        failed.append(body)
+        if how == "died":
+            raise LambdaRuntimeExited("RequestId: emulated Error: Runtime exited with error: signal: killed")
+        if how == "no-answer":
+            raise ConnectTimeoutError(endpoint_url="https://sns.emulated")
+        return AWSResponse("https://sns.emulated", 400, {}, None), THROTTLED
+
+    client.meta.events.register("before-call.sns.Publish", handler, unique_id=f"publish-fails-{id(failed)}")
+    try:
+        yield failed
+    finally:
+        client.meta.events.unregister("before-call.sns.Publish", unique_id=f"publish-fails-{id(failed)}")
+
+
+@pytest.mark.parametrize("how", ["throttled", "no-answer"])
+def test_a_notice_sns_refused_is_published_by_reconcile_once(how):
+    with emulation() as env:
+        research = _subscribe(env, "research-notices", {"team": ["research"]})
+        # Given SNS refusing (throttled, or no answer) every publish of a `preempted` notice
+        with _publish_fails(env, "preempted", how) as refused:
+            _preempted_and_relaunched(env)
+        assert refused
+        # Then the team was told of the plan and the relaunch, not yet of the preemption
+        assert [n["attributes"]["kind"] for n in _received(env, research)] == ["preemption-planned", "relaunched"]
+        # When reconcile passes, once SNS takes it again
+        _reconcile(env)
+        # Then the preemption's notice comes, as its writer would have sent it
+        [late] = _received(env, research)
+        assert late["attributes"] == {"team": "research", "job": "sweep", "kind": "preempted"}
+        assert late["message"]["by"] == "prod" and late["message"]["resumes_as"] == "sweep-r2"
+        # And only once: the next passes publish nothing more, and keep nothing
+        _reconcile(env)
+        assert _received(env, research) == []
+        assert env.store.notices("p5") == []
+
+
+def test_a_notice_whose_writer_died_after_the_change_is_published_by_reconcile():
+    with emulation() as env:
+        research = _subscribe(env, "research-notices", {"team": ["research"]})
+        # Given the function that requeues the sweep dying as it publishes its notice, its
+        # step retried and finding the requeue done
+        with _publish_fails(env, "preempted", "died") as died:
+            _preempted_and_relaunched(env)
+        assert died
+        assert [n["attributes"]["kind"] for n in _received(env, research)] == ["preemption-planned", "relaunched"]
+        assert env.job("sweep").incarnation == 2 and env.kinds("sweep").count("requeued") == 1
+        # When reconcile passes, a minute on
+        env.advance(60)
+        _reconcile(env)
+        # Then the team hears of the preemption all the same, once
+        assert [n["attributes"]["kind"] for n in _received(env, research)] == ["preempted"]
+        _reconcile(env)
+        assert _received(env, research) == [] and env.store.notices("p5") == []
+
+
+def test_the_notices_their_writers_published_are_forgotten_and_never_sent_again():
+    with emulation() as env:
+        research = _subscribe(env, "research-notices", {"team": ["research"]})
+        _preempted_and_relaunched(env)
+        assert [n["attributes"]["kind"] for n in _received(env, research)] == ["preemption-planned", "preempted", "relaunched"]
+        # Given the notices kept until reconcile, each marked published
+        kept = env.store.notices("p5")
+        assert [(n.kind, sent) for n, sent in kept] == [("preempted", True), ("relaunched", True)]
+        # When reconcile passes, Then it sends none again and forgets them
+        _reconcile(env)
+        assert _received(env, research) == [] and env.store.notices("p5") == []

@@ -17,8 +17,9 @@ from typing import Any, Literal
 
 from botocore.exceptions import ClientError
 
-from ..core.errors import PreemptorError
-from .errors import translate
+from ..core.errors import PreemptorError, ServiceUnavailable
+from ..core.model import Notice
+from .errors import NO_ANSWER, translate
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +48,31 @@ class Alerts:
             out = self.client.publish(**kwargs)
         except ClientError as e:
             raise translate(e, "SNS Publish") from e
+        except NO_ANSWER as e:
+            raise ServiceUnavailable(f"SNS Publish: no answer: {type(e).__name__}") from e
         return out.get("MessageId")
 
     def notify(self, kind: NoticeKind, *, job: str, team: str, subject: str, message: dict) -> str | None:
         """A notice to the team that owns `job` (attributes team, job, kind). Best effort: the
         decision it reports is already recorded, so a refused publish is logged, not raised
-        (a retry of the step would record nothing new and notify twice)."""
+        (a retry of the step would record nothing new and notify twice). A notice written
+        with its change (`send`) is published again by reconcile instead."""
         try:
             return self.publish(subject, {"kind": kind, "job": job, "team": team, **message}, {"team": team, "job": job, "kind": kind})
         except PreemptorError as e:
             log.warning("notice not published: %s", e, extra={"job": job, "kind": kind, "error": type(e).__name__})
             return None
+
+    def send(self, notice: Notice) -> bool:
+        """Publish a notice kept in the table with its change; False if SNS refused it
+        (logged; the notice stays for reconcile to publish). True with no topic set: there
+        is nothing to publish it to."""
+        if not self.topic_arn:
+            return True
+        attributes = {"team": notice.team, "job": notice.job, "kind": notice.kind}
+        try:
+            self.publish(notice.subject, {**attributes, **notice.message}, attributes)
+            return True
+        except PreemptorError as e:
+            log.warning("notice not published yet: %s", e, extra={"job": notice.job, "kind": notice.kind, "error": type(e).__name__})
+            return False

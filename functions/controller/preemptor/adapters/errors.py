@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError, HTTPClientError
 
 from ..core.errors import (
     AccessDenied,
@@ -32,6 +32,11 @@ from ..core.errors import (
     Throttled,
     TransactionConflict,
 )
+
+# A call that got no answer once botocore's retries ran out: no connection, a connect or
+# read timeout, a connection closed mid-answer. Not an AWS error (no code): the request may
+# or may not have been applied. Retryable, as `ServiceUnavailable`.
+NO_ANSWER: tuple[type[Exception], ...] = (BotoConnectionError, HTTPClientError)
 
 THROTTLING_CODES: frozenset[str] = frozenset(
     {

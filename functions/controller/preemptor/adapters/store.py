@@ -27,7 +27,7 @@ from botocore.exceptions import ClientError
 
 from ..core.errors import CapacityExhausted, ConflictError, EventInProgress, JobNotFound, LeaseLost, TransactionConflict
 from ..core.jobs import JobRecord
-from ..core.model import EndedRun, JobState, PastPreemption, TeamUsage
+from ..core.model import EndedRun, JobState, Notice, PastPreemption, TeamUsage
 from ..core.s3uri import S3Uri
 from .errors import translate
 
@@ -42,6 +42,7 @@ ALIAS_TTL_S = 90 * 24 * 3600
 # after the failure): a handling killed mid-way is redone by a retry, not lost as a duplicate.
 EVENT_CLAIM_S = 90
 PREEMPTION_MEMORY_S = 7 * 86400  # a preemption's budget record outlives any sensible budget window
+NOTICE_TTL_S = 7 * 86400  # a notice nothing could publish in a week is dropped
 USAGE_SETTLE_S = 5 * 60  # far beyond the index's propagation delay (normally under a second)
 TRANSACT_ATTEMPTS = 5
 CLAIM_ATTEMPTS = 3  # an adopted run's claim of a checkpoint location, each after a write meanwhile
@@ -197,6 +198,24 @@ def _ended_run_item(run: EndedRun) -> dict:
             }
         ),
     }
+
+
+def _notice_key(notice: Notice) -> dict:
+    return {"pk": {"S": f"POOL#{notice.pool}"}, "sk": {"S": f"NOTICE#{notice.at:017.3f}#{notice.job}#{notice.kind}"}}
+
+
+def _notice_item(notice: Notice) -> dict:
+    """A notice kept until published; it expires (TTL) after a week if nothing could publish it."""
+    fields = {
+        "at": notice.at,
+        "kind": notice.kind,
+        "job": notice.job,
+        "team": notice.team,
+        "subject": notice.subject,
+        "message": json.dumps(notice.message, sort_keys=True, default=str),
+        "expires_at": int(notice.at + NOTICE_TTL_S),
+    }
+    return {**_notice_key(notice), **_marshal(fields)}
 
 
 def _rebase(seen: JobRecord, new: JobRecord, current: JobRecord | None, expect: tuple[JobState, ...]) -> JobRecord | None:
@@ -629,6 +648,7 @@ class JobsStore:
         log: LogLine | tuple[LogLine, ...] = (),
         preemption: PastPreemption | None = None,
         ended_run: EndedRun | None = None,
+        notice: Notice | None = None,
     ) -> JobRecord:
         """Write what `new` changes from `record` (field by field) if the stored job still has
         one of the `expect` statuses, the same incarnation and the version `record` was read
@@ -646,8 +666,9 @@ class JobsStore:
         the budget short of a preemption it had made). `ended_run`: the run's end is recorded
         for its team's usage in the same transaction, and folded by `fold_ended_run` (folded
         after the change, a function that died in between lost it: its retry finds the end
-        written). A transaction DynamoDB keeps cancelling for concurrent ones raises the
-        retryable TransactionConflict.
+        written). `notice`: the team's notice of the change, kept until it is published
+        (`notice_sent`; reconcile publishes what its writer did not). A transaction DynamoDB
+        keeps cancelling for concurrent ones raises the retryable TransactionConflict.
         """
         expect = tuple(expect)
         for _ in range(3):
@@ -658,6 +679,8 @@ class JobsStore:
                 items.append({"Put": {"TableName": self.table, "Item": _preemption_item(preemption)}})
             if ended_run is not None:
                 items.append({"Put": {"TableName": self.table, "Item": _ended_run_item(ended_run)}})
+            if notice is not None:
+                items.append({"Put": {"TableName": self.table, "Item": _notice_item(notice)}})
             try:
                 self._transact(items)
                 return replace_version(new, record.version + 1)
@@ -873,6 +896,39 @@ class JobsStore:
                     return False  # folded meanwhile, by another cycle or an earlier attempt
                 continue  # the team's usage moved meanwhile: fold on the fresh value
         raise ConflictError(f"usage of team {run.team} in {run.pool} kept changing")
+
+    # -- notices to the teams (an outbox: written with their change) -----------------------
+    def notice_sent(self, notice: Notice) -> None:
+        """Mark a notice published (reconcile then forgets it instead of publishing it)."""
+        try:
+            self._call(
+                "update_item",
+                TableName=self.table,
+                Key=_notice_key(notice),
+                UpdateExpression="SET sent = :t",
+                ConditionExpression="attribute_exists(pk)",
+                ExpressionAttributeValues={":t": {"BOOL": True}},
+            )
+        except ConflictError:
+            pass  # forgotten already: reconcile published it meanwhile
+
+    def notices(self, pool: str) -> list[tuple[Notice, bool]]:
+        """The pool's notices still kept, oldest first, each with whether it was published."""
+        items = self._pages(
+            "query",
+            TableName=self.table,
+            KeyConditionExpression="pk = :p AND begins_with(sk, :n)",
+            ExpressionAttributeValues={":p": {"S": f"POOL#{pool}"}, ":n": {"S": "NOTICE#"}},
+            ConsistentRead=True,
+        )
+        out = []
+        for i in map(_unmarshal, items):
+            notice = Notice(pool, float(i["at"]), i["kind"], i["job"], i["team"], i["subject"], json.loads(i["message"]))
+            out.append((notice, bool(i.get("sent"))))
+        return out
+
+    def forget_notice(self, notice: Notice) -> None:
+        self._call("delete_item", TableName=self.table, Key=_notice_key(notice))
 
     def preemptions_since(self, pool: str, since: float) -> list[PastPreemption]:
         items = self._pages(

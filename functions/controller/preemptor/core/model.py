@@ -357,6 +357,21 @@ def run_usage(gpus: int, started_at: float, now: float, half_life_s: float) -> f
 
 
 @dataclass(frozen=True, slots=True)
+class Notice:
+    """A notice to the team that owns `job` (`kind`: preempted, relaunched, failed...),
+    written with the change it tells and published after it (`JobsStore.transition`):
+    a function that dies in between leaves it for reconcile to publish, not lost."""
+
+    pool: str
+    at: float
+    kind: str
+    job: str
+    team: str
+    subject: str
+    message: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class PastPreemption:
     """A preemption already carried out (or under way), for the preemption budget's window."""
 

@@ -24,6 +24,7 @@ def handler(event: dict, context: LambdaContext) -> dict:
         checkpoints=d.checkpoints,
         settings=d.settings,
         now=clock.CLOCK.now(),
+        alerts=d.alerts,
     )
     emit_oldest_waits(result["oldest_wait_s"])
     metrics.add_metric(name="ReconcileRepairs", unit=MetricUnit.Count, value=len(result["repairs"]))

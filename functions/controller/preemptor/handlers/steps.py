@@ -14,7 +14,8 @@ from typing import Annotated, Any, Callable, Literal, Union
 from aws_lambda_powertools.utilities.parser import ValidationError, parse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter
 
-from ..core.errors import InvalidStepInput
+from ..adapters.errors import NO_ANSWER
+from ..core.errors import InvalidStepInput, ServiceUnavailable
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 Reason = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
@@ -123,7 +124,13 @@ class FinishCycle(_Step):
 
 def step_input(model: type[BaseModel] | TypeAdapter) -> Callable:
     """Parse the handler's event into `model` with Powertools' parser (after the Powertools
-    decorators above it have seen the raw event), raising InvalidStepInput if it does not fit."""
+    decorators above it have seen the raw event), raising InvalidStepInput if it does not fit.
+
+    A call that got no answer once botocore's own retries ran out (no connection, a read
+    timeout, a connection closed mid-answer) fails the step as `ServiceUnavailable`, which
+    every workflow retries: under its own name (`ReadTimeoutError`...) no Retry matched it,
+    and one network blip failed the whole workflow. The step may have been applied (the
+    answer was what got lost): each step is idempotent for that."""
 
     def decorate(handler: Callable) -> Callable:
         @functools.wraps(handler)
@@ -132,7 +139,10 @@ def step_input(model: type[BaseModel] | TypeAdapter) -> Callable:
                 step = parse(event=event, model=model)
             except ValidationError as e:
                 raise InvalidStepInput(f"{handler.__name__}: {_summary(e)}") from e
-            return handler(step, context)
+            try:
+                return handler(step, context)
+            except NO_ANSWER as e:
+                raise ServiceUnavailable(f"{handler.__name__}: no answer: {type(e).__name__}: {e}") from e
 
         return wrapper
 

@@ -10,6 +10,7 @@ raised for the workflow's Retry.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 
@@ -17,13 +18,17 @@ from ..adapters.alerts import Alerts
 from ..adapters.checkpoints import CheckpointStore
 from ..adapters.runners import Runner
 from ..adapters.store import JobsStore, LogLine
-from ..core.errors import AccessDenied, CheckpointLocationUnavailable, ConflictError, RunNameTaken, ServiceJobNotFound, ServiceRejected
+from ..core.errors import (
+    AccessDenied, CheckpointLocationUnavailable, ConflictError, PreemptorError, RunNameTaken, ServiceJobNotFound, ServiceRejected,
+)
 from ..core.jobs import JobRecord
-from ..core.model import EndedRun, JobState
+from ..core.model import EndedRun, JobState, Notice
 from ..core.pools import describe_offering
 from ..core.policy import Policy
 from ..core.progress import is_fresh, lost_gpu_seconds, saved_in_run_s
 from . import learning  # what the controller learns of each job (issue 10)
+
+logger = logging.getLogger(__name__)
 
 SPOT_INTERRUPTION = "spot-interruption"  # `preempted_by` of a job stopped for its instance
 OUTCOMES = {"completed": JobState.COMPLETED, "failed": JobState.FAILED, "cancelled": JobState.CANCELLED}
@@ -270,29 +275,32 @@ def _back_to_queue(
         f"{why}; {lost:.0f} GPU-seconds lost{_since_checkpoint(record)}; resumes from its checkpoint as {new.next_run_name}",
         {"preemptor": record.preempted_by, "lost_gpu_seconds": lost, "fresh_checkpoint": fresh},
     )
-    moved = _release_stopped(store, policy, record, new, fresh, now, alerts, line)
+    notice = Notice(
+        record.pool, now, "preempted", record.name, record.team, f"Preemptor: job {record.name} was {reason}",
+        {
+            "why": why, "by": record.preempted_by, "pool": record.pool, "lost_gpu_seconds": round(lost, 1),
+            "fresh_checkpoint": fresh, "resumes_as": new.next_run_name,
+        },
+    )
+    moved = _release_stopped(store, policy, record, new, fresh, now, alerts, line, notice)
     if moved is not None:
         return moved
-    if alerts is not None:
-        alerts.notify(
-            "preempted", job=record.name, team=record.team, subject=f"Preemptor: job {record.name} was {reason}",
-            message={
-                "why": why, "by": record.preempted_by, "pool": record.pool, "lost_gpu_seconds": round(lost, 1),
-                "fresh_checkpoint": fresh, "resumes_as": new.next_run_name,
-            },
-        )
+    _announce(store, alerts, notice)
     return {"requeued": True, "pool": record.pool, "lost_gpu_seconds": lost, "fresh": fresh, "released": True}
 
 
 def _release_stopped(
     store: JobsStore, policy: Policy, record: JobRecord, new: JobRecord, fresh: bool, now: float, alerts: Alerts | None,
-    log: LogLine,
+    log: LogLine, notice: Notice,
 ) -> dict | None:
-    """Write a stopped victim's next state (and `log`, its line), free its GPUs and record
-    its run's end for its team's usage; None when done. If it moved meanwhile (a cancel request,
-    an end event), it is judged again on the fresh item and that answer returned."""
+    """Write a stopped victim's next state (with `log`, its line, and `notice`, its team's
+    notice), free its GPUs and record its run's end for its team's usage; None when done.
+    If it moved meanwhile (a cancel request, an end event), it is judged again on the fresh
+    item and that answer returned."""
     try:
-        store.transition(record, new, expect=[record.status], usage_delta=-record.gpus, log=log, ended_run=_ended_run(record, now))
+        store.transition(
+            record, new, expect=[record.status], usage_delta=-record.gpus, log=log, ended_run=_ended_run(record, now), notice=notice
+        )
     except ConflictError:
         current = store.get(record.name)
         if current is not None and current.status is JobState.PREEMPTING and current.incarnation == record.incarnation:
@@ -327,17 +335,17 @@ def _end_adopted(
         record.name, now, f"{reason}-not-relaunched", reason, f"{end}; {lost:.0f} GPU-seconds lost{_since_checkpoint(record)}",
         {"preemptor": record.preempted_by, "lost_gpu_seconds": lost, "fresh_checkpoint": fresh},
     )
-    moved = _release_stopped(store, policy, record, new, fresh, now, alerts, line)
+    notice = Notice(
+        record.pool, now, "preempted", record.name, record.team, f"Preemptor: job {record.name} was {reason}; relaunch it",
+        {
+            "why": end, "by": record.preempted_by, "pool": record.pool, "lost_gpu_seconds": round(lost, 1),
+            "fresh_checkpoint": fresh, "resumes_as": None, "checkpoint": record.checkpoint_s3_uri or None,
+        },
+    )
+    moved = _release_stopped(store, policy, record, new, fresh, now, alerts, line, notice)
     if moved is not None:
         return moved
-    if alerts is not None:
-        alerts.notify(
-            "preempted", job=record.name, team=record.team, subject=f"Preemptor: job {record.name} was {reason}; relaunch it",
-            message={
-                "why": end, "by": record.preempted_by, "pool": record.pool, "lost_gpu_seconds": round(lost, 1),
-                "fresh_checkpoint": fresh, "resumes_as": None, "checkpoint": record.checkpoint_s3_uri or None,
-            },
-        )
+    _announce(store, alerts, notice)
     return {"requeued": False, "reason": "adopted-not-relaunched", "pool": record.pool, "lost_gpu_seconds": lost, "fresh": fresh, "released": True}
 
 
@@ -438,8 +446,11 @@ def launch(
         return _launch_refused(store, alerts, record, e, now, instance_type)
     new = running_on(record, run_id, now, instance_type)
     for _ in range(JUDGE_ATTEMPTS):
+        notice = _relaunch_notice(record, new, instance_type, now)
         try:
-            store.transition(record, new, expect=[JobState.ADMITTED], alias=True, log=_launch_line(record, new, instance_type, now))
+            store.transition(
+                record, new, expect=[JobState.ADMITTED], alias=True, log=_launch_line(record, new, instance_type, now), notice=notice
+            )
             break
         except ConflictError:
             current = store.get(job)
@@ -461,12 +472,19 @@ def launch(
         runners[record.service].stop(run_id, "preemptor: cancelled")
         store.log(job, now, "cancel-requested", "job-cancelled", f"{new.run_name} was created as the cancel arrived; stopping it")
         return {"launched": True, "run_id": run_id, "run_name": new.run_name, "stopping": True}
-    if record.incarnation > 1 and record.first_started_at is not None and alerts is not None:
-        alerts.notify(
-            "relaunched", job=job, team=record.team, subject=f"Preemptor: job {job} relaunched as {new.run_name}",
-            message={"run": new.run_name, "pool": record.pool, "resumes_from": record.checkpoint_s3_uri, "offering": instance_type},
-        )
+    _announce(store, alerts, notice)
     return {"launched": True, "run_id": run_id, "run_name": new.run_name, "pool": record.pool, "relaunch": record.incarnation > 1}
+
+
+def _relaunch_notice(record: JobRecord, new: JobRecord, instance_type: str | None, now: float) -> Notice | None:
+    """The team's notice of a launch that resumes a run it had before (none for a first one,
+    nor for one cancelled meanwhile: its run is stopped as soon as it is recorded)."""
+    if record.incarnation <= 1 or record.first_started_at is None or record.cancel_requested:
+        return None
+    return Notice(
+        record.pool, now, "relaunched", record.name, record.team, f"Preemptor: job {record.name} relaunched as {new.run_name}",
+        {"run": new.run_name, "pool": record.pool, "resumes_from": record.checkpoint_s3_uri, "offering": instance_type},
+    )
 
 
 def _launch_line(record: JobRecord, new: JobRecord, instance_type: str | None, now: float) -> LogLine:
@@ -548,6 +566,10 @@ def _wait_for_capacity(
     retries = record.capacity_retries + 1
     if retries > MAX_CAPACITY_RETRIES:
         why = f"no capacity after {MAX_CAPACITY_RETRIES} launches; last: {reason}"
+        notice = Notice(
+            record.pool, now, "failed", record.name, record.team, f"Preemptor: job {record.name} failed: no capacity",
+            {"pool": record.pool, "retries": MAX_CAPACITY_RETRIES, "reason": reason},
+        )
         try:
             store.transition(
                 record,
@@ -555,14 +577,11 @@ def _wait_for_capacity(
                 [record.status],
                 usage_delta=-record.gpus,
                 log=LogLine(record.name, now, "failed", "no-capacity", why),
+                notice=notice,
             )
         except ConflictError:
             return {"released": False, "pool": record.pool, "reason": "conflict"}  # it moved meanwhile: its own step decides
-        if alerts is not None:
-            alerts.notify(
-                "failed", job=record.name, team=record.team, subject=f"Preemptor: job {record.name} failed: no capacity",
-                message={"pool": record.pool, "retries": MAX_CAPACITY_RETRIES, "reason": reason},
-            )
+        _announce(store, alerts, notice)
         return {"released": True, "pool": record.pool, "failed": True, "reason": "no-capacity"}
     if record.launched_instance_type:
         # Launches avoid this offering for a while; the next one goes to a fallback.
@@ -619,12 +638,12 @@ def _launch_refused(
             status=JobState.FAILED, ended_at=now, outcome_reason=reason, launch_attempts=attempts, last_launch_error=str(error)
         )
         line = LogLine(record.name, now, "failed", "launch-rejected", f"launch refused {attempts} times; last: {error}")
-        store.transition(record, new, [JobState.ADMITTED], usage_delta=-record.gpus, log=line)
-        if alerts is not None:
-            alerts.notify(
-                "failed", job=record.name, team=record.team, subject=f"Preemptor: job {record.name} failed to launch",
-                message={"pool": record.pool, "attempts": attempts, "reason": reason, "error": str(error)},
-            )
+        notice = Notice(
+            record.pool, now, "failed", record.name, record.team, f"Preemptor: job {record.name} failed to launch",
+            {"pool": record.pool, "attempts": attempts, "reason": reason, "error": str(error)},
+        )
+        store.transition(record, new, [JobState.ADMITTED], usage_delta=-record.gpus, log=line, notice=notice)
+        _announce(store, alerts, notice)
         return {"launched": False, "reason": "launch-rejected", "failed": True, "attempts": attempts, "error": str(error)}
     wait = launch_backoff_s(record.name, attempts)
     # A run name someone else took (SageMaker's names are the account's, for good) is never
@@ -734,6 +753,10 @@ def finish(
     state = OUTCOMES[outcome]
     for _ in range(JUDGE_ATTEMPTS):
         new = record.with_changes(status=state, ended_at=now, outcome_reason=reason, preempting_since=None)
+        notice = None if state is not JobState.FAILED else Notice(
+            record.pool, now, "failed", job, record.team, f"Preemptor: job {job} failed",
+            {"run": record.run_name or record.name, "pool": record.pool, "reason": reason},
+        )
         try:
             store.transition(
                 record,
@@ -742,6 +765,7 @@ def finish(
                 usage_delta=-record.gpus,
                 log=LogLine(job, now, outcome, reason, f"{record.run_name or record.name} ended: {state.value}"),
                 ended_run=_ended_run(record, now),
+                notice=notice,
             )
             break
         except ConflictError:
@@ -753,11 +777,7 @@ def finish(
             record = current
     else:
         return {"released": False, "pool": record.pool, "reason": "conflict"}
-    if state is JobState.FAILED and alerts is not None:
-        alerts.notify(
-            "failed", job=job, team=record.team, subject=f"Preemptor: job {job} failed",
-            message={"run": record.run_name or record.name, "pool": record.pool, "reason": reason},
-        )
+    _announce(store, alerts, notice)
     return {"released": True, "pool": record.pool}
 
 
@@ -766,3 +786,15 @@ def _ended_run(record: JobRecord, now: float) -> EndedRun | None:
     if record.started_at is None:
         return None
     return EndedRun(record.pool, record.team, record.name, record.incarnation, record.gpus, record.started_at, now)
+
+
+def _announce(store: JobsStore, alerts: Alerts | None, notice: Notice | None) -> None:
+    """Publish a notice written with its change, and mark it sent. One SNS refused, or one
+    whose writer died before publishing it, stays in the table, and reconcile publishes it:
+    a notice may then come twice (its mark was lost), never not at all."""
+    if notice is None or alerts is None or not alerts.send(notice):
+        return
+    try:
+        store.notice_sent(notice)
+    except PreemptorError as e:
+        logger.warning("notice published, not marked sent (reconcile publishes it again): %s", e, extra={"job": notice.job})

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
+from ..adapters.alerts import Alerts
 from ..adapters.checkpoints import CheckpointStore
 from ..adapters.runners import INCARNATION_TAG, JOB_TAG, MANAGED_TAG, Runner
 from ..adapters.store import JobsStore, LogLine
@@ -37,6 +38,9 @@ UNKNOWN_RUN_GRACE_S = 10 * 60  # a run younger than this may be a launch still b
 PREEMPTION_SLACK_S = 15 * 60
 # Ended runs folded per pool and run (the rest at the next run, five minutes later).
 FOLDS_PER_RUN = 200
+# A notice's writer publishes it right after its change: one older than this was not.
+NOTICE_GRACE_S = 60
+NOTICES_PER_RUN = 200
 
 
 class Repair(StrEnum):
@@ -54,6 +58,7 @@ class Repair(StrEnum):
     USAGE_RECOUNTED = "usage-recounted"  # the pool's used GPUs drifted from its holders
     UNKNOWN_RUN_STOPPED = "unknown-run-stopped"  # a managed run no job accounts for: stopped
     STUCK_RUNNABLE_REQUEUED = "stuck-runnable-requeued"  # a Batch run found no capacity: a capacity wait
+    NOTICE_PUBLISHED = "notice-published"  # a team's notice its writer did not publish
 
 
 def reconcile(
@@ -64,8 +69,10 @@ def reconcile(
     checkpoints: CheckpointStore,
     settings: Settings,
     now: float,
+    alerts: Alerts | None = None,
 ) -> dict:
     """Repair every configured pool, then the jobs of pools that left the configuration.
+    `alerts`: the topic the notices their writers did not publish go to.
 
     Returns {"repairs": [...], "errors": [...], "oldest_wait_s": {tier: s}}: each repair
     with its `repair` kind, each error with the job and the error's type.
@@ -75,7 +82,7 @@ def reconcile(
     oldest: dict[str, float] = {}
     for pool in settings.pools:
         try:
-            _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now, repairs, errors, oldest)
+            _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now, repairs, errors, oldest, alerts)
         except Exception as error:  # noqa: BLE001 - one pool's failure (throttled, say) never stops the others
             errors.append({"pool": pool.name, "error": type(error).__name__, "detail": str(error)[:500]})
     try:
@@ -93,10 +100,10 @@ def reconcile(
     return {"repairs": repairs, "errors": errors, "oldest_wait_s": oldest}
 
 
-def _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now, repairs, errors, oldest) -> None:
+def _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now, repairs, errors, oldest, alerts) -> None:
     """One pool: its registration, an orphaned lease, every active job's run, the fold of
-    ended runs into the teams' usage, the usage recount, and a schedule when anything
-    changed or work waits.
+    ended runs into the teams' usage, the notices their writers did not publish, the usage
+    recount, and a schedule when anything changed or work waits.
 
     Each part goes on when another fails (a throttled write of the pool's registration must
     not leave a stuck preemption unrepaired for another five minutes): its error is recorded
@@ -132,6 +139,7 @@ def _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now,
                     "schedule", execution_name("backoff", record.name, f"{int(now)}"), {"pool": pool.name, "wait_s": repair["wait_s"]}
                 ))
     part("fold", lambda: _fold_ended_runs(store, settings, pool.name))
+    repairs += part("notices", lambda: _publish_notices(store, alerts, pool.name, now)) or []
     recount = part("recount", lambda: _recount_usage(store, pool.name, now)) or {}
     if recount.get("repair"):
         repairs.append(recount)
@@ -213,6 +221,20 @@ def _fold_ended_runs(store: JobsStore, settings: Settings, pool: str) -> int:
     reads (`store.team_usage`): this keeps what it reads to a few items. Returns how many."""
     half_life = settings.policy.for_pool(pool).fair_share.half_life_s
     return sum(store.fold_ended_run(run, half_life) for run in store.ended_runs(pool)[:FOLDS_PER_RUN])
+
+
+def _publish_notices(store: JobsStore, alerts: Alerts | None, pool: str, now: float) -> list[dict]:
+    """Forget the pool's notices their writers published; publish, then forget, those they
+    did not (SNS refused them, or the function died after the change) once `NOTICE_GRACE_S`
+    old, so as not to race a writer about to publish its own."""
+    published = []
+    for notice, sent in store.notices(pool)[:NOTICES_PER_RUN]:
+        if not sent:
+            if alerts is None or now - notice.at < NOTICE_GRACE_S or not alerts.send(notice):
+                continue
+            published.append({"pool": pool, "repair": Repair.NOTICE_PUBLISHED.value, "job": notice.job, "kind": notice.kind})
+        store.forget_notice(notice)
+    return published
 
 
 def _recount_usage(store: JobsStore, pool: str, now: float) -> dict:
