@@ -831,20 +831,22 @@ class JobsStore:
         self._set_fields(name, "SET last_checkpoint_at = :t", condition, {":t": _to_attr(at)})
 
     # -- fair share and the preemption budget (per pool, bounded reads) -------------------
+    def _pool_items(self, pool: str, prefix: str) -> Iterator[dict]:
+        """The pool's items of one kind (sort key `prefix...`), read consistently, in key order."""
+        items = self._pages(
+            "query",
+            TableName=self.table,
+            KeyConditionExpression="pk = :p AND begins_with(sk, :s)",
+            ExpressionAttributeValues={":p": {"S": f"POOL#{pool}"}, ":s": {"S": prefix}},
+            ConsistentRead=True,
+        )
+        return map(_unmarshal, items)
+
     def team_usage(self, pool: str, half_life_s: float) -> list[TeamUsage]:
         """Decayed GPU usage of each team's ended runs in the pool (one item per team), with
         the runs whose end is recorded and not yet folded (`ended_runs`) added as a fold
         would add them: whoever reads it sees every ended run, folded or not."""
-        items = [
-            _unmarshal(i)
-            for i in self._pages(
-                "query",
-                TableName=self.table,
-                KeyConditionExpression="pk = :p AND begins_with(sk, :u)",
-                ExpressionAttributeValues={":p": {"S": f"POOL#{pool}"}, ":u": {"S": "USAGE#"}},
-                ConsistentRead=True,
-            )
-        ]
+        items = self._pool_items(pool, "USAGE#")
         usage = {i["team"]: TeamUsage(i["team"], float(i["gpu_seconds"]), float(i["at"])) for i in items}
         for run in self.ended_runs(pool):
             current = usage.get(run.team) or TeamUsage(run.team, 0.0, run.ended_at)
@@ -853,16 +855,9 @@ class JobsStore:
 
     def ended_runs(self, pool: str) -> list[EndedRun]:
         """The pool's ended runs not yet folded into their teams' usage, oldest end first."""
-        items = self._pages(
-            "query",
-            TableName=self.table,
-            KeyConditionExpression="pk = :p AND begins_with(sk, :r)",
-            ExpressionAttributeValues={":p": {"S": f"POOL#{pool}"}, ":r": {"S": "RUNEND#"}},
-            ConsistentRead=True,
-        )
         runs = [
             EndedRun(pool, i["team"], i["job"], int(i["incarnation"]), int(i["gpus"]), float(i["started_at"]), float(i["ended_at"]))
-            for i in map(_unmarshal, items)
+            for i in self._pool_items(pool, "RUNEND#")
         ]
         return sorted(runs, key=lambda r: (r.ended_at, r.job, r.incarnation))
 
@@ -914,15 +909,8 @@ class JobsStore:
 
     def notices(self, pool: str) -> list[tuple[Notice, bool]]:
         """The pool's notices still kept, oldest first, each with whether it was published."""
-        items = self._pages(
-            "query",
-            TableName=self.table,
-            KeyConditionExpression="pk = :p AND begins_with(sk, :n)",
-            ExpressionAttributeValues={":p": {"S": f"POOL#{pool}"}, ":n": {"S": "NOTICE#"}},
-            ConsistentRead=True,
-        )
         out = []
-        for i in map(_unmarshal, items):
+        for i in self._pool_items(pool, "NOTICE#"):
             notice = Notice(pool, float(i["at"]), i["kind"], i["job"], i["team"], i["subject"], json.loads(i["message"]))
             out.append((notice, bool(i.get("sent"))))
         return out
