@@ -58,7 +58,7 @@ class Alerts:
         (a retry of the step would record nothing new and notify twice). A notice written
         with its change (`send`) is published again by reconcile instead."""
         try:
-            return self.publish(subject, {"kind": kind, "job": job, "team": team, **message}, {"team": team, "job": job, "kind": kind})
+            return self._publish_notice(kind, job, team, subject, message)
         except PreemptorError as e:
             log.warning("notice not published: %s", e, extra={"job": job, "kind": kind, "error": type(e).__name__})
             return None
@@ -69,10 +69,13 @@ class Alerts:
         is nothing to publish it to."""
         if not self.topic_arn:
             return True
-        attributes = {"team": notice.team, "job": notice.job, "kind": notice.kind}
         try:
-            self.publish(notice.subject, {**attributes, **notice.message}, attributes)
+            self._publish_notice(notice.kind, notice.job, notice.team, notice.subject, notice.message)
             return True
         except PreemptorError as e:
             log.warning("notice not published yet: %s", e, extra={"job": notice.job, "kind": notice.kind, "error": type(e).__name__})
             return False
+
+    def _publish_notice(self, kind: str, job: str, team: str, subject: str, message: dict) -> str | None:
+        attributes = {"team": team, "job": job, "kind": kind}
+        return self.publish(subject, {**attributes, **message}, attributes)

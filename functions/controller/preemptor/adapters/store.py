@@ -788,12 +788,17 @@ class JobsStore:
     def _set_fields(self, name: str, update: str, condition: str, values: dict, names: dict | None = None) -> bool:
         """A conditional SET on a job's item, no status transition: True if it was written,
         False if the condition did not hold (the job moved or is gone meanwhile)."""
+        return self._update_if(job_key(name), update, condition, values, names)
+
+    def _update_if(self, key: dict, update: str, condition: str, values: dict, names: dict | None = None) -> bool:
+        """A conditional update of one item: True if it was written, False if the condition
+        did not hold."""
         kwargs = {"ExpressionAttributeNames": names} if names else {}
         try:
             self._call(
                 "update_item",
                 TableName=self.table,
-                Key=job_key(name),
+                Key=key,
                 UpdateExpression=update,
                 ConditionExpression=condition,
                 ExpressionAttributeValues=values,
@@ -894,18 +899,9 @@ class JobsStore:
 
     # -- notices to the teams (an outbox: written with their change) -----------------------
     def notice_sent(self, notice: Notice) -> None:
-        """Mark a notice published (reconcile then forgets it instead of publishing it)."""
-        try:
-            self._call(
-                "update_item",
-                TableName=self.table,
-                Key=_notice_key(notice),
-                UpdateExpression="SET sent = :t",
-                ConditionExpression="attribute_exists(pk)",
-                ExpressionAttributeValues={":t": {"BOOL": True}},
-            )
-        except ConflictError:
-            pass  # forgotten already: reconcile published it meanwhile
+        """Mark a notice published (reconcile then forgets it instead of publishing it; one
+        forgotten already was published by reconcile meanwhile)."""
+        self._update_if(_notice_key(notice), "SET sent = :t", "attribute_exists(pk)", {":t": {"BOOL": True}})
 
     def notices(self, pool: str) -> list[tuple[Notice, bool]]:
         """The pool's notices still kept, oldest first, each with whether it was published."""
