@@ -156,3 +156,34 @@ def answer_lost_after_applied(
     finally:
         client.meta.events.unregister(f"before-call.{service}.{operation}", unique_id=f"{unique}-params")
         client.meta.events.unregister(f"after-call.{service}.{operation}", unique_id=unique)
+
+
+@contextmanager
+def notice_publish_fails(client: Any, kind: str, how: str) -> Iterator[list[dict]]:
+    """Every SNS Publish (on the alerts' `client`) of a notice of `kind` fails: SNS throttles
+    it (`throttled`), or no answer comes once botocore's retries ran out (`no-answer`), or
+    the function dies as it publishes (`died`: the Lambda runtime is killed, and whoever
+    invoked it retries). Yields the calls that failed."""
+    from botocore.exceptions import ConnectTimeoutError
+
+    from preemptor_tools.local.moto_patches import LambdaRuntimeExited
+
+    failed: list[dict] = []
+    unique = f"notice-publish-fails-{id(failed)}"
+
+    def handler(params: dict, **_: Any) -> tuple[AWSResponse, dict] | None:
+        body = params.get("body") or {}
+        if not any(k.endswith(".StringValue") and v == kind for k, v in body.items()):
+            return None
+        failed.append(body)
+        if how == "died":
+            raise LambdaRuntimeExited("RequestId: emulated Error: Runtime exited with error: signal: killed")
+        if how == "no-answer":
+            raise ConnectTimeoutError(endpoint_url="https://sns.emulated")
+        return AWSResponse("https://sns.emulated", 400, {}, None), error_response("Throttling", "Rate exceeded", 400)
+
+    client.meta.events.register("before-call.sns.Publish", handler, unique_id=unique)
+    try:
+        yield failed
+    finally:
+        client.meta.events.unregister("before-call.sns.Publish", unique_id=unique)

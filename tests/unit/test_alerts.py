@@ -8,6 +8,7 @@ import logging
 from botocore.exceptions import ClientError
 
 from preemptor.adapters.alerts import Alerts
+from preemptor.core.model import Notice
 
 
 class _Topic:
@@ -24,11 +25,10 @@ class _Topic:
 
 def test_a_notice_carries_team_job_and_kind_as_message_attributes():
     topic = _Topic()
-    message_id = Alerts(topic, "arn:aws:sns:us-east-1:123456789012:alerts").notify(
-        "preempted", job="sweep", team="research", subject="Preemptor: job sweep was preempted", message={"by": "prod"}
-    )
+    notice = Notice("p5", 100.0, "preempted", "sweep", "research", "Preemptor: job sweep was preempted", {"by": "prod"})
+    assert Alerts(topic, "arn:aws:sns:us-east-1:123456789012:alerts").send(notice)
     [call] = topic.published
-    assert message_id == "m-1"
+    assert call["Subject"] == "Preemptor: job sweep was preempted"
     assert call["MessageAttributes"] == {
         "team": {"DataType": "String", "StringValue": "research"},
         "job": {"DataType": "String", "StringValue": "sweep"},
@@ -43,13 +43,15 @@ def test_a_refused_notice_is_logged_not_raised(caplog):
     alerts = Alerts(_Topic(throttled), "arn:aws:sns:us-east-1:123456789012:alerts")
     # When a notice is sent
     with caplog.at_level(logging.WARNING):
-        result = alerts.notify("failed", job="doomed", team="a", subject="s", message={})
-    # Then the step goes on (its decision is recorded already), and the refusal is in the log
-    assert result is None
+        sent = alerts.send(Notice("p5", 100.0, "failed", "doomed", "a", "s"))
+    # Then the step goes on (the notice is kept with its change, for reconcile to publish),
+    # and the refusal is in the log
+    assert sent is False
     assert any("notice not published" in r.getMessage() for r in caplog.records)
 
 
 def test_without_a_topic_nothing_is_published():
     topic = _Topic()
-    assert Alerts(topic, "").notify("relaunched", job="j", team="t", subject="s", message={}) is None
+    # (sent: there is nothing to publish it to, so reconcile forgets it)
+    assert Alerts(topic, "").send(Notice("p5", 100.0, "relaunched", "j", "t", "s")) is True
     assert topic.published == []

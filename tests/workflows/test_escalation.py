@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from aws_faults import aws_says_no, error_response
+from aws_faults import aws_says_no, error_response, notice_publish_fails
 from emulation import emulation
 from eventfiles import load_raw
 
 from preemptor.core.errors import Throttled
 from preemptor.core.model import JobState
+from preemptor_tools.local.moto_patches import LambdaRuntimeExited
 
 ALARM_SAMPLE = "other/amazon-cloudwatch-user-guide__cloudwatch-alarm-state-change__06df3b84.json"
 
@@ -148,6 +149,34 @@ def test_an_escalation_whose_schedule_start_is_throttled_plans_the_pool_when_the
         env.advance(300)
         assert [e["kind"] for e in env.store.history("incident")].count("escalated") == 1
         assert env.job("sweep").preemptions == 1 and env.job("incident").status is JobState.RUNNING
+
+
+@pytest.mark.parametrize("how", ["throttled", "died"])
+def test_an_escalation_is_told_once_even_when_its_notice_is_refused_or_its_writer_dies(how):
+    with emulation(policy={"min_runtime_s": 3600}) as env:
+        _incident_held_back(env)
+        _notices(env)  # what came before the alarm
+        event = _alarm_event(env)
+        # Given SNS throttling the escalation's notice, or the intake dying as it publishes
+        # it (EventBridge then delivers the event again, and the retry finds the job escalated)
+        with notice_publish_fails(env.stack.deps().alerts.client, "waiting-too-long", how) as failed:
+            if how == "died":
+                with pytest.raises(LambdaRuntimeExited):
+                    env.put(event)
+            env.put(event)
+        env.stack.drain()
+        assert failed and env.job("incident").escalated_at is not None
+        # Then the escalation is in the job's log once, written with its mark
+        assert env.kinds("incident").count("escalated") == 1
+        assert "waiting-too-long" not in [n["kind"] for n in _notices(env)]
+        # And once reconcile passes, a minute on, the team is told, once
+        env.advance(60)
+        for _ in range(2):
+            env.stack.invoke_lambda(env.stack.resources["ReconcileFunction"], {})
+            env.stack.drain()
+        told = [n for n in _notices(env) if n["kind"] == "waiting-too-long"]
+        assert [(n["team"], n["job"], n["action"]) for n in told] == [("production", "incident", "escalated")]
+        assert [n for n, _ in env.store.notices("p5") if n.kind == "waiting-too-long"] == []
 
 
 def _advance_with_reconcile(env, seconds: float) -> None:

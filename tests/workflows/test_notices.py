@@ -5,19 +5,12 @@ policies as SNS does)."""
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
-from typing import Iterator
 
 import pytest
-from aws_faults import error_response
-from botocore.awsrequest import AWSResponse
-from botocore.exceptions import ConnectTimeoutError
+from aws_faults import notice_publish_fails
 from emulation import emulation
 
 from preemptor.adapters.alerts import NOTICE_KINDS
-from preemptor_tools.local.moto_patches import LambdaRuntimeExited
-
-THROTTLED = error_response("Throttling", "Rate exceeded", 400)
 
 
 def _subscribe(env, name: str, filter_policy: dict | None) -> str:
@@ -84,39 +77,12 @@ def _preempted_and_relaunched(env) -> None:
     env.advance(1800)
 
 
-@contextmanager
-def _publish_fails(env, kind: str, how: str) -> Iterator[list[dict]]:
-    """Every SNS Publish of a notice of `kind` fails: SNS throttles it (`throttled`), or no
-    answer comes once botocore's retries ran out (`no-answer`), or the function dies as it
-    publishes (`died`: the runtime is killed; Step Functions retries the step, which finds
-    its change made). Yields the calls that failed."""
-    client = env.stack.deps().alerts.client
-    failed: list[dict] = []
-
-    def handler(params: dict, **_):
-        body = params.get("body") or {}
-        if not any(k.endswith(".StringValue") and v == kind for k, v in body.items()):
-            return None
-        failed.append(body)
-        if how == "died":
-            raise LambdaRuntimeExited("RequestId: emulated Error: Runtime exited with error: signal: killed")
-        if how == "no-answer":
-            raise ConnectTimeoutError(endpoint_url="https://sns.emulated")
-        return AWSResponse("https://sns.emulated", 400, {}, None), THROTTLED
-
-    client.meta.events.register("before-call.sns.Publish", handler, unique_id=f"publish-fails-{id(failed)}")
-    try:
-        yield failed
-    finally:
-        client.meta.events.unregister("before-call.sns.Publish", unique_id=f"publish-fails-{id(failed)}")
-
-
 @pytest.mark.parametrize("how", ["throttled", "no-answer"])
 def test_a_notice_sns_refused_is_published_by_reconcile_once(how):
     with emulation() as env:
         research = _subscribe(env, "research-notices", {"team": ["research"]})
         # Given SNS refusing (throttled, or no answer) every publish of a `preempted` notice
-        with _publish_fails(env, "preempted", how) as refused:
+        with notice_publish_fails(env.stack.deps().alerts.client, "preempted", how) as refused:
             _preempted_and_relaunched(env)
         assert refused
         # Then the team was told of the plan and the relaunch, not yet of the preemption
@@ -138,7 +104,7 @@ def test_a_notice_whose_writer_died_after_the_change_is_published_by_reconcile()
         research = _subscribe(env, "research-notices", {"team": ["research"]})
         # Given the function that requeues the sweep dying as it publishes its notice, its
         # step retried and finding the requeue done
-        with _publish_fails(env, "preempted", "died") as died:
+        with notice_publish_fails(env.stack.deps().alerts.client, "preempted", "died") as died:
             _preempted_and_relaunched(env)
         assert died
         assert [n["attributes"]["kind"] for n in _received(env, research)] == ["preemption-planned", "relaunched"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Literal
+from typing import Any
 
 from botocore.exceptions import ClientError
 
@@ -24,7 +24,6 @@ from .errors import NO_ANSWER, translate
 log = logging.getLogger(__name__)
 
 # What a notice tells its team (the `kind` attribute).
-NoticeKind = Literal["preemption-planned", "preempted", "relaunched", "failed", "waiting-too-long"]
 NOTICE_KINDS: tuple[str, ...] = ("preemption-planned", "preempted", "relaunched", "failed", "waiting-too-long")
 
 
@@ -52,30 +51,16 @@ class Alerts:
             raise ServiceUnavailable(f"SNS Publish: no answer: {type(e).__name__}") from e
         return out.get("MessageId")
 
-    def notify(self, kind: NoticeKind, *, job: str, team: str, subject: str, message: dict) -> str | None:
-        """A notice to the team that owns `job` (attributes team, job, kind). Best effort: the
-        decision it reports is already recorded, so a refused publish is logged, not raised
-        (a retry of the step would record nothing new and notify twice). A notice written
-        with its change (`send`) is published again by reconcile instead."""
-        try:
-            return self._publish_notice(kind, job, team, subject, message)
-        except PreemptorError as e:
-            log.warning("notice not published: %s", e, extra={"job": job, "kind": kind, "error": type(e).__name__})
-            return None
-
     def send(self, notice: Notice) -> bool:
         """Publish a notice kept in the table with its change; False if SNS refused it
         (logged; the notice stays for reconcile to publish). True with no topic set: there
         is nothing to publish it to."""
         if not self.topic_arn:
             return True
+        attributes = {"team": notice.team, "job": notice.job, "kind": notice.kind}
         try:
-            self._publish_notice(notice.kind, notice.job, notice.team, notice.subject, notice.message)
+            self.publish(notice.subject, {**attributes, **notice.message}, attributes)
             return True
         except PreemptorError as e:
             log.warning("notice not published yet: %s", e, extra={"job": notice.job, "kind": notice.kind, "error": type(e).__name__})
             return False
-
-    def _publish_notice(self, kind: str, job: str, team: str, subject: str, message: dict) -> str | None:
-        attributes = {"team": team, "job": job, "kind": kind}
-        return self.publish(subject, {**attributes, **message}, attributes)

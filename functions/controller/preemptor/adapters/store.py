@@ -824,11 +824,29 @@ class JobsStore:
         update = "SET " + ", ".join(f"#f{i} = :v{i}" for i in range(len(fields)))
         self._set_fields(name, update, "attribute_exists(pk)", values, names)
 
-    def escalate(self, name: str, at: float) -> bool:
-        """Mark a pending job escalated (once: True only for the write that did it)."""
-        pending = {":t": _to_attr(at), ":pending": {"S": JobState.PENDING.value}}
-        condition = "attribute_exists(pk) AND #s = :pending AND attribute_not_exists(escalated_at)"
-        return self._set_fields(name, "SET escalated_at = :t", condition, pending, {"#s": "status"})
+    def escalate(self, name: str, at: float, log: LogLine, notice: Notice | None = None) -> bool:
+        """Mark a pending job escalated, with the decision-log line that tells it and its
+        team's notice, in one transaction (once: True only for the write that did it).
+        Written one after the other, a function that died in between left the job escalated
+        and nobody told: its retry found the mark and wrote nothing more."""
+        mark = {
+            "TableName": self.table,
+            "Key": job_key(name),
+            "UpdateExpression": "SET escalated_at = :t",
+            "ConditionExpression": "attribute_exists(pk) AND #s = :pending AND attribute_not_exists(escalated_at)",
+            "ExpressionAttributeNames": {"#s": "status"},
+            "ExpressionAttributeValues": {":t": _to_attr(at), ":pending": {"S": JobState.PENDING.value}},
+        }
+        items = [{"Update": mark}, self._log_put(log)]
+        if notice is not None:
+            items.append({"Put": {"TableName": self.table, "Item": _notice_item(notice)}})
+        try:
+            self._transact(items)
+        except ConflictError as e:
+            if e.reasons[:1] == ("ConditionalCheckFailed",):
+                return False  # escalated in this wait already, or no longer pending
+            raise
+        return True
 
     def note_checkpoint(self, name: str, at: float) -> None:
         """Remember the newest checkpoint time seen (never moves backwards)."""

@@ -285,7 +285,7 @@ def _back_to_queue(
     moved = _release_stopped(store, policy, record, new, fresh, now, alerts, line, notice)
     if moved is not None:
         return moved
-    _announce(store, alerts, notice)
+    announce(store, alerts, notice)
     return {"requeued": True, "pool": record.pool, "lost_gpu_seconds": lost, "fresh": fresh, "released": True}
 
 
@@ -345,7 +345,7 @@ def _end_adopted(
     moved = _release_stopped(store, policy, record, new, fresh, now, alerts, line, notice)
     if moved is not None:
         return moved
-    _announce(store, alerts, notice)
+    announce(store, alerts, notice)
     return {"requeued": False, "reason": "adopted-not-relaunched", "pool": record.pool, "lost_gpu_seconds": lost, "fresh": fresh, "released": True}
 
 
@@ -472,7 +472,7 @@ def launch(
         runners[record.service].stop(run_id, "preemptor: cancelled")
         store.log(job, now, "cancel-requested", "job-cancelled", f"{new.run_name} was created as the cancel arrived; stopping it")
         return {"launched": True, "run_id": run_id, "run_name": new.run_name, "stopping": True}
-    _announce(store, alerts, notice)
+    announce(store, alerts, notice)
     return {"launched": True, "run_id": run_id, "run_name": new.run_name, "pool": record.pool, "relaunch": record.incarnation > 1}
 
 
@@ -581,7 +581,7 @@ def _wait_for_capacity(
             )
         except ConflictError:
             return {"released": False, "pool": record.pool, "reason": "conflict"}  # it moved meanwhile: its own step decides
-        _announce(store, alerts, notice)
+        announce(store, alerts, notice)
         return {"released": True, "pool": record.pool, "failed": True, "reason": "no-capacity"}
     if record.launched_instance_type:
         # Launches avoid this offering for a while; the next one goes to a fallback.
@@ -643,7 +643,7 @@ def _launch_refused(
             {"pool": record.pool, "attempts": attempts, "reason": reason, "error": str(error)},
         )
         store.transition(record, new, [JobState.ADMITTED], usage_delta=-record.gpus, log=line, notice=notice)
-        _announce(store, alerts, notice)
+        announce(store, alerts, notice)
         return {"launched": False, "reason": "launch-rejected", "failed": True, "attempts": attempts, "error": str(error)}
     wait = launch_backoff_s(record.name, attempts)
     # A run name someone else took (SageMaker's names are the account's, for good) is never
@@ -777,7 +777,7 @@ def finish(
             record = current
     else:
         return {"released": False, "pool": record.pool, "reason": "conflict"}
-    _announce(store, alerts, notice)
+    announce(store, alerts, notice)
     return {"released": True, "pool": record.pool}
 
 
@@ -788,7 +788,7 @@ def _ended_run(record: JobRecord, now: float) -> EndedRun | None:
     return EndedRun(record.pool, record.team, record.name, record.incarnation, record.gpus, record.started_at, now)
 
 
-def _announce(store: JobsStore, alerts: Alerts | None, notice: Notice | None) -> None:
+def announce(store: JobsStore, alerts: Alerts | None, notice: Notice | None) -> None:
     """Publish a notice written with its change, and mark it sent. One SNS refused, or one
     whose writer died before publishing it, stays in the table, and reconcile publishes it:
     a notice may then come twice (its mark was lost), never not at all."""
