@@ -34,7 +34,7 @@ class Replay:
     result: demo.DemoResult
     calls: list[AwsCall]
     policies: StackPolicies
-    failed_executions: list[tuple[str, str, str]]  # (state machine, error, cause) of each failed workflow run
+    failed_executions: list[tuple[str, ...]]  # (state machine, error, cause, failed steps...) of each failed workflow run
     metrics: list[dict]  # every EMF document the functions emitted
     history: list[dict]  # the decision log as `preemptor history --json` reads it (ops.history)
 
@@ -61,13 +61,28 @@ def replay(name: str) -> Replay:
                 for execution in stack.executions(logical):
                     if execution["status"] == "FAILED":
                         described = sfn.describe_execution(executionArn=execution["executionArn"])
-                        failed.append((logical, described.get("error", ""), described.get("cause", "")))
+                        failed.append((logical, described.get("error", ""), described.get("cause", ""), *_failed_steps(sfn, execution)))
         seen.append(stack)
 
     emitted: list[dict] = []
     result = demo.run(scenario, on_stack=at_start_and_end, metrics=emitted)
     stack = seen[0]
     return Replay(result, list(stack.calls.calls), StackPolicies.of(stack), failed, emitted, log)
+
+
+def _failed_steps(sfn, execution: dict) -> list[str]:
+    """"<state>: <error>: <cause>" of each step that failed in a failed workflow run, in order
+    (what an assertion on the run needs to say: which step failed, and how)."""
+    events = sfn.get_execution_history(executionArn=execution["executionArn"], maxResults=1000)["events"]
+    entered = ""
+    out = []
+    for event in events:
+        if "stateEnteredEventDetails" in event:
+            entered = event["stateEnteredEventDetails"]["name"]
+        for key, details in event.items():
+            if key.endswith("FailedEventDetails") or key.endswith("TimedOutEventDetails"):
+                out.append(f"{entered}: {details.get('error', '')}: {str(details.get('cause', ''))[:600]}")
+    return out
 
 
 def _as_delivered(text: str) -> object:
