@@ -222,11 +222,10 @@ class SimulatedFleet:
         self._image = None
         if self._ecs is not None:
             self._ecs.create_cluster(clusterName=batch_cluster)
-            # Any Amazon image will do; a filter keeps moto from serialising all of its AMIs.
-            images = ec2_client.describe_images(
-                Owners=["amazon"], Filters=[{"Name": "name", "Values": ["amzn2-ami-hvm-2.0.*"]}]
-            )["Images"] or ec2_client.describe_images(Owners=["amazon"])["Images"]
-            self._image = images[0]["ImageId"]
+            # The image the GPU instances run (moto's catalogue of AMIs is not loaded).
+            self._image = ec2_client.register_image(
+                Name="preemptor-emulated-gpu-node", Architecture="x86_64", RootDeviceName="/dev/xvda", VirtualizationType="hvm"
+            )["ImageId"]
         self._lock = threading.RLock()
         self._jobs: dict[str, _Job] = {}
         self._queue: list[_Transition] = []

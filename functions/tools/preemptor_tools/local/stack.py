@@ -179,6 +179,10 @@ class EmulatedStack:
                 "POWERTOOLS_METRICS_DISABLED": "false" if self.metrics is not None else "true",
                 "POWERTOOLS_LOG_LEVEL": "ERROR",
                 "POWERTOOLS_DEV": "false",
+                # moto's catalogue of public AMIs, thousands given random ids with every EC2
+                # backend (a third of a second, twice a stack): nothing here reads one, and
+                # the fleet registers the image its instances run.
+                "MOTO_EC2_LOAD_DEFAULT_AMIS": "false",
             }
         )
         self._mock.start()

@@ -13,7 +13,8 @@ and each patch says which gap it fills:
   `Job.terminate` handed to the fleet.
 - `s3`: `LastModified` from the simulated clock.
 - `dynamodb`: each item operation atomic (moto applies a conditional write without a lock,
-  and runs each Step Functions execution in its own thread: concurrent cycles lost updates).
+  and runs each Step Functions execution in its own thread: concurrent cycles lost updates);
+  the item operations' answers written without moto's per-member lookups (a cost, not a gap).
 - `events`: every event PutEvents accepted handed to listeners (the local stack routes what
   arrives over HTTP to the intake; moto cannot invoke Lambda targets).
 - `sdk` (botocore, not moto): the sessions share one loader of the service models.
