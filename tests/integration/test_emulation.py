@@ -292,6 +292,41 @@ def test_install_is_idempotent_and_uninstall_restores_moto() -> None:
     assert retrier_decl.time.sleep.__module__ == "time"
 
 
+def test_a_task_states_client_is_made_once_per_service_from_a_session_of_its_own(emulation: Emulation) -> None:
+    # moto makes each task state's client anew with boto3.client, from boto3's default
+    # session, which is not safe to make clients from in several threads at once (and moto
+    # runs each execution in its own thread)
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
+    from moto.stepfunctions.parser.asl.utils import boto_client
+
+    from preemptor_tools.local.moto_patches import stepfunctions as patched
+
+    # When sixteen executions' threads ask for their clients at once
+    start = threading.Barrier(16)
+    made: list[Any] = []
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        start.wait()
+        try:
+            made.append((lambda_eval_utils.boto_client_for(REGION, "lambda"), boto_client.boto_client_for(REGION, "sns")))
+        except BaseException as e:  # noqa: BLE001 - the race shows as any error
+            errors.append(e)
+
+    threads = [threading.Thread(target=ask) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Then none failed, and all share one client per service, which works
+    assert errors == [] and len(made) == 16
+    assert len({id(lam) for lam, _ in made}) == 1 and len({id(sns) for _, sns in made}) == 1
+    assert made[0][1].list_topics()["Topics"] == []
+    # And the next installation makes its own (after its stack's recorder and hostile world)
+    moto_patches.uninstall()
+    assert patched._TASK_CLIENTS == {}
+
+
 def test_patches_refuse_an_unpinned_moto_version(monkeypatch: pytest.MonkeyPatch) -> None:
     # Given another moto release
     import moto

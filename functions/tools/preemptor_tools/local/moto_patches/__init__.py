@@ -116,3 +116,4 @@ def uninstall() -> None:
     """Restore moto as it was before `install` and forget listeners, clock and invoker."""
     with _STATE.lock:
         restore_all()
+        stepfunctions.forget_task_clients()

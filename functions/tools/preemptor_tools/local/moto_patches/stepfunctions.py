@@ -17,6 +17,13 @@ Gaps filled, each by patching the hook moto itself provides:
   another, and a broken definition fails every time as before. CreateStateMachine's
   validation (`StepFunctionsParserBackend._validate_definition`) of a definition that
   parsed before builds no components at all.
+- A task state's AWS client (`boto_client_for`) is made anew for every Lambda, SNS and
+  Step Functions task, through boto3's default session: a tenth of the time of a workflow
+  test, and a race, since a boto3 session is not safe to make clients from in several
+  threads at once and moto runs each execution in its own. One client per region and
+  service is made once per installation, under a lock, from a session of its own, as moto
+  makes it; clients are safe to share between threads. (Made after the stack installs its
+  call recorder and hostile world, whose botocore handlers a client takes at creation.)
 - `StateTaskLambda._eval_execution` is wrapped only to tell listeners (the hostile emulator)
   that a Lambda step returned, with its execution, so they can make that execution die there.
 - A JSONPath of a task's `Parameters` or `ResultSelector` that the state's input does not
@@ -35,7 +42,9 @@ import time as _real_time
 from collections.abc import Callable
 from typing import Any
 
+import boto3
 import botocore.session
+from botocore.config import Config
 from botocore import xform_name
 from botocore.exceptions import UnknownServiceError
 from moto.stepfunctions.parser.api import HistoryEventType, TaskFailedEventDetails
@@ -56,6 +65,15 @@ from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_funct
 from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
 from moto.stepfunctions.parser.asl.parse.preprocessor import Preprocessor
 from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
+from moto.core.models import botocore_stubber
+from moto.settings import moto_server_port
+from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
+from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
+from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+    state_task_service_sfn,
+    state_task_service_sns,
+)
+from moto.stepfunctions.parser.asl.utils import boto_client as task_clients
 from moto.stepfunctions.parser.asl.utils.json_path import NoSuchJsonPathError
 from moto.stepfunctions.parser.models import StepFunctionsParserBackend
 
@@ -75,12 +93,56 @@ def patch() -> None:
     replace(StepFunctionsParserBackend, "_validate_definition", staticmethod(_validate_definition))
     replace(ExecutionState, "_evaluate_with_timeout", _evaluate_with_timeout)
     replace(ErrorEqualsDecl, "_eval_body", _error_equals)
+    forget_task_clients()
+    for module in _TASK_CLIENT_USERS:
+        replace(module, "boto_client_for", _task_client)
 
 
 def on_lambda_task_returned(callback: LambdaTaskReturned) -> Callable[[], None]:
     """`callback(execution_arn, state_name)` after a Lambda task's function returned, before the
     execution moves on; returns unsubscribe."""
     return subscribe(_LAMBDA_TASK_RETURNED, callback)
+
+
+# --------------------------------------------------------------------------- task clients
+
+_TASK_CLIENT_USERS = (lambda_eval_utils, state_task_service_sfn, state_task_service_sns, task_clients)
+_TASK_CLIENTS: dict[tuple[str, str], Any] = {}
+_TASK_CLIENTS_LOCK = threading.Lock()
+_TASK_SESSION: list[boto3.session.Session] = []  # made on first use
+
+
+def _task_client(region: str, service: str, state_credentials: Any = None) -> Any:
+    """moto's `boto_client_for`, made once per region and service."""
+    client = _TASK_CLIENTS.get((region, service))
+    if client is not None:
+        return client
+    with _TASK_CLIENTS_LOCK:
+        client = _TASK_CLIENTS.get((region, service))
+        if client is None:
+            if not _TASK_SESSION:
+                _TASK_SESSION.append(boto3.session.Session())
+            endpoint = {} if botocore_stubber.enabled else {"endpoint_url": f"http://localhost:{moto_server_port()}"}
+            client = _TASK_CLIENTS[(region, service)] = _TASK_SESSION[0].client(
+                service,
+                region_name=region,
+                aws_access_key_id="ak",
+                aws_secret_access_key="sk",
+                config=Config(
+                    parameter_validation=False,
+                    retries={"max_attempts": 0, "total_max_attempts": 1},
+                    connect_timeout=TimeoutSeconds.DEFAULT_TIMEOUT_SECONDS,
+                    read_timeout=TimeoutSeconds.DEFAULT_TIMEOUT_SECONDS,
+                ),
+                **endpoint,
+            )
+    return client
+
+
+def forget_task_clients() -> None:
+    """Drop the task clients (each stack makes its own, after its recorder and hostile world)."""
+    with _TASK_CLIENTS_LOCK:
+        _TASK_CLIENTS.clear()
 
 
 # --------------------------------------------------------------------------- time
