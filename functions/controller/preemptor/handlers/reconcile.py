@@ -34,5 +34,19 @@ def handler(event: dict, context: LambdaContext) -> dict:
     for repair in result["repairs"]:
         logger.warning("reconcile repaired drift", extra=repair)
     for error in result["errors"]:
-        logger.error("reconcile could not check a job", extra=error)
+        logger.error(f"reconcile could not check {_what(error)}", extra=error)
     return result
+
+
+def _what(error: dict) -> str:
+    """What an error of reconcile's is about: a job, a run, a part of its pass (of a pool, or
+    of all: unknown-runs, removed-pools), a pool."""
+    if "job" in error:
+        return f"job {error['job']}"
+    if "run" in error:
+        return f"run {error['run']}"
+    if error.get("pool") == "*":
+        return error.get("part", "its pass")
+    if "part" in error:
+        return f"pool {error['pool']} ({error['part']})"
+    return f"pool {error['pool']}"

@@ -90,13 +90,13 @@ def reconcile(
         stopped = {r["run_id"] for r in repairs if r.get("repair") == Repair.STUCK_RUNNABLE_REQUEUED.value and r.get("run_id")}
         repairs += _stop_unknown_runs(store, runners, settings, now, errors, stopped)
     except Exception as error:  # noqa: BLE001 - retried at the next run
-        errors.append({"pool": "*", "error": type(error).__name__, "detail": str(error)[:500]})
+        errors.append({"pool": "*", "part": "unknown-runs", "error": type(error).__name__, "detail": str(error)[:500]})
     configured = {p.name for p in settings.pools}
     try:
         for name in sorted(store.known_pools() - configured):
             repairs += _keep_waiting_for_a_removed_pool(store, settings, name, now)
     except Exception as error:  # noqa: BLE001 - retried at the next run
-        errors.append({"pool": "*", "error": type(error).__name__, "detail": str(error)[:500]})
+        errors.append({"pool": "*", "part": "removed-pools", "error": type(error).__name__, "detail": str(error)[:500]})
     return {"repairs": repairs, "errors": errors, "oldest_wait_s": oldest}
 
 
