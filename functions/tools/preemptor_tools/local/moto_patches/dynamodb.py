@@ -10,13 +10,13 @@ transaction are atomic). Each item operation of the backend runs under one lock.
 Cost: moto writes each answer by walking the operation's output shape and asking, for every
 member of every structure, a chain of alias providers where the value might be. An item
 is a map of attribute values, each a structure of ten members of which one is set, so a job
-item of fifty attributes costs thousands of lookups: answering took a quarter of an emulated
-run's time. The answers of the item operations are plain dictionaries keyed by the wire
-names already (`DynamoResult`), so `_fast_body` writes them by the same shape, visiting the
-members that are present only; anything it does not know exactly as moto's JSON serializer
-does (a timestamp, a value that is not a dictionary where a structure is due) is left to
-moto's serializer. `tests/integration/test_emulation.py` checks both give the same body for
-every answer of a preemption story.
+item of fifty attributes costs thousands of lookups: answering took a quarter of the event
+storm test's time (cProfile). The answers of the item operations are plain dictionaries
+keyed by the wire names already (`DynamoResult`), so `_fast_body` writes them by the same
+shape, visiting the members that are present only; anything it does not write exactly as
+moto's JSON serializer does (a timestamp, a value that is not a dictionary where a structure
+is due) is left to moto's serializer. `tests/integration/test_moto_answers.py` checks both
+give the same body for every answer of a preemption story and for items of every type.
 """
 
 from __future__ import annotations

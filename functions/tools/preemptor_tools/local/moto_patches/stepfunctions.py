@@ -18,12 +18,13 @@ Gaps filled, each by patching the hook moto itself provides:
   validation (`StepFunctionsParserBackend._validate_definition`) of a definition that
   parsed before builds no components at all.
 - A task state's AWS client (`boto_client_for`) is made anew for every Lambda, SNS and
-  Step Functions task, through boto3's default session: a tenth of the time of a workflow
-  test, and a race, since a boto3 session is not safe to make clients from in several
-  threads at once and moto runs each execution in its own. One client per region and
-  service is made once per installation, under a lock, from a session of its own, as moto
-  makes it; clients are safe to share between threads. (Made after the stack installs its
-  call recorder and hostile world, whose botocore handlers a client takes at creation.)
+  Step Functions task, through boto3's default session: 4% of a workflow test's time
+  (py-spy), and boto3 documents a session as unsafe to make clients from in several threads
+  at once, which moto's executions do (no failure of it was seen here). One client per
+  region and service is made once per installation, under a lock, from a session of its
+  own, as moto makes it; clients are safe to share between threads. (Made after the stack
+  installs its call recorder and hostile world, whose botocore handlers a client takes at
+  creation.)
 - `StateTaskLambda._eval_execution` is wrapped only to tell listeners (the hostile emulator)
   that a Lambda step returned, with its execution, so they can make that execution die there.
 - A JSONPath of a task's `Parameters` or `ResultSelector` that the state's input does not
@@ -44,9 +45,11 @@ from typing import Any
 
 import boto3
 import botocore.session
-from botocore.config import Config
 from botocore import xform_name
+from botocore.config import Config
 from botocore.exceptions import UnknownServiceError
+from moto.core.models import botocore_stubber
+from moto.settings import moto_server_port
 from moto.stepfunctions.parser.api import HistoryEventType, TaskFailedEventDetails
 from moto.stepfunctions.parser.asl.component.common.error_name.error_equals_decl import ErrorEqualsDecl
 from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
@@ -56,7 +59,13 @@ from moto.stepfunctions.parser.asl.component.common.error_name.failure_event imp
 from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
 from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import StatesErrorNameType
 from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
+from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
 from moto.stepfunctions.parser.asl.component.state.exec.execute_state import ExecutionState
+from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
+from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+    state_task_service_sfn,
+    state_task_service_sns,
+)
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service import (
     StateTaskService,
 )
@@ -65,14 +74,6 @@ from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_funct
 from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
 from moto.stepfunctions.parser.asl.parse.preprocessor import Preprocessor
 from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
-from moto.core.models import botocore_stubber
-from moto.settings import moto_server_port
-from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
-from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
-from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
-    state_task_service_sfn,
-    state_task_service_sns,
-)
 from moto.stepfunctions.parser.asl.utils import boto_client as task_clients
 from moto.stepfunctions.parser.asl.utils.json_path import NoSuchJsonPathError
 from moto.stepfunctions.parser.models import StepFunctionsParserBackend
