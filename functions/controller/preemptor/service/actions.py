@@ -782,7 +782,7 @@ def finish(
 
 
 def _ended_run(record: JobRecord, now: float) -> EndedRun | None:
-    """The run's end, for its team's fair-share usage (the schedule cycle folds it in)."""
+    """The run's end, for its team's fair-share usage (reconcile folds it in; the planner adds it until then)."""
     if record.started_at is None:
         return None
     return EndedRun(record.pool, record.team, record.name, record.incarnation, record.gpus, record.started_at, now)
