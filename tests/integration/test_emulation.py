@@ -475,6 +475,49 @@ def test_retry_on_a_lambda_error_named_by_its_class_advances_the_sim_clock(
     assert errors == ["CheckpointNotReady", "CheckpointNotReady"]
 
 
+def test_executions_of_one_definition_run_one_program_and_keep_their_own_retry_counts(emulation: Emulation) -> None:
+    # Given a task whose handler always fails, retried twice, in a definition built once
+    from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
+
+    calls: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def handler(event: dict) -> dict:
+        with lock:
+            calls[event["run"]] = calls.get(event["run"], 0) + 1
+        raise CheckpointNotReady("never ready")
+
+    function_arn = create_function(emulation, "confirm", handler)
+    definition = json.dumps(
+        {
+            "StartAt": "Confirm",
+            "States": {
+                "Confirm": {
+                    "Type": "Task",
+                    "Resource": "arn:aws:states:::lambda:invoke",
+                    "Parameters": {"FunctionName": function_arn, "Payload.$": "$"},
+                    "Retry": [{"ErrorEquals": ["CheckpointNotReady"], "IntervalSeconds": 5, "MaxAttempts": 2}],
+                    "End": True,
+                }
+            },
+        }
+    )
+    sfn = emulation.client("stepfunctions")
+    arn = sfn.create_state_machine(name="shared", roleArn=emulation.role_arn, definition=definition)["stateMachineArn"]
+    assert AmazonStateLanguageParser.parse(definition)[0] is AmazonStateLanguageParser.parse(definition)[0]
+
+    # When twelve executions of it run at once
+    started = [
+        sfn.start_execution(stateMachineArn=arn, name=f"run-{i}", input=json.dumps({"run": i}))["executionArn"]
+        for i in range(12)
+    ]
+    results = [wait_for_execution(sfn, execution) for execution in started]
+
+    # Then each tried three times, its own retries counted apart from the others'
+    assert [r["status"] for r in results] == ["FAILED"] * 12
+    assert calls == {i: 3 for i in range(12)}
+
+
 def test_catch_routes_a_lambda_error_by_class_name(emulation: Emulation) -> None:
     # Given a task whose handler always raises CheckpointNotReady, caught by name
     def handler(event: dict) -> dict:

@@ -1,6 +1,10 @@
-"""The emulator's shortcut for DynamoDB's answers (moto_patches.dynamodb.fast_body) writes
-every answer exactly as moto's own serializer does: checked on each answer of a preemption
-story, and on items holding every type of attribute value."""
+"""The emulator's shortcuts in DynamoDB change nothing moto answers or keeps.
+
+- Its answers (moto_patches.dynamodb.fast_body) are written exactly as moto's own
+  serializer writes them: checked on each answer of a preemption story, and on items holding
+  every type of attribute value.
+- A transaction it refuses (moto_patches.dynamodb backs up the items a transaction names,
+  not whole tables) leaves every item as it was, and one it accepts writes them all."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import boto3
+import pytest
+from botocore.exceptions import ClientError
 from emulation import emulation
 from moto.dynamodb.responses import DynamoHandler
 
@@ -94,3 +100,60 @@ def test_items_of_every_attribute_type_are_written_as_moto_writes_them():
         client.transact_write_items(TransactItems=[{"Delete": {"TableName": table, "Key": {"pk": {"S": "p"}, "sk": {"S": "s2"}}}}])
     assert differ == []
     assert {"GetItem", "PutItem", "UpdateItem", "DeleteItem", "Query", "Scan", "TransactWriteItems"} <= set(compared)
+
+
+def _items(client, table: str) -> list[dict]:
+    return sorted(client.scan(TableName=table, ConsistentRead=True)["Items"], key=json.dumps)
+
+
+@pytest.mark.parametrize("keys", [("pk",), ("pk", "sk")], ids=["hash-key", "hash-and-range-key"])
+def test_a_refused_transaction_leaves_every_item_as_it_was_and_an_accepted_one_writes_them_all(keys):
+    with emulation() as env:
+        client = boto3.client("dynamodb", region_name=env.stack.region)
+        table = "transactions"
+        client.create_table(
+            TableName=table,
+            KeySchema=[{"AttributeName": k, "KeyType": kind} for k, kind in zip(keys, ("HASH", "RANGE"))],
+            AttributeDefinitions=[{"AttributeName": k, "AttributeType": "S"} for k in keys],
+            BillingMode="PAY_PER_REQUEST",
+        )
+
+        def key(name: str) -> dict:
+            return {k: {"S": f"{name}-{k}"} for k in keys}
+
+        for name in ("updated", "replaced", "deleted", "checked", "untouched"):
+            client.put_item(TableName=table, Item={**key(name), "n": {"N": "1"}, "tags": {"L": [{"S": "a"}]}})
+        before = _items(client, table)
+        writes = [
+            {"Put": {"TableName": table, "Item": {**key("new"), "n": {"N": "9"}}}},
+            {"Put": {"TableName": table, "Item": {**key("replaced"), "n": {"N": "9"}}}},
+            {
+                "Update": {
+                    "TableName": table, "Key": key("updated"),
+                    "UpdateExpression": "SET n = n + :one, tags = list_append(tags, :more)",
+                    "ExpressionAttributeValues": {":one": {"N": "1"}, ":more": {"L": [{"S": "b"}]}},
+                }
+            },
+            {"Delete": {"TableName": table, "Key": key("deleted")}},
+        ]
+
+        # Refused by a condition that fails after the other items were written.
+        refused = {"ConditionCheck": {"TableName": table, "Key": key("checked"), "ConditionExpression": "n = :two",
+                                      "ExpressionAttributeValues": {":two": {"N": "2"}}}}
+        with pytest.raises(ClientError) as cancelled:
+            client.transact_write_items(TransactItems=[*writes, refused])
+        assert cancelled.value.response["Error"]["Code"] == "TransactionCanceledException"
+        assert _items(client, table) == before
+
+        # Refused for naming one item twice, which moto finds after writing the first.
+        with pytest.raises(ClientError) as twice:
+            client.transact_write_items(TransactItems=[*writes, {"Delete": {"TableName": table, "Key": key("updated")}}])
+        assert twice.value.response["Error"]["Code"] == "ValidationException"
+        assert _items(client, table) == before
+
+        client.transact_write_items(TransactItems=writes)
+        after = {item[keys[0]]["S"].split("-")[0]: item for item in _items(client, table)}
+        assert sorted(after) == ["checked", "new", "replaced", "untouched", "updated"]
+        assert after["new"]["n"] == after["replaced"]["n"] == {"N": "9"}
+        assert after["updated"]["n"] == {"N": "2"} and after["updated"]["tags"] == {"L": [{"S": "a"}, {"S": "b"}]}
+        assert after["untouched"] == next(i for i in before if i[keys[0]]["S"].startswith("untouched"))

@@ -192,11 +192,20 @@ def test_an_end_that_finds_the_window_started_with_another_wait_is_planned_by_it
         env.advance(end - 1 - env.clock.now(), step=1)
         window = f"settle-p5-{round(_window_end(end) * 1000)}"
         sfn = env.stack.client("stepfunctions")
-        sfn.start_execution(
-            stateMachineArn=env.stack.state_machines["ScheduleStateMachine"], name=window,
-            input=json.dumps({"pool": "p5", "settle_s": 4}),
-        )
-        # When the run ends in that window (its end reported at once: one-second steps)
+        # When the run ends in that window: its end, queued by the fleet, is delivered in the
+        # moment the execution starts, the clock held until the workflows wait (a wait moves
+        # simulated time: the execution's would move it past the end before its delivery)
+        env.clock.advance_to(end)
+        assert [e["detail-type"] for e in env.stack.outbox] == ["SageMaker Training Job State Change"]
+        with env.clock.held():
+            sfn.start_execution(
+                stateMachineArn=env.stack.state_machines["ScheduleStateMachine"], name=window,
+                input=json.dumps({"pool": "p5", "settle_s": 4}),
+            )
+            while env.stack.outbox:  # as the stack's pump routes a moment's events
+                env.stack.put_event(env.stack.outbox.popleft())
+                env.stack._until_parked()
+        env.stack.drain()
         env.advance(30, step=1)
         # Then the job-ended workflow's start was refused by name, and it succeeded, leaving
         # the plan to that execution, which launched the job waiting behind it

@@ -10,13 +10,24 @@ Gaps filled, each by patching the hook moto itself provides:
   `stateMachineArn` and fails. They are filled in with moto's own `_to_boto_request` /
   `_from_boto_response` over botocore's shapes of the operation, as AWS maps them
   (`sns:publish` needs nothing: its API is PascalCase already).
-- `AmazonStateLanguageParser.parse` lexes and parses the definition with ANTLR on every
-  CreateStateMachine and in every execution's thread (50-110 ms for ours, more than the rest
-  of a short execution). The syntax tree of a definition that parsed is kept; each call
-  still builds its own evaluation components from it, so no execution shares state with
-  another, and a broken definition fails every time as before. CreateStateMachine's
-  validation (`StepFunctionsParserBackend._validate_definition`) of a definition that
-  parsed before builds no components at all.
+- `AmazonStateLanguageParser.parse` lexes and parses the definition with ANTLR, and builds
+  its evaluation components, on every CreateStateMachine and in every execution's thread
+  (50-110 ms for ours, more than the rest of a short execution; the components alone were
+  8% of the workflow tests' time, py-spy, half of it spent writing out the whole definition's
+  text for error messages that are never raised). The program of a definition that parsed
+  is kept and every execution of it runs the same one. That is safe because a component
+  keeps nothing of an evaluation: each is built from the definition and never assigned to
+  after, and what an evaluation changes lives in its `Environment` (Map and Parallel build
+  their worker pools, run records and threads afresh in each evaluation). The one exception
+  is `EvalComponent.heap_key`, the id an execution's retry counters are filed under, made
+  on first use: two executions could each make one and one of them lose its counters, so
+  it is made under a lock. A broken definition fails every time as before.
+  CreateStateMachine's validation (`StepFunctionsParserBackend._validate_definition`) of a
+  definition that parsed before does nothing more.
+- JSONPaths are compiled by `jsonpath_ng`, which builds a PLY parser (its tables and
+  grammar) for every path it parses, once per path per state per execution: 4% of the
+  workflow tests' time. A compiled path is a tree of objects assigned to only when built, so
+  each path string is compiled once.
 - A task state's AWS client (`boto_client_for`) is made anew for every Lambda, SNS and
   Step Functions task, through boto3's default session: 4% of a workflow test's time
   (py-spy), and boto3 documents a session as unsafe to make clients from in several threads
@@ -38,6 +49,7 @@ Gaps filled, each by patching the hook moto itself provides:
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import threading
 import time as _real_time
 from collections.abc import Callable
@@ -58,8 +70,10 @@ from moto.stepfunctions.parser.asl.component.common.error_name.failure_event imp
 )
 from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
 from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import StatesErrorNameType
+from moto.stepfunctions.parser.asl.component.common.path import result_path
 from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
 from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
+from moto.stepfunctions.parser.asl.component.eval_component import EvalComponent
 from moto.stepfunctions.parser.asl.component.state.exec.execute_state import ExecutionState
 from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
@@ -72,11 +86,12 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.state_task_lambda import StateTaskLambda
 from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_function import WaitFunction
 from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
-from moto.stepfunctions.parser.asl.parse.preprocessor import Preprocessor
 from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 from moto.stepfunctions.parser.asl.utils import boto_client as task_clients
+from moto.stepfunctions.parser.asl.utils import json_path
 from moto.stepfunctions.parser.asl.utils.json_path import NoSuchJsonPathError
 from moto.stepfunctions.parser.models import StepFunctionsParserBackend
+from moto.stepfunctions.parser.utils import long_uid
 
 from ._core import _STATE, notify, replace, subscribe
 
@@ -91,6 +106,9 @@ def patch() -> None:
     replace(StateTaskService, "_normalise_response", _normalise_response)
     replace(StateTaskLambda, "_eval_execution", _lambda_eval_execution)
     replace(AmazonStateLanguageParser, "parse", staticmethod(_parse))
+    replace(EvalComponent, "heap_key", property(_heap_key))
+    replace(json_path, "parse", _compiled_path)
+    replace(result_path, "parse", _compiled_update_path)
     replace(StepFunctionsParserBackend, "_validate_definition", staticmethod(_validate_definition))
     replace(ExecutionState, "_evaluate_with_timeout", _evaluate_with_timeout)
     replace(ErrorEqualsDecl, "_eval_body", _error_equals)
@@ -167,25 +185,52 @@ class _SimTime:
 # --------------------------------------------------------------------------- definitions
 
 _ORIGINAL_PARSE = AmazonStateLanguageParser.parse
-_TREES: dict[str, Any] = {}  # definition -> its ANTLR syntax tree (read-only once built)
-_TREES_LOCK = threading.Lock()
+_PROGRAMS: dict[str, tuple[Any, Any]] = {}  # definition -> (program, ANTLR syntax tree)
+_PROGRAMS_LOCK = threading.Lock()
 
 
 def _parse(definition: str) -> tuple[Any, Any]:
-    tree = _TREES.get(definition)
-    if tree is not None:
-        return Preprocessor().visit(tree), tree
-    program, tree = _ORIGINAL_PARSE(definition)  # raises ASLParserException, as moto does
-    with _TREES_LOCK:
-        _TREES[definition] = tree
-    return program, tree
+    parsed = _PROGRAMS.get(definition)
+    if parsed is None:
+        parsed = _ORIGINAL_PARSE(definition)  # raises ASLParserException, as moto does
+        with _PROGRAMS_LOCK:
+            parsed = _PROGRAMS.setdefault(definition, parsed)
+    return parsed
+
+
+_HEAP_KEY_LOCK = threading.Lock()
+
+
+def _heap_key(self: EvalComponent) -> str:
+    """`EvalComponent.heap_key`, made once even when executions sharing the component ask at once."""
+    key = self.__dict__.get("_EvalComponent__heap_key")
+    if key is None:
+        with _HEAP_KEY_LOCK:
+            key = self.__dict__.get("_EvalComponent__heap_key")
+            if key is None:
+                key = self.__dict__["_EvalComponent__heap_key"] = long_uid()
+    return key
+
+
+_ORIGINAL_COMPILE_PATH = json_path.parse
+_ORIGINAL_COMPILE_UPDATE_PATH = result_path.parse
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled_path(path: str) -> Any:
+    return _ORIGINAL_COMPILE_PATH(path)
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled_update_path(path: str) -> Any:
+    return _ORIGINAL_COMPILE_UPDATE_PATH(path)
 
 
 _ORIGINAL_VALIDATE = StepFunctionsParserBackend._validate_definition
 
 
 def _validate_definition(definition: str) -> None:
-    if definition not in _TREES:
+    if definition not in _PROGRAMS:
         _ORIGINAL_VALIDATE(definition)  # raises InvalidDefinition, as moto does
 
 
