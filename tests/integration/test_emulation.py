@@ -747,12 +747,19 @@ def test_a_training_job_checkpoints_at_its_interval_of_work(emulation: Emulation
     # When 120 + 350 s pass in one step
     emulation.clock.advance(470)
 
-    # Then three checkpoints exist, each stamped with the moment it was written
+    # Then three checkpoints were written, each stamped with the moment it was written, and
+    # the two newest are kept, as the training helper prunes
+    assert [line for _, _, line in fleet.history if "checkpoint:" in line] == [
+        "periodic checkpoint: jobs/a/step-000000000100",
+        "periodic checkpoint: jobs/a/step-000000000200",
+        "periodic checkpoint: jobs/a/step-000000000300",
+    ]
     assert checkpoints(emulation, "jobs/a") == [
-        ("jobs/a/step-000000000100", START + 220),
         ("jobs/a/step-000000000200", START + 320),
         ("jobs/a/step-000000000300", START + 420),
     ]
+    listed = emulation.client("s3").list_objects_v2(Bucket=BUCKET, Prefix="jobs/a/")["Contents"]
+    assert not [o["Key"] for o in listed if o["Key"].startswith("jobs/a/step-000000000100")]
     body = emulation.client("s3").get_object(Bucket=BUCKET, Key="jobs/a/step-000000000200/state.json")
     assert json.loads(body["Body"].read()) == {"progress_s": 200.0, "job": "train-a"}
     assert fleet.job("train-a").progress_s == 350

@@ -18,7 +18,9 @@ Life of a job, all in simulated time:
 - every `checkpoint_every_s` of work (at multiples of it): writes a checkpoint in the training
   helper's layout (docs/training.md), a step being a second of work:
   `<prefix>/step-<progress:012d>/state.json` (`{"progress_s", "job"}`), then that directory's
-  `manifest.json`, then `<prefix>/manifest.json`, in that order, as the helper uploads.
+  `manifest.json`, then `<prefix>/manifest.json`, in that order, as the helper uploads. Then,
+  as the helper prunes, only the `keep_checkpoints` newest it wrote (2, the helper's default)
+  stay: the older ones' objects are deleted.
 - a checkpoint request (`<prefix>/_preemptor/checkpoint-request.json`, `{"requested_at"}`)
   newer than the last checkpoint: a checkpoint `checkpoint_write_s` after the request (unless a
   periodic one got there first).
@@ -194,7 +196,10 @@ class SimulatedFleet:
         spot_warning_s: float = 120.0,
         s3_events: bool = True,
         classify: Classify | None = None,
+        keep_checkpoints: int = 2,
     ) -> None:
+        if keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be >= 1, got {keep_checkpoints}")
         self._clock = clock
         # GPUs in use per pool, measured from runs that exist (created and not ended), not
         # from the controller's table: what the pool's owner would see.
@@ -209,6 +214,9 @@ class SimulatedFleet:
         self._capacity_outages: list[tuple[str, str | None, str | None, float, float]] = []  # (pool, type, market, from, until)
         self._checkpoint_write_s = checkpoint_write_s
         self._checkpoint_on_stop = checkpoint_on_stop
+        self._keep_checkpoints = keep_checkpoints
+        # The step directories written under each location (bucket, prefix), oldest first.
+        self._written: dict[tuple[str, str | None], list[str]] = {}
         self._new_id = id_factory or (lambda: str(uuid.uuid4()))
         # With ECS and EC2 clients, every Batch job runs on a simulated EC2 instance registered as an
         # ECS container instance, as in a Batch compute environment, so spot warnings can be
@@ -633,6 +641,19 @@ class SimulatedFleet:
         job.last_checkpoint_at = t
         job.checkpointed_progress = progress
         self._record(t, job, f"{why}: {job.prefix + '/' if job.prefix else ''}{path}")
+        self._prune(job.bucket, job.prefix, path)
+
+    def _prune(self, bucket: str, prefix: str | None, path: str) -> None:
+        """As the training helper prunes after a save: of the step directories written
+        under the location, the `keep_checkpoints` newest stay, the older ones' objects go."""
+        written = self._written.setdefault((bucket, prefix), [])
+        if path in written:
+            written.remove(path)  # written again (the same step after a resume): now the newest
+        written.append(path)
+        while len(written) > self._keep_checkpoints:
+            old = written.pop(0)
+            for relative in (f"{old}/state.json", f"{old}/{MANIFEST}"):
+                self._s3.delete_object(Bucket=bucket, Key=f"{prefix}/{relative}" if prefix else relative)
 
     def _newest_checkpoint(self, job: _Job) -> tuple[float, float | None]:
         """(progress, time) of the checkpoint the job resumes from, or (0, None): the newest
