@@ -6,7 +6,8 @@ and each patch says which gap it fills:
 
 - `lambda_`: run our handler in-process instead of moto's canned Docker-free answer.
 - `stepfunctions`: Wait states and Retry intervals in simulated time; parameter and response
-  casing of the service integrations the ASL uses (`states:startExecution`, `sns:publish`).
+  casing of the service integrations the ASL uses (`states:startExecution`, `sns:publish`);
+  each definition's program and each JSONPath built once, not in every execution (a cost).
 - `sagemaker`: training jobs that live (InProgress until the fleet ends them) and
   StopTrainingJob, which moto lacks.
 - `batch`: jobs that stay SUBMITTED for the fleet instead of finishing at submission, and
@@ -14,7 +15,8 @@ and each patch says which gap it fills:
 - `s3`: `LastModified` from the simulated clock.
 - `dynamodb`: each item operation atomic (moto applies a conditional write without a lock,
   and runs each Step Functions execution in its own thread: concurrent cycles lost updates);
-  the item operations' answers written without moto's per-member lookups (a cost, not a gap).
+  the item operations' answers written without moto's per-member lookups, and a transaction
+  backed up by the items it names rather than by copies of whole tables (costs, not gaps).
 - `events`: every event PutEvents accepted handed to listeners (the local stack routes what
   arrives over HTTP to the intake; moto cannot invoke Lambda targets).
 - `sdk` (botocore, not moto): the sessions share one loader of the service models.

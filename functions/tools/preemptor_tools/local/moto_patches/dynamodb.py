@@ -97,7 +97,7 @@ def _items_before(backend: DynamoDBBackend, transact_items: list[dict[str, Any]]
     before: list[tuple[Table, Any, Any, Any]] = []
     for entry in transact_items:
         if not isinstance(entry, dict) or len(entry) != 1:
-            continue  # moto refuses it before writing anything
+            continue  # moto refuses it without writing it
         ((kind, operation),) = entry.items()
         try:
             table = backend.get_table(operation["TableName"])
