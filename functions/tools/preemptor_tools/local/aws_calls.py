@@ -29,6 +29,7 @@ handler and, for state machines, around moto's Task state evaluation.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -115,19 +116,15 @@ class CallRecorder:
         def principal_of(name: str) -> str | None:
             return next((logical for logical, physical in stack.resources.items() if physical == name), None)
 
-        read: list[dict[str, str]] = []  # the template's, read at the first publish (deployed by then)
-
+        @functools.cache  # read at the first publish (the stack is deployed by then), once
         def encrypted_topics() -> dict[str, str]:
             from .stack import load_template
 
-            if read:
-                return read[0]
             out = {}
             for logical, res in load_template(stack.template_path)["Resources"].items():
                 key = res.get("Properties", {}).get("KmsMasterKeyId") if res["Type"] == "AWS::SNS::Topic" else None
                 if isinstance(key, dict) and "Ref" in key:
                     out[stack.resources[logical]] = stack.resolve({"Fn::GetAtt": [key["Ref"], "Arn"]})
-            read.append(out)
             return out
 
         return cls(region=stack.region, principal_of=principal_of, encrypted_topics=encrypted_topics)
