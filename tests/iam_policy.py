@@ -13,6 +13,9 @@ the `ForAllValues:` / `ForAnyValue:` set qualifiers. As in IAM, a key missing fr
 request fails a positive operator and satisfies a negated one, `ForAllValues` over a
 missing key is true (hence the `Null` guards in the template) and `ForAnyValue` false.
 Condition key names are case-insensitive, values case-sensitive (except `...IgnoreCase`).
+Policy variables (`${aws:PrincipalTag/preemptor-team}`) in a Resource or a condition value
+take the request context's value of that key; where the request has none, the pattern or
+value holding it matches nothing, as in IAM.
 Resource and Arn* patterns match component by component (a wildcard never spans the colons
 that separate partition, service, region and account).
 
@@ -189,12 +192,34 @@ def _action_matches(st: Statement, action: str) -> bool:
 def _statement_matches(st: Statement, req: AuthorizationRequest) -> bool:
     if not _action_matches(st, req.action):
         return False
-    if st.resources:
-        if not any(_arn_matches(r, req.resource) for r in st.resources):
-            return False
-    elif any(_arn_matches(r, req.resource) for r in st.not_resources):
+    resources = [_substituted(r, req.context) for r in st.resources or st.not_resources]
+    matched = any(r is not None and _arn_matches(r, req.resource) for r in resources)
+    if matched != bool(st.resources):
         return False
     return all(_condition_holds(op, block, req.context) for op, block in st.conditions.items())
+
+
+_VARIABLE = re.compile(r"\$\{([^}]+)\}")
+
+
+def _substituted(text: str, context: dict) -> str | None:
+    """`text` with each policy variable replaced by its key's value in the request context
+    (a single value); None when one of them is missing there."""
+    if "${" not in text:
+        return text
+    lowered = {k.lower(): v for k, v in context.items()}
+    missing = False
+
+    def value(m: re.Match) -> str:
+        nonlocal missing
+        found = lowered.get(m.group(1).lower())
+        if not found or len(found) != 1:
+            missing = True
+            return ""
+        return str(found[0])
+
+    out = _VARIABLE.sub(value, text)
+    return None if missing else out
 
 
 _OPERATOR = re.compile(r"^(?:(ForAllValues|ForAnyValue):)?([A-Za-z]+?)(IfExists)?$")
@@ -207,7 +232,8 @@ def _condition_holds(operator: str, block: dict, context: dict) -> bool:
     qualifier, op, if_exists = m.groups()
     lowered = {k.lower(): v for k, v in context.items()}
     for key, wanted in block.items():
-        wanted = [str(v).lower() if isinstance(v, bool) else str(v) for v in _as_list(wanted)]
+        wanted = [str(v).lower() if isinstance(v, bool) else _substituted(str(v), context) for v in _as_list(wanted)]
+        wanted = [w for w in wanted if w is not None]  # a value whose variable the request lacks matches nothing
         present = lowered.get(key.lower())
         if op == "Null":
             # A multi-valued key with no values is absent, as IAM sees it (a request with
@@ -357,7 +383,7 @@ class _Resolver:
             value = self._ref(name)
             return ",".join(value) if isinstance(value, list) else str(value)
 
-        return re.sub(r"\$\{([!\w:.]+)\}", replace, text)
+        return re.sub(r"\$\{(![^}]*|[\w:.]+)\}", replace, text)
 
 
 _NO_VALUE = object()

@@ -124,6 +124,10 @@ BAD_FILES = {
     "policy-infinite-aging": (
         "policy.json", '{"aging": {"rate_per_hour": 1e999}}', ["plan", "--snapshot", "{snapshot}", "--policy", "{f}"], "policy: field aging.rate_per_hour: Input should be a finite number",
     ),
+    "policy-team-role-not-an-arn": (
+        "policy.json", '{"teams": {"nlp": {"training_role_arn": "nlp-training"}}}', ["plan", "--snapshot", "{snapshot}", "--policy", "{f}"],
+        "policy: field teams.nlp.training_role_arn: expected an IAM role ARN",
+    ),
     "scenario-infinite-time": (
         "scenario.yaml", "pools: [{name: p5, service: sagemaker, instance_type: ml.p5.48xlarge, instances: 1}]\n"
         "jobs: [{name: j, team: t, priority: 50, pool: p5, gpus: 8, submit_at: .inf, duration: 60}]\n",

@@ -513,6 +513,38 @@ def test_the_training_job_runs_with_what_the_pool_and_the_team_set():
         assert env.job("llm-pretrain-7b").gpus == 16
 
 
+def test_a_team_with_a_training_role_of_its_own_trains_under_it_and_no_other():
+    """A team's own role (PolicyConfig teams.<team>.training_role_arn, listed in
+    TeamTrainingRoleArns) is what its jobs run as: the role TeamTrainingAccessPolicy scopes
+    to the team's own checkpoints (tests/unit/test_iam.py)."""
+    from iam_policy import StackPolicies
+
+    stack_role = "arn:aws:iam::123456789012:role/preemptor-training"
+    research_role = "arn:aws:iam::123456789012:role/preemptor/research-training"
+    policy = {"teams": {"research": {"training_role_arn": research_role}, "vision": {}}}
+    parameters = {"ManagedRoleArnForTraining": stack_role, "TeamTrainingRoleArns": research_role}
+    with emulation(policy=policy, parameters=parameters) as env:
+        # Given the research team, with a role of its own, submitting a job that names none
+        before = len(env.stack.calls.calls)
+        assert env.put(_sample("preemptor/job-submitted-sagemaker.json")).results[0]["outcome"] == "accepted"
+        # Then SageMaker runs it as the team's role, not the stack's shared one
+        job = env.stack.client("sagemaker").describe_training_job(TrainingJobName="llm-pretrain-7b")
+        assert job["RoleArn"] == research_role
+        # And IAM lets the controller pass that role, and allows every call it made
+        calls = env.stack.calls.calls[before:]
+        assert [r.resource for c in calls for r in c.requests if r.action == "iam:PassRole"] == [research_role]
+        assert StackPolicies.of(env.stack).denials(calls) == []
+        # When the team asks for the stack's shared role instead (whose grants reach every
+        # team's checkpoints)
+        event = _sample("preemptor/job-submitted-sagemaker.json")
+        event["id"], event["detail"]["name"] = "7c2e1d4f-3b5e-4f8c-a021-4d6e8f0b2c12", "llm-pretrain-shared-role"
+        event["detail"]["request"]["RoleArn"] = stack_role
+        result = env.put(event).results[0]
+        # Then it is refused, naming the field, and nothing is launched
+        assert result["outcome"] == "rejected" and result["reason"].startswith("set-by-pool: request.RoleArn"), result
+        assert env.store.get("llm-pretrain-shared-role") is None
+
+
 @pytest.mark.parametrize(
     "field, value, named",
     [

@@ -23,7 +23,11 @@ DEFAULTS = {
     "WaitAlarmTiers": "critical,high",
     "ManagedRoleArnForTraining": ROLE,
     "TrainingInstanceTypes": "ml.p5.48xlarge,ml.p5e.48xlarge",
+    "TeamTrainingRoleArns": "",
 }
+NLP_ROLE = "arn:aws:iam::123456789012:role/preemptor/nlp-training"
+TEAM_ROLES = '{"teams": {"nlp": {"training_role_arn": "%s"}, "vision": {"training_role_arn": "%s"}}}'
+
 FALLBACK = '[{"name": "p5", "instance_type": "ml.p5.48xlarge", "instances": 8, "fallback_instance_types": ["ml.p4d.24xlarge"]}]'
 
 
@@ -47,11 +51,17 @@ FALLBACK = '[{"name": "p5", "instance_type": "ml.p5.48xlarge", "instances": 8, "
         ({"PoolsConfig": '[{"name": "g6", "instance_type": "ml.g6.48xlarge", "instances": 2}]', "TrainingInstanceTypes": "ml.p5.48xlarge"}, "pool 'g6' launches on ml.g6.48xlarge"),
         ({"PoolsConfig": '[{"name": "p5", "gpus": 8, "role_arn": "arn:aws:iam::123456789012:role/other"}]'}, "PoolsConfig: pool 'p5' passes role arn:aws:iam::123456789012:role/other, but the controller may pass only ManagedRoleArnForTraining (arn:aws:iam::123456789012:role/training)"),
         ({"PoolsConfig": '[{"name": "p5", "gpus": 8, "role_arn": "arn:aws:iam::123456789012:role/other"}]', "ManagedRoleArnForTraining": ""}, "may pass only ManagedRoleArnForTraining (empty)"),
+        # a team's own training role: well formed, its own, and one the controller may pass
+        ({"PolicyConfig": TEAM_ROLES % ("training", NLP_ROLE)}, "PolicyConfig: field teams.nlp.training_role_arn: expected an IAM role ARN (arn:aws:iam::<account>:role/<name>), got 'training'"),
+        ({"PolicyConfig": TEAM_ROLES % (NLP_ROLE, NLP_ROLE), "TeamTrainingRoleArns": NLP_ROLE}, f"PolicyConfig: teams.vision.training_role_arn: {NLP_ROLE} is also the training role of team 'nlp'; each team needs a role of its own"),
+        ({"PolicyConfig": TEAM_ROLES % (NLP_ROLE, ROLE + "-vision")}, f"PolicyConfig: teams.nlp.training_role_arn is {NLP_ROLE}, not in TeamTrainingRoleArns (empty): the controller may not pass it"),
+        ({"PolicyConfig": TEAM_ROLES % (NLP_ROLE, ROLE + "-vision"), "TeamTrainingRoleArns": NLP_ROLE}, f"teams.vision.training_role_arn is {ROLE}-vision, not in TeamTrainingRoleArns ({NLP_ROLE})"),
     ],
     ids=[
         "infinite-knob", "misspelt-knob", "unknown-tier", "not-json", "policy-not-an-object", "pool-without-size",
         "pools-not-a-list", "two-pools-one-name", "unknown-watched-tier", "watched-tier-capitalised", "tiers-renamed-alarm-not",
         "fallback-type-not-granted", "pool-type-not-granted", "pool-role-not-passable", "pool-role-without-stack-role",
+        "team-role-not-an-arn", "team-role-shared", "team-role-not-passable", "second-team-role-not-passable",
     ],
 )
 def test_a_configuration_the_functions_could_not_run_is_named(changes, expected):
@@ -69,6 +79,10 @@ def test_the_template_defaults_and_the_example_policy_pass():
     batch = '[{"name": "g5", "service": "batch", "gpus": 32}, {"name": "p5", "gpus": 8, "role_arn": "%s"}]' % ROLE
     assert config_check.problem({**DEFAULTS, "PoolsConfig": batch, "TrainingInstanceTypes": ""}) is None
     assert config_check.problem({**DEFAULTS, "PoolsConfig": FALLBACK, "TrainingInstanceTypes": "ml.p5.48xlarge,ml.p4d.24xlarge"}) is None
+    # each team on a role of its own that the controller may pass
+    vision = "arn:aws-us-gov:iam::123456789012:role/teams/vision_training.v2"
+    roles = {"PolicyConfig": TEAM_ROLES % (NLP_ROLE, vision), "TeamTrainingRoleArns": f"{NLP_ROLE}, {vision}"}
+    assert config_check.problem({**DEFAULTS, **roles}) is None
 
 
 # -- the custom resource protocol: the answer is a PUT to the request's pre-signed URL ----------

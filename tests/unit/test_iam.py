@@ -16,11 +16,13 @@ launches outside the configured pools, writes outside the checkpoint-request pre
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import functools
 import json
 
 import pytest
+from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
 
 from iam_policy import (
@@ -431,6 +433,121 @@ def test_writing_a_checkpoint_outside_the_request_prefix_is_denied(stack):
     # Then only the marker under _preemptor/ is allowed: the controller never writes checkpoints
     assert _verdict(overwrite, "s3:PutObject") is False
     assert _verdict(marker, "s3:PutObject") is True
+
+
+TEAM_TRAINING = "TeamTrainingAccessPolicy"
+
+
+class _TransfersInThisThread:
+    """An S3 client whose managed transfers (upload_file, download_file) run in the calling
+    thread, so that the recorder attributes their calls to the principal acting there."""
+
+    def __init__(self, client):
+        self._client = client
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def upload_file(self, **kwargs):
+        return self._client.upload_file(**kwargs, Config=TransferConfig(use_threads=False))
+
+    def download_file(self, **kwargs):
+        return self._client.download_file(**kwargs, Config=TransferConfig(use_threads=False))
+
+
+def _as_team(requests, team: str | None) -> list[AuthorizationRequest]:
+    """`requests` made by a training role tagged preemptor-team=<team> (None: untagged)."""
+    tag = {"aws:PrincipalTag/preemptor-team": (team,)} if team else {}
+    return [dataclasses.replace(r, context={**r.context, **tag}) for r in requests]
+
+
+def test_a_teams_training_role_reaches_its_own_checkpoints_and_output_and_no_other_teams(stack, tmp_path):
+    """TeamTrainingAccessPolicy, attached to a team's training role tagged preemptor-team=<team>,
+    asked about every S3 call the training helper really makes: a job saves, prunes, reads
+    the controller's marker, and a relaunch on a fresh host restores from S3."""
+    from preemptor_training import Checkpointer
+
+    policies = StackPolicies.of(stack, managed=(TEAM_TRAINING,))
+    bucket = stack.parameters["CheckpointBucketName"]
+    s3 = stack.client("s3")
+    location = f"s3://{bucket}/nlp/llm-sweep-3"
+    s3.put_object(Bucket=bucket, Key="nlp/llm-sweep-3/_preemptor/checkpoint-request.json", Body=b'{"requested_at": 1}')
+    now = [1_000_000.0]
+
+    def save(directory, step):
+        (directory / "weights.bin").write_bytes(bytes([step]) * 64)
+
+    def run(host, steps):
+        ckpt = Checkpointer(
+            tmp_path / host, save=save, load=lambda d: None, environ={"AWS_BATCH_JOB_ID": "j"}, s3_uri=location,
+            s3_client=_TransfersInThisThread(s3), every_s=1.0, keep=2, poll_s=0.5, clock=lambda: now[0], run_started_at=now[0], sleep=lambda s: None,
+        )
+        with ckpt:
+            ckpt.resume()
+            for step in steps:
+                now[0] += 1.0
+                ckpt.step_done(step)
+        return ckpt
+
+    # Given team nlp's job, run by the helper as the team's training role
+    before = len(stack.calls.calls)
+    with stack.calls.acting_as(TEAM_TRAINING):
+        run("host-1", range(5))
+        second = run("host-2", range(5, 6))
+    calls = [c for c in stack.calls.calls[before:] if c.principal == TEAM_TRAINING]
+    assert second.stats["restored-from-s3"] == 1 and all(c.modelled for c in calls), [c.operation for c in calls if not c.modelled]
+    requests = [r for c in calls for r in c.requests]
+    # (it saved its files and manifests, pruned, listed, read its marker, and restored the
+    # files: every kind of access it needs)
+    assert {(c.operation, c.params["Key"].rsplit("/", 1)[-1]) for c in calls if "Key" in c.params} >= {
+        ("PutObject", "weights.bin"), ("PutObject", "manifest.json"), ("GetObject", "weights.bin"),
+        ("GetObject", "checkpoint-request.json"),
+    }
+    assert {r.action for r in requests} == {"s3:PutObject", "s3:GetObject", "s3:ListBucket", "s3:DeleteObject"}
+    # And SageMaker's own upload of the job's output, as the same role
+    output = AuthorizationRequest("s3:PutObject", f"arn:aws:s3:::{bucket}/_output/nlp/llm-sweep-3/output/model.tar.gz")
+
+    def denied(team):
+        return [f"{r.action} {r.resource}" for r in _as_team([*requests, output], team) if not policies.decide(TEAM_TRAINING, r).allowed]
+
+    # Then the nlp team's role may do every one of them
+    assert denied("nlp") == []
+    # And another team's role, or a role without the tag, may do none of them: it can
+    # neither read nlp's weights nor forge the checkpoint that would confirm nlp's job's stop
+    assert len(denied("vision")) == len(requests) + 1
+    assert len(denied(None)) == len(requests) + 1
+    # And no team's role reaches the controller's records, or another team's output
+    for action, key in (("s3:GetObject", "_output/vision/x/output/model.tar.gz"), ("s3:PutObject", "vision/x/manifest.json"),
+                        ("s3:PutObject", "nlp"), ("s3:GetObject", "_preemptor/requests.json")):
+        assert not policies.decide(TEAM_TRAINING, _as_team([AuthorizationRequest(action, f"arn:aws:s3:::{bucket}/{key}")], "nlp")[0]).allowed, key
+    listing = AuthorizationRequest("s3:ListBucket", f"arn:aws:s3:::{bucket}", {"s3:prefix": ("vision/",)})
+    assert not policies.decide(TEAM_TRAINING, _as_team([listing], "nlp")[0]).allowed
+
+
+def test_a_teams_principal_may_submit_under_its_own_team_only(stack):
+    """TeamSubmitPolicy, attached to a team's principal tagged preemptor-team=<team>, asked
+    about the PutEvents the CLI makes: the intake takes the team from the source."""
+    policies = StackPolicies.of(stack, managed=("TeamSubmitPolicy",))
+    events = stack.client("events")
+
+    def put(source, detail_type="Job Submitted", bus=None):
+        entry = {"Source": source, "DetailType": detail_type, "Detail": "{}", "EventBusName": bus or stack.resources["SubmissionBus"]}
+        before = len(stack.calls.calls)
+        with stack.calls.acting_as("TeamSubmitPolicy"):
+            events.put_events(Entries=[entry])
+        [call] = stack.calls.calls[before:]
+        return call.requests
+
+    def allowed(requests, team):
+        return all(policies.decide("TeamSubmitPolicy", r).allowed for r in _as_team(requests, team))
+
+    # Given a principal of team nlp: it may submit and cancel as nlp
+    assert allowed(put("preemptor.nlp"), "nlp") and allowed(put("preemptor.nlp", "Job Cancelled"), "nlp")
+    # but not as another team, not another kind of event, not on another bus, and not untagged
+    assert not allowed(put("preemptor.vision"), "nlp")
+    assert not allowed(put("preemptor.nlp", "Job Succeeded"), "nlp")
+    assert not allowed(put("preemptor.nlp", bus="default"), "nlp")
+    assert not allowed(put("preemptor.nlp"), None)
 
 
 def test_reconcile_may_delete_a_folded_runs_end_and_no_job(stack):

@@ -430,21 +430,30 @@ def test_launches_must_carry_the_managed_tag(cfn, action):
         assert statement.get("Condition", {}).get("StringEquals", {}).items() >= LAUNCH_TAG_CONDITION["StringEquals"].items(), statement
 
 
-def test_pass_role_only_the_training_role_only_to_sagemaker(template):
+def test_pass_role_only_the_training_roles_only_to_sagemaker(template):
+    # The stack's training role and the teams' own (exact ARNs, no pattern), each statement
+    # present only when its parameter is set
     statements = [s for s in _statements(template) if "iam:PassRole" in _actions(s)]
-    assert len(statements) == 1
-    (statement,) = statements
-    assert statement["Resource"] == {"Ref": "ManagedRoleArnForTraining"}
-    assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
+    assert [s["Resource"] for s in statements] == [{"Ref": "ManagedRoleArnForTraining"}, {"Ref": "TeamTrainingRoleArns"}]
+    for statement in statements:
+        assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
     policy = template["Resources"]["JobControlFunction"]["Properties"]["Policies"][0]
     conditional = [s for s in policy["Statement"] if "Fn::If" in s]
-    assert [c["Fn::If"][0] for c in conditional] == ["HasTrainingRole"]
-    assert conditional[0]["Fn::If"][1] == statement
-    assert conditional[0]["Fn::If"][2] == {"Ref": "AWS::NoValue"}
+    assert [c["Fn::If"][0] for c in conditional] == ["HasTrainingRole", "HasTeamTrainingRoles"]
+    assert [c["Fn::If"][1] for c in conditional] == statements
+    assert all(c["Fn::If"][2] == {"Ref": "AWS::NoValue"} for c in conditional)
+    assert template["Conditions"]["HasTeamTrainingRoles"] == {
+        "Fn::Not": [{"Fn::Equals": [{"Fn::Join": ["", {"Ref": "TeamTrainingRoleArns"}]}, ""]}]
+    }
+
+
+TEAM_TRAINING = "TeamTrainingAccessPolicy"
 
 
 def test_checkpoint_access_is_limited_to_the_checkpoint_bucket(cfn):
-    s3 = [s for s in _statements(cfn) if any(a.startswith("s3:") for a in _actions(s))]
+    # The controller's roles: markers are all they write
+    roles = {k: v for k, v in cfn["Resources"].items() if k != TEAM_TRAINING}
+    s3 = [s for s in _statements(roles) if any(a.startswith("s3:") for a in _actions(s))]
     assert s3
     for statement in s3:
         for resource in _resources(statement):
@@ -452,6 +461,20 @@ def test_checkpoint_access_is_limited_to_the_checkpoint_bucket(cfn):
     writes = [s for s in s3 if "s3:PutObject" in _actions(s)]
     for statement in writes:
         assert all("/_preemptor/" in r["Fn::Sub"] for r in _resources(statement)), "only checkpoint requests"
+
+
+def test_a_teams_training_role_is_granted_its_own_teams_prefixes_only(cfn):
+    # The policy for the teams' roles: every object it grants is under the team's prefix
+    # (checkpoints) or the team's output prefix, named by the role's tag; its listing too
+    statements = list(_statements(cfn["Resources"][TEAM_TRAINING]))
+    team = "${!aws:PrincipalTag/preemptor-team}"
+    bucket = "arn:${AWS::Partition}:s3:::${CheckpointBucketName}"
+    objects = [r["Fn::Sub"] for s in statements if s["Action"] != "s3:ListBucket" for r in _resources(s)]
+    assert objects == [f"{bucket}/{team}/*", f"{bucket}/_output/{team}/*"]
+    [listing] = [s for s in statements if s["Action"] == "s3:ListBucket"]
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": "${aws:PrincipalTag/preemptor-team}/*"}}
+    assert all(s["Effect"] == "Allow" and not any("*" in a for a in _actions(s)) for s in statements)
+    assert cfn["Outputs"]["TeamTrainingAccessPolicyArn"]["Value"] == {"Ref": TEAM_TRAINING}
 
 
 def test_dynamodb_access_is_item_level_on_the_jobs_table(cfn):

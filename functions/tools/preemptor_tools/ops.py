@@ -338,6 +338,7 @@ def preflight(target: Target, request: JobRequest) -> JobRequest:
             checkpoint_bucket=settings.checkpoint_bucket,
             default_role_arn=settings.training_role_arn,
             max_runtime_s=settings.max_training_runtime_s,
+            team_role_arn=policy.training_role(request.team),
         )
     except RequestRefused as e:
         raise BadInput(str(e)) from e

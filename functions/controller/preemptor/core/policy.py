@@ -172,10 +172,26 @@ class CheckpointAhead(_Knob):
     before_escalation_s: float | None = Field(default=300.0, gt=0)  # None: not ahead of escalation
 
 
+# An IAM role's ARN: partition, 12-digit account, then the role's path and name (IAM allows
+# letters, digits and +=,.@_- in names, and / between path parts).
+ROLE_ARN = re.compile(r"arn:aws(?:-[a-z]+)*:iam::\d{12}:role/[\w+=,.@/-]{1,512}")
+
+
 class TeamPolicy(_Knob):
-    """What one team may ask for: its highest priority (an integer or a tier name)."""
+    """What one team may ask for: its highest priority (an integer or a tier name); and the
+    SageMaker execution role its training jobs run as (`training_role_arn`), the team's own,
+    so that one team's jobs cannot read or write another team's checkpoints (None: the
+    pool's role, else the stack's ManagedRoleArnForTraining, which every such team shares)."""
 
     max_priority: int | str = MAX_PRIORITY
+    training_role_arn: str | None = None
+
+    @field_validator("training_role_arn")
+    @classmethod
+    def _role_arn(cls, arn: str | None) -> str | None:
+        if arn is not None and not ROLE_ARN.fullmatch(arn):
+            raise ValueError(f"expected an IAM role ARN (arn:aws:iam::<account>:role/<name>), got {arn[:80]!r}")
+        return arn
 
 
 class Quota(_Knob):
@@ -373,14 +389,30 @@ class Policy(PoolPolicy):
         return self
 
     def _resolve_teams(self) -> dict[str, int]:
-        ceilings = {}
+        ceilings: dict[str, int] = {}
+        role_of: dict[str, str] = {}
         for team, limits in (self.teams or {}).items():
             try:
                 validate_team_name(team)
             except ValueError as e:
                 raise ValueError(f"teams: {e}") from None
             ceilings[team] = self.priority_value(limits.max_priority, f"teams.{team}.max_priority")
+            role = limits.training_role_arn
+            if role is not None and role in role_of:
+                # A role is scoped to one team's checkpoints by its preemptor-team tag; two
+                # teams on one role could each read and write the other's.
+                raise ValueError(
+                    f"teams.{team}.training_role_arn: {role} is also the training role of team {role_of[role]!r}; "
+                    "each team needs a role of its own"
+                )
+            if role is not None:
+                role_of[role] = team
         return ceilings
+
+    def training_role(self, team: str) -> str | None:
+        """The execution role of `team`'s training jobs, if it has one of its own."""
+        limits = (self.teams or {}).get(team)
+        return limits.training_role_arn if limits is not None else None
 
     def team_listed(self, team: str) -> bool:
         """Whether `team` may submit at all (every team when no `teams` are configured)."""

@@ -65,7 +65,9 @@ class PoolConfig(BaseModel):
     gpus: int | None = Field(default=None, gt=0)
     # -- SageMaker: what CreateTrainingJob gets from the pool -----------------------------
     # None: the stack's training role (ManagedRoleArnForTraining), the only one the
-    # controller's role may pass: another fails the deploy (handlers/config_check.py).
+    # controller's role may pass for a pool: another fails the deploy
+    # (handlers/config_check.py). A team with a role of its own (PolicyConfig
+    # teams.<team>.training_role_arn) runs as that one instead.
     role_arn: str | None = None
     output_s3_uri: str | None = None  # None: s3://<checkpoint bucket>/_output
     image_prefixes: tuple[str, ...] = ()  # allowed TrainingImage prefixes; empty: any image

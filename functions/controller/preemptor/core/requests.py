@@ -345,10 +345,12 @@ def admit_request(
     checkpoint_bucket: str,
     default_role_arn: str | None = None,
     max_runtime_s: int | None = None,
+    team_role_arn: str | None = None,
 ) -> AdmittedRequest:
     """Build the service call for `req` in `pool`, or refuse it.
 
-    The pool sets the training role (its `role_arn`, else `default_role_arn`), the
+    The controller sets the training role (the team's own, `team_role_arn`, else the
+    pool's `role_arn`, else `default_role_arn`); the pool sets the
     output location (`<output_s3_uri>/<team>/`), the VPC, network isolation,
     inter-container encryption, the KMS key, the Batch job queue; the job definition must
     be one the pool allows. A SageMaker run's `MaxRuntimeInSeconds` is always stated (the
@@ -373,7 +375,8 @@ def admit_request(
             Refusal.SET_BY_POOL, "checkpoint_s3_uri", f"set by the controller to the team's own prefix {checkpoint}"
         )
     if req.service == "sagemaker":
-        body, gpus = _sagemaker_request(req, pool, checkpoint, checkpoint_bucket, default_role_arn, max_runtime_s)
+        role = team_role_arn or pool.role_arn or default_role_arn
+        body, gpus = _sagemaker_request(req, pool, checkpoint, checkpoint_bucket, role, max_runtime_s)
     else:
         body, gpus = _batch_request(req, pool, checkpoint)
     if gpus > pool.capacity_gpus:
@@ -384,13 +387,12 @@ def admit_request(
 
 
 def _sagemaker_request(
-    req: JobRequest, pool: PoolConfig, checkpoint: str, bucket: str, default_role: str | None, max_runtime_s: int | None = None
+    req: JobRequest, pool: PoolConfig, checkpoint: str, bucket: str, role: str | None, max_runtime_s: int | None = None
 ) -> tuple[dict[str, Any], int]:
     body = copy.deepcopy(req.request)
     _only_keys(body, _SAGEMAKER_KEYS, "request")
-    role = pool.role_arn or default_role
     if not role:
-        raise RequestRefused(Refusal.NOT_ALLOWED, "request.RoleArn", f"pool {pool.name!r} has no training role")
+        raise RequestRefused(Refusal.NOT_ALLOWED, "request.RoleArn", f"team {req.team!r} and pool {pool.name!r} have no training role")
     _pool_sets(body, "RoleArn", role, "request")
     _check_image(body, pool)
 

@@ -2,7 +2,7 @@
 
 CloudFormation creates or updates `ConfigCheck` (template.yaml) with the parameters every
 function reads (`PolicyConfig`, `PoolsConfig`, `WaitAlarmTiers`, `ManagedRoleArnForTraining`)
-and those the roles are granted by (`TrainingInstanceTypes`) before it updates the
+and those the roles are granted by (`TrainingInstanceTypes`, `TeamTrainingRoleArns`) before it updates the
 functions, which depend on it. A configuration the functions could not run fails the deploy
 with the parameter and the field named, and CloudFormation rolls the stack back:
 
@@ -14,7 +14,8 @@ read (`Settings.from_env`): a knob misspelt or out of range, a number NaN or inf
 (JSON's 1e999 reads as an infinity), a pool without its size, two pools of one name, a
 watched tier the policy does not have; and a SageMaker pool the controller's role could
 never launch on (an instance type outside `TrainingInstanceTypes`, a role other than the
-one it may pass).
+ones it may pass: a pool's must be `ManagedRoleArnForTraining`, a team's one of
+`TeamTrainingRoleArns`).
 
 The check is given the version of its own code (`CodeVersion`, published per code change),
 so a code update re-checks the configuration it deploys with. A rollback is not checked:
@@ -47,14 +48,14 @@ from .observability import logger
 # The resource's properties: the parameters the functions read (with the environment
 # variables they read them from), and TrainingInstanceTypes, which only the roles are
 # granted by (template.yaml, JobControlFunction's CreateTrainingJob condition; its PassRole
-# is of ManagedRoleArnForTraining): a pool must fit both grants.
+# is of ManagedRoleArnForTraining and TeamTrainingRoleArns): a pool and a team must fit them.
 ENVIRONMENT = {
     "PolicyConfig": "POLICY_CONFIG",
     "PoolsConfig": "POOLS_CONFIG",
     "WaitAlarmTiers": "WAIT_ALARM_TIERS",
     "ManagedRoleArnForTraining": "TRAINING_ROLE_ARN",
 }
-PARAMETERS = (*ENVIRONMENT, "TrainingInstanceTypes")
+PARAMETERS = (*ENVIRONMENT, "TrainingInstanceTypes", "TeamTrainingRoleArns")
 CODE_VERSION = "CodeVersion"  # the check's own published version (an ARN ending in :<n>), not a parameter
 MAX_REASON = 1000  # CloudFormation shows the reason in the stack's events; keep it one line
 _POOLS = TypeAdapter(list[PoolConfig])
@@ -92,7 +93,8 @@ def _outside_grants(settings: Settings, properties: Mapping[str, Any]) -> str | 
     """A SageMaker pool the controller's role could never launch on: an instance type
     (its own or a fallback) outside `TrainingInstanceTypes` (the CreateTrainingJob
     condition), or a role of its own other than `ManagedRoleArnForTraining` (the only one
-    it may pass). Every launch there would be AccessDenied."""
+    it may pass for a pool); a team's training role outside `TeamTrainingRoleArns` (the
+    others it may pass). Every launch there would be AccessDenied."""
     sagemaker = [p for p in settings.pools if p.service == "sagemaker"]
     if properties.get("TrainingInstanceTypes") is not None:
         allowed = {t.strip() for t in str(properties["TrainingInstanceTypes"]).split(",") if t.strip()}
@@ -110,6 +112,15 @@ def _outside_grants(settings: Settings, properties: Mapping[str, Any]) -> str | 
                 return (
                     f"PoolsConfig: pool {pool.name!r} passes role {pool.role_arn}, but the controller may pass only "
                     f"ManagedRoleArnForTraining ({role or 'empty'})"
+                )
+    if properties.get("TeamTrainingRoleArns") is not None:
+        passable = {r.strip() for r in str(properties["TeamTrainingRoleArns"]).split(",") if r.strip()}
+        for team in sorted(settings.policy.teams or {}):
+            role = settings.policy.training_role(team)
+            if role is not None and role not in passable:
+                return (
+                    f"PolicyConfig: teams.{team}.training_role_arn is {role}, not in TeamTrainingRoleArns "
+                    f"({', '.join(sorted(passable)) or 'empty'}): the controller may not pass it"
                 )
     return None
 

@@ -177,6 +177,7 @@ class Intake:
                 checkpoint_bucket=self.settings.checkpoint_bucket,
                 default_role_arn=self.settings.training_role_arn,
                 max_runtime_s=self.settings.max_training_runtime_s,
+                team_role_arn=self.settings.policy.training_role(req.team),
             )
         except RequestRefused as e:
             return self._refuse(e.reason, f"{e.field}: {e.detail}" if e.field else e.detail, req.name)

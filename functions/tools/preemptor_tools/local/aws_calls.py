@@ -450,9 +450,22 @@ def _get_object(scope: _Scope, op: str, p: dict) -> list[AuthorizationRequest]:
     return [AuthorizationRequest("s3:GetObject", f"arn:aws:s3:::{p['Bucket']}/{p['Key']}")]
 
 
-@_translates("s3", "PutObject")
+@_translates("s3", "PutObject", "CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload")
 def _put_object(scope: _Scope, op: str, p: dict) -> list[AuthorizationRequest]:
+    # A multipart upload's parts are authorized as s3:PutObject on the object.
     return [AuthorizationRequest("s3:PutObject", f"arn:aws:s3:::{p['Bucket']}/{p['Key']}")]
+
+
+@_translates("s3", "AbortMultipartUpload")
+def _abort_upload(scope: _Scope, op: str, p: dict) -> list[AuthorizationRequest]:
+    return [AuthorizationRequest("s3:AbortMultipartUpload", f"arn:aws:s3:::{p['Bucket']}/{p['Key']}")]
+
+
+@_translates("s3", "DeleteObject", "DeleteObjects")
+def _delete_objects(scope: _Scope, op: str, p: dict) -> list[AuthorizationRequest]:
+    # DeleteObjects is authorized as s3:DeleteObject on each key it names.
+    keys = [p["Key"]] if op == "DeleteObject" else [o["Key"] for o in p["Delete"]["Objects"]]
+    return [AuthorizationRequest("s3:DeleteObject", f"arn:aws:s3:::{p['Bucket']}/{k}") for k in keys]
 
 
 @_translates("stepfunctions", "StartExecution")
@@ -479,6 +492,18 @@ def _sqs(scope: _Scope, op: str, p: dict) -> list[AuthorizationRequest]:
     # A queue URL is https://sqs.<region>.amazonaws.com/<account>/<name>.
     account, name = p["QueueUrl"].rstrip("/").split("/")[-2:]
     return [AuthorizationRequest(f"sqs:{op}", f"arn:aws:sqs:{scope.region}:{account}:{name}")]
+
+
+@_translates("events", "PutEvents")
+def _put_events(scope: _Scope, op: str, p: dict) -> list[AuthorizationRequest]:
+    # One request per entry, on its bus, with the entry's source and detail type.
+    out = []
+    for entry in p["Entries"]:
+        bus = entry.get("EventBusName") or "default"
+        arn = bus if bus.startswith("arn:") else scope.arn("events", f"event-bus/{bus}")
+        context = {"events:source": (entry["Source"],), "events:detail-type": (entry["DetailType"],)}
+        out.append(AuthorizationRequest("events:PutEvents", arn, context))
+    return out
 
 
 @_translates("sns", "Publish")

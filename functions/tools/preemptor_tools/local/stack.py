@@ -450,6 +450,8 @@ class EmulatedStack:
             return f"arn:aws:kms:{self.region}:{ACCOUNT}:key/{physical}"
         if service == "sqs":  # its name, the last part of its URL
             return f"arn:aws:sqs:{self.region}:{ACCOUNT}:{physical.rsplit('/', 1)[-1]}"
+        if service == "events":
+            return f"arn:aws:events:{self.region}:{ACCOUNT}:event-bus/{physical}"
         return f"arn:aws:{service or 'local'}:{self.region}:{ACCOUNT}:{physical}"
 
     def _sub(self, template: Any) -> str:
@@ -457,6 +459,8 @@ class EmulatedStack:
 
         def replace(match: re.Match) -> str:
             name = match.group(1)
+            if name.startswith("!"):  # ${!Literal}: written as ${Literal} (an IAM policy variable)
+                return "${" + name[1:] + "}"
             if name in variables:
                 return str(self.resolve(variables[name]))
             if "." in name:
@@ -464,7 +468,7 @@ class EmulatedStack:
                 return self._get_att(logical, attr)
             return self._ref(name)
 
-        return re.sub(r"\$\{([\w:.]+)\}", replace, text)
+        return re.sub(r"\$\{(![^}]*|[\w:.]+)\}", replace, text)
 
     # -- running ---------------------------------------------------------------------------
     def invoke_lambda(self, function_name: str, event: dict) -> Any:
@@ -788,6 +792,7 @@ _ARN_SERVICE = {
     "AWS::SQS::Queue": "sqs",
     "AWS::DynamoDB::Table": "dynamodb",
     "AWS::KMS::Key": "kms",
+    "AWS::Events::EventBus": "events",
 }
 
 def _empty_zip() -> bytes:
