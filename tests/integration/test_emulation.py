@@ -327,6 +327,45 @@ def test_a_task_states_client_is_made_once_per_service_from_a_session_of_its_own
     assert patched._TASK_CLIENTS == {}
 
 
+def test_clients_of_one_service_share_their_methods_not_their_classes_nor_their_emitters() -> None:
+    import botocore.client
+    import botocore.hooks
+
+    original_create_methods = botocore.client.ClientCreator._create_methods
+    original_aliaser_init = botocore.hooks.EventAliaser.__init__
+    moto_patches.install(SimClock(START), lambda name, event: None)
+    try:
+        with mock_aws():
+            # Given two sessions, as the stack and the functions each make one
+            first, second = (boto3.session.Session(region_name=REGION) for _ in range(2))
+            one, two = first.client("sagemaker"), second.client("sagemaker")
+            # Then their methods were built once, each client has a class of its own, and
+            # boto3's additions to a class (S3's managed transfers) are still made
+            assert type(one).list_training_jobs is type(two).list_training_jobs
+            assert type(one) is not type(two)
+            assert hasattr(first.client("s3"), "upload_file") and hasattr(second.client("s3"), "upload_file")
+            # and a handler of one session extends its own clients' classes only
+            first.events.register("creating-client-class.sagemaker", lambda class_attributes, **_: class_attributes.update(extra=1))
+            assert hasattr(first.client("sagemaker"), "extra") and not hasattr(second.client("sagemaker"), "extra")
+            # And each client hears only its own handlers: an event alias cache is shared,
+            # the handlers are not
+            calls: list[str] = []
+            one.meta.events.register("before-call.sagemaker.ListTrainingJobs", lambda **_: calls.append("one"))
+            two.list_training_jobs()
+            assert calls == []
+            one.list_training_jobs()
+            assert calls == ["one"]
+            # and an emitter with other aliases keeps a cache of its own
+            custom = botocore.hooks.EventAliaser(botocore.hooks.HierarchicalEmitter(), {"old": "new"})
+            assert custom._alias_event_name("before-call.old.Op") == "before-call.new.Op"
+            assert one.meta.events._alias_event_name("before-call.old.Op") == "before-call.old.Op"
+    finally:
+        moto_patches.uninstall()
+    # And uninstalling puts botocore back
+    assert botocore.client.ClientCreator._create_methods is original_create_methods
+    assert botocore.hooks.EventAliaser.__init__ is original_aliaser_init
+
+
 def test_patches_refuse_an_unpinned_moto_version(monkeypatch: pytest.MonkeyPatch) -> None:
     # Given another moto release
     import moto
