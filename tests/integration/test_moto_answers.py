@@ -157,3 +157,42 @@ def test_a_refused_transaction_leaves_every_item_as_it_was_and_an_accepted_one_w
         assert after["new"]["n"] == after["replaced"]["n"] == {"N": "9"}
         assert after["updated"]["n"] == {"N": "2"} and after["updated"]["tags"] == {"L": [{"S": "a"}, {"S": "b"}]}
         assert after["untouched"] == next(i for i in before if i[keys[0]]["S"].startswith("untouched"))
+
+
+def test_an_expression_sent_again_applies_its_new_values_and_a_malformed_one_is_refused_each_time():
+    # Each expression string is parsed once; its values are the request's, every time
+    with emulation() as env:
+        client = boto3.client("dynamodb", region_name=env.stack.region)
+        client.create_table(
+            TableName="again", KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}], BillingMode="PAY_PER_REQUEST",
+        )
+        key = {"pk": {"S": "job"}}
+        client.put_item(TableName="again", Item={**key, "n": {"N": "0"}, "state": {"S": "PENDING"}})
+
+        def update(value: str, expected: str) -> None:
+            client.update_item(
+                TableName="again", Key=key, UpdateExpression="SET #s = :new, n = n + :one",
+                ConditionExpression="attribute_exists(pk) AND #s = :expected",
+                ExpressionAttributeNames={"#s": "state"},
+                ExpressionAttributeValues={":new": {"S": value}, ":one": {"N": "1"}, ":expected": {"S": expected}},
+            )
+
+        # When the same update and condition are sent three times with other values
+        update("ADMITTED", "PENDING")
+        update("RUNNING", "ADMITTED")
+        # Then each applied its own values, and a condition on a value no longer there fails
+        with pytest.raises(ClientError) as stale:
+            update("STOPPED", "ADMITTED")
+        assert stale.value.response["Error"]["Code"] == "ConditionalCheckFailedException"
+        item = client.get_item(TableName="again", Key=key, ConsistentRead=True)["Item"]
+        assert item["state"] == {"S": "RUNNING"} and item["n"] == {"N": "2"}
+        # And a malformed expression is refused every time it is sent, with the same reason
+        reasons = []
+        for _ in range(2):
+            for malformed in ("SET n = ", "SET n = :one REMOVE"):
+                with pytest.raises(ClientError) as refused:
+                    client.update_item(TableName="again", Key=key, UpdateExpression=malformed, ExpressionAttributeValues={":one": {"N": "1"}})
+                reasons.append((refused.value.response["Error"]["Code"], refused.value.response["Error"]["Message"]))
+        assert reasons[:2] == reasons[2:] and {code for code, _ in reasons} == {"ValidationException"}
+        assert client.get_item(TableName="again", Key=key, ConsistentRead=True)["Item"] == item

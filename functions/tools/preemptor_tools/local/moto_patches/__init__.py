@@ -15,11 +15,15 @@ and each patch says which gap it fills:
 - `s3`: `LastModified` from the simulated clock.
 - `dynamodb`: each item operation atomic (moto applies a conditional write without a lock,
   and runs each Step Functions execution in its own thread: concurrent cycles lost updates);
-  the item operations' answers written without moto's per-member lookups, and a transaction
-  backed up by the items it names rather than by copies of whole tables (costs, not gaps).
+  the item operations' answers written without moto's per-member lookups, a transaction
+  backed up by the items it names rather than by copies of whole tables, and each update
+  expression parsed, each condition lexed, once per string (costs, not gaps).
 - `events`: every event PutEvents accepted handed to listeners (the local stack routes what
   arrives over HTTP to the intake; moto cannot invoke Lambda targets).
-- `sdk` (botocore, not moto): the sessions share one loader of the service models.
+- `sdk` (botocore, not moto): the sessions share one loader of the service models, the
+  clients of a service one set of methods and the emitters one event-alias cache; requests
+  of services signed with plain SigV4 carry the signature's scope, not its hash (moto checks
+  none). Costs, not gaps.
 
 Features no state machine of the product uses (`.sync` polling, task tokens, task timeouts,
 Timestamp waits, `aws-sdk:*` error names) are not patched: on the emulated stack they behave

@@ -26,6 +26,15 @@ each as it was, or its absence), lets moto run the transaction with its tables c
 themselves, and puts those items back when moto refuses it in any way, as moto puts the
 tables back. `tests/integration/test_moto_answers.py` checks that a cancelled
 transaction leaves the table as it was.
+
+Cost: moto parses an UpdateExpression twice per update (to name its placeholders, then to
+apply it), and lexes a ConditionExpression character class by character class, for every
+request; the controller sends the same few dozen expressions again and again, with other
+values. An UpdateExpression's syntax tree names its placeholders and holds no value (the
+validator deep-copies it before it puts the values in), so one parse per expression string
+serves every request. A ConditionExpression's tokens hold no value either (the parser looks
+the placeholders up after lexing): the lexing is kept per string, and each parse gets
+fresh tokens. A malformed expression is refused as before (a failed parse is not kept).
 """
 
 from __future__ import annotations
@@ -43,7 +52,11 @@ from moto.core.responses import ActionResult
 from moto.core.utils import get_service_model
 from moto.dynamodb import models as dynamodb_models
 from moto.dynamodb.models import DynamoDBBackend
+from collections import deque
+
+from moto.dynamodb.comparisons import ConditionExpressionParser
 from moto.dynamodb.models.table import Table
+from moto.dynamodb.parsing.expressions import UpdateExpressionParser
 from moto.dynamodb.responses import DynamoHandler
 
 from ._core import replace
@@ -55,6 +68,8 @@ ITEM_ACTIONS = frozenset(
     {"GetItem", "PutItem", "UpdateItem", "DeleteItem", "Query", "Scan", "TransactWriteItems", "TransactGetItems", "BatchGetItem", "BatchWriteItem"}
 )
 _ORIGINAL_SERIALIZED = DynamoHandler.serialized
+_ORIGINAL_UPDATE_PARSE = UpdateExpressionParser.__dict__["make"].__func__
+_ORIGINAL_CONDITION_LEX = ConditionExpressionParser._lex_condition_expression
 
 
 def patch() -> None:
@@ -63,6 +78,27 @@ def patch() -> None:
         replace(DynamoDBBackend, name, _atomic(operation))
     replace(dynamodb_models, "copy", _CopyTablesInTransactions())
     replace(DynamoHandler, "serialized", _serialized)
+    replace(UpdateExpressionParser, "make", classmethod(_parsed_update_expression))
+    replace(ConditionExpressionParser, "_lex_condition_expression", _lexed_condition_expression)
+
+
+def _parsed_update_expression(cls: type, expression: str) -> Any:
+    return _update_expression_tree(expression)
+
+
+@functools.lru_cache(maxsize=1024)
+def _update_expression_tree(expression: str) -> Any:
+    return _ORIGINAL_UPDATE_PARSE(UpdateExpressionParser, expression)
+
+
+def _lexed_condition_expression(self: ConditionExpressionParser) -> deque:
+    # Tokens are named tuples; their (empty) child lists are the only mutable part: fresh ones.
+    return deque(node._replace(children=[]) for node in _condition_tokens(self.condition_expression))
+
+
+@functools.lru_cache(maxsize=1024)
+def _condition_tokens(expression: str) -> tuple:
+    return tuple(_ORIGINAL_CONDITION_LEX(ConditionExpressionParser(expression, {}, {})))
 
 
 def _atomic(operation: Callable[..., Any]) -> Callable[..., Any]:

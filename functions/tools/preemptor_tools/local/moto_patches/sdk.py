@@ -20,15 +20,26 @@ Each client's event emitter also maps every event name it emits through botocore
 (`_alias_event_name`: a split and a search per alias, two dozen of them), remembering the
 answers in a cache of its own, which every new client starts empty. The answer depends only
 on the aliases, so emitters with botocore's own share one cache.
+
+Every request is signed (Signature Version 4: a canonical request, its hash and four HMACs,
+through the CRT where awscrt is installed), and moto checks no signature: of the
+Authorization header it reads the access key (the account) and the credential scope's
+region. While the patches are installed, a request of a service signed with plain SigV4 gets
+that header with those parts and a signature of zeros. S3's signers (the payload's hash, and
+the chunked uploads moto decodes by their content header) and every other kind sign as
+before. A client without credentials still fails as it would (NoCredentialsError).
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
 import threading
 from typing import Any
 
+import botocore.auth
 import botocore.client
+import botocore.exceptions
 import botocore.hooks
 import botocore.session
 
@@ -39,6 +50,7 @@ _ORIGINAL_CREATE_METHODS = botocore.client.ClientCreator._create_methods
 _ORIGINAL_ALIASER_INIT = botocore.hooks.EventAliaser.__init__
 _DEFAULT_ALIASES = dict(botocore.hooks.EVENT_ALIASES)
 _DEFAULT_ALIAS_NAMES: dict[str, str] = {}  # event name -> its name under botocore's own aliases
+_ZERO_SIGNATURE = "0" * 64
 
 # (service name, id of its model document) -> (that document, its methods)
 _METHODS: dict[tuple[str, int], tuple[dict, dict[str, Any]]] = {}
@@ -66,7 +78,40 @@ def _aliaser_init(self: Any, event_emitter: Any, event_aliases: dict | None = No
         self._alias_name_cache = _DEFAULT_ALIAS_NAMES
 
 
+def _header_signers() -> list[type]:
+    """The plain SigV4 header signers: botocore's, and the CRT's where awscrt is installed."""
+    signers: list[type] = [botocore.auth.SigV4Auth]
+    try:
+        from botocore.crt.auth import CrtSigV4Auth
+    except ImportError:  # no awscrt: botocore signs in Python
+        return signers
+    return [*signers, CrtSigV4Auth]
+
+
+def _scope_only(original: Any, signer: type) -> Any:
+    def add_auth(self: Any, request: Any) -> None:
+        if type(self) is not signer:  # S3's and the others' subclasses sign as before
+            return original(self, request)
+        if self.credentials is None:
+            raise botocore.exceptions.NoCredentialsError()
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        for header in ("Authorization", "X-Amz-Date", "X-Amz-Security-Token"):
+            if header in request.headers:
+                del request.headers[header]  # a retry's earlier signature
+        request.headers["X-Amz-Date"] = stamp
+        if self.credentials.token:
+            request.headers["X-Amz-Security-Token"] = self.credentials.token
+        scope = f"{self.credentials.access_key}/{stamp[:8]}/{self._region_name}/{self._service_name}/aws4_request"
+        request.headers["Authorization"] = (
+            f"AWS4-HMAC-SHA256 Credential={scope}, SignedHeaders=host;x-amz-date, Signature={_ZERO_SIGNATURE}"
+        )
+
+    return add_auth
+
+
 def patch() -> None:
     replace(botocore.session, "create_loader", _shared_loader)
     replace(botocore.client.ClientCreator, "_create_methods", _shared_methods)
     replace(botocore.hooks.EventAliaser, "__init__", _aliaser_init)
+    for signer in _header_signers():
+        replace(signer, "add_auth", _scope_only(signer.__dict__["add_auth"], signer))
