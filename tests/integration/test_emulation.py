@@ -366,6 +366,51 @@ def test_clients_of_one_service_share_their_methods_not_their_classes_nor_their_
     assert botocore.hooks.EventAliaser.__init__ is original_aliaser_init
 
 
+def test_a_request_carries_its_signatures_scope_s3_its_whole_signature_and_no_credentials_still_fail() -> None:
+    import botocore.exceptions
+    from botocore import UNSIGNED
+    from botocore.awsrequest import AWSRequest
+    from botocore.config import Config
+
+    from preemptor_tools.local.moto_patches import sdk
+
+    moto_patches.install(SimClock(START), lambda name, event: None)
+    try:
+        with mock_aws():
+            session = boto3.session.Session(region_name="eu-west-1")
+            sent: dict[str, str] = {}
+
+            def seen(request, **_):
+                sent[request.url.split("/")[2]] = request.headers["Authorization"].decode()
+
+            dynamodb, s3 = session.client("dynamodb"), session.client("s3")
+            for client in (dynamodb, s3):
+                client.meta.events.register("before-send", seen)
+            # Given a DynamoDB and an S3 request in another region than moto's default
+            assert dynamodb.list_tables()["TableNames"] == []
+            s3.create_bucket(Bucket="signed", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+            s3.put_object(Bucket="signed", Key="k", Body=b"x")
+            # Then DynamoDB's carries the access key and the scope (what moto reads: the
+            # account, the region), not a hash; S3's is signed in full, and moto found the
+            # region of each
+            ddb = sent["dynamodb.eu-west-1.amazonaws.com"]
+            assert ddb.startswith("AWS4-HMAC-SHA256 Credential=") and "/eu-west-1/dynamodb/aws4_request" in ddb
+            assert ddb.endswith("Signature=" + "0" * 64)
+            assert not next(v for k, v in sent.items() if "s3" in k).endswith("0" * 64)
+            assert s3.get_bucket_location(Bucket="signed")["LocationConstraint"] == "eu-west-1"
+            assert s3.get_object(Bucket="signed", Key="k")["Body"].read() == b"x"
+            # And a client without credentials fails as it would, one left unsigned is not signed
+            for signer in sdk._header_signers():
+                with pytest.raises(botocore.exceptions.NoCredentialsError):
+                    signer(None, "dynamodb", "eu-west-1").add_auth(AWSRequest("POST", "https://dynamodb.eu-west-1.amazonaws.com/"))
+            unsigned = session.client("dynamodb", config=Config(signature_version=UNSIGNED))
+            unsigned.meta.events.register("before-send", lambda request, **_: sent.update(unsigned=request.headers.get("Authorization")))
+            unsigned.list_tables()
+            assert sent["unsigned"] is None
+    finally:
+        moto_patches.uninstall()
+
+
 def test_patches_refuse_an_unpinned_moto_version(monkeypatch: pytest.MonkeyPatch) -> None:
     # Given another moto release
     import moto
