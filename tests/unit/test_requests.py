@@ -246,6 +246,11 @@ def test_batch_call_is_built_from_the_pool():
         pytest.param({"request_jobDefinition": "research-train:1",
                       "request_containerOverrides": {"command": ["sh", "-c", "env"]}}, Refusal.NOT_ALLOWED,
                      "request.containerOverrides.command", id="command-on-another-teams-definition"),
+        pytest.param({"request_jobDefinition": "research-train:1",
+                      "request_containerOverrides": {"environment": [{"name": "DATA", "value": "s3://x/research/secret"}]}},
+                     Refusal.NOT_ALLOWED, "request.containerOverrides.environment", id="environment-on-another-teams-definition"),
+        pytest.param({"request_jobDefinition": "research-train:1", "request_containerOverrides": None, "request_parameters": {"config": "leak.yaml"}},
+                     Refusal.NOT_ALLOWED, "request.parameters", id="parameters-on-another-teams-definition"),
         pytest.param({"request_containerOverrides": {"resourceRequirements": [{"type": "GPU", "value": "8"}]}},
                      Refusal.BAD_DEMAND, "request.containerOverrides.resourceRequirements", id="gpu-override-contradicts"),
         pytest.param({"request_arrayProperties": {"size": 100}}, Refusal.NOT_ALLOWED, "request.arrayProperties", id="array-job"),
@@ -267,11 +272,16 @@ def test_a_batch_request_beyond_the_pools_allow_list_is_refused(changes, reason,
 
 
 def test_a_team_may_override_the_command_of_its_own_or_a_shared_definition():
-    research = batch(team="research", request_jobDefinition="research-train:1",
-                     request_containerOverrides={"command": ["python", "train.py"]})
-    shared = batch(request_containerOverrides={"command": ["python", "eval.py"]})
+    steering = {"command": ["python", "train.py"], "environment": [{"name": "LR", "value": "3e-4"}]}
+    research = batch(team="research", request_jobDefinition="research-train:1", request_containerOverrides=steering,
+                     request_parameters={"config": "big.yaml"})
+    shared = batch(request_containerOverrides={"command": ["python", "eval.py"]}, request_parameters={"config": "eval.yaml"})
     assert admit_request(research, G5, checkpoint_bucket=BUCKET).request["containerOverrides"]["command"]
     assert admit_request(shared, G5, checkpoint_bucket=BUCKET).request["containerOverrides"]["command"]
+    # and another team may run research's definition as it is, its resources sized
+    as_is = batch(request_jobDefinition="research-train:1", request_containerOverrides={"memory": 65536})
+    admitted = admit_request(as_is, G5, checkpoint_bucket=BUCKET).request["containerOverrides"]
+    assert [e["name"] for e in admitted["environment"]] == ["PREEMPTOR_CHECKPOINT_S3_URI"]
 
 
 def test_a_batch_pool_without_a_queue_refuses_submissions():

@@ -42,8 +42,9 @@ def describe_offering(offering: str) -> str:
 
 class JobDefinition(BaseModel):
     """A Batch job definition a pool allows, exactly as requests name it (name, name:revision
-    or ARN). A definition that belongs to a team runs its command for that team only: other
-    teams may submit it, but not with a `command` override."""
+    or ARN). A definition that belongs to a team (give it the team's job role) runs as it is
+    for the other teams: they may submit it, but with no command, environment or parameters
+    of their own, which would run as the owner's role."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 

@@ -582,12 +582,24 @@ def _batch_request(req: JobRequest, pool: PoolConfig, checkpoint: str) -> tuple[
         )
     overrides = _object(body, "containerOverrides", "request")
     _only_keys(overrides, _CONTAINER_OVERRIDE_KEYS, "request.containerOverrides")
-    if "command" in overrides and definition.team is not None and definition.team != req.team:
-        raise RequestRefused(
-            Refusal.NOT_ALLOWED,
-            "request.containerOverrides.command",
-            f"job definition {definition.name!r} belongs to team {definition.team!r}: run it without a command override",
+    if definition.team is not None and definition.team != req.team:
+        # Another team's definition runs as its owner's job role: whatever reaches its
+        # program (its command, its environment, the parameters its command takes) would
+        # steer that role. Another team runs it as it is.
+        steering = (
+            ("containerOverrides.command", "command" in overrides),
+            ("containerOverrides.environment", bool(overrides.get("environment"))),
+            ("parameters", bool(body.get("parameters"))),
         )
+        for field, given in steering:
+            if given:
+                raise RequestRefused(
+                    Refusal.NOT_ALLOWED,
+                    f"request.{field}",
+                    f"job definition {definition.name!r} belongs to team {definition.team!r}: another team runs it "
+                    f"as it is, with no command, environment or parameters of its own (they would run as "
+                    f"{definition.team!r}'s job role)",
+                )
     environment = overrides.get("environment", [])
     if not isinstance(environment, list) or not all(isinstance(e, dict) for e in environment):
         raise RequestRefused(Refusal.NOT_ALLOWED, "request.containerOverrides.environment", "expected a list of objects")
