@@ -28,7 +28,7 @@ tables back. `tests/integration/test_moto_answers.py` checks that a cancelled
 transaction leaves the table as it was.
 
 Cost: moto parses an UpdateExpression twice per update (to name its placeholders, then to
-apply it), and lexes a ConditionExpression character class by character class, for every
+apply it), and lexes a ConditionExpression token by token (a regular expression tried per kind of token), for every
 request; the controller sends the same few dozen expressions again and again, with other
 values. An UpdateExpression's syntax tree names its placeholders and holds no value (the
 validator deep-copies it before it puts the values in), so one parse per expression string
@@ -44,6 +44,7 @@ import copy
 import functools
 import json
 import threading
+from collections import deque
 from enum import Enum
 from typing import Any, Callable
 
@@ -51,10 +52,8 @@ from botocore.model import Shape
 from moto.core.responses import ActionResult
 from moto.core.utils import get_service_model
 from moto.dynamodb import models as dynamodb_models
-from moto.dynamodb.models import DynamoDBBackend
-from collections import deque
-
 from moto.dynamodb.comparisons import ConditionExpressionParser
+from moto.dynamodb.models import DynamoDBBackend
 from moto.dynamodb.models.table import Table
 from moto.dynamodb.parsing.expressions import UpdateExpressionParser
 from moto.dynamodb.responses import DynamoHandler

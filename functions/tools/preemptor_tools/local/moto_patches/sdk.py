@@ -1,5 +1,6 @@
-"""botocore: one data loader for every session the local runtime makes, and one set of client
-methods per service model.
+"""botocore, while the patches are installed: one data loader for every session, one set of
+client methods per service model, one event-alias cache, and requests signed with their
+scope only. Costs, not gaps: what moto answers is the same.
 
 Each boto3 session builds its own loader, which reads and parses the service models (JSON,
 megabytes for SageMaker) again; the emulated stack makes two sessions (its own, and the
