@@ -56,12 +56,14 @@ FALLBACK = '[{"name": "p5", "instance_type": "ml.p5.48xlarge", "instances": 8, "
         ({"PolicyConfig": TEAM_ROLES % (NLP_ROLE, NLP_ROLE), "TeamTrainingRoleArns": NLP_ROLE}, f"PolicyConfig: teams.vision.training_role_arn: {NLP_ROLE} is also the training role of team 'nlp'; each team needs a role of its own"),
         ({"PolicyConfig": TEAM_ROLES % (NLP_ROLE, ROLE + "-vision")}, f"PolicyConfig: teams.nlp.training_role_arn is {NLP_ROLE}, not in TeamTrainingRoleArns (empty): the controller may not pass it"),
         ({"PolicyConfig": TEAM_ROLES % (NLP_ROLE, ROLE + "-vision"), "TeamTrainingRoleArns": NLP_ROLE}, f"teams.vision.training_role_arn is {ROLE}-vision, not in TeamTrainingRoleArns ({NLP_ROLE})"),
+        ({"PolicyConfig": TEAM_ROLES % (NLP_ROLE, ROLE), "TeamTrainingRoleArns": f"{NLP_ROLE},{ROLE}"}, "PolicyConfig: teams.vision.training_role_arn is ManagedRoleArnForTraining, the role every team without one of its own shares"),
     ],
     ids=[
         "infinite-knob", "misspelt-knob", "unknown-tier", "not-json", "policy-not-an-object", "pool-without-size",
         "pools-not-a-list", "two-pools-one-name", "unknown-watched-tier", "watched-tier-capitalised", "tiers-renamed-alarm-not",
         "fallback-type-not-granted", "pool-type-not-granted", "pool-role-not-passable", "pool-role-without-stack-role",
         "team-role-not-an-arn", "team-role-shared", "team-role-not-passable", "second-team-role-not-passable",
+        "team-role-is-the-stacks",
     ],
 )
 def test_a_configuration_the_functions_could_not_run_is_named(changes, expected):

@@ -117,6 +117,11 @@ def _outside_grants(settings: Settings, properties: Mapping[str, Any]) -> str | 
         passable = {r.strip() for r in str(properties["TeamTrainingRoleArns"]).split(",") if r.strip()}
         for team in sorted(settings.policy.teams or {}):
             role = settings.policy.training_role(team)
+            if role is not None and role == settings.training_role_arn:
+                return (
+                    f"PolicyConfig: teams.{team}.training_role_arn is ManagedRoleArnForTraining, the role every team "
+                    "without one of its own shares: a team's own role must be its own"
+                )
             if role is not None and role not in passable:
                 return (
                     f"PolicyConfig: teams.{team}.training_role_arn is {role}, not in TeamTrainingRoleArns "
