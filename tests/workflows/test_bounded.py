@@ -315,6 +315,59 @@ def test_a_retried_plan_step_that_reads_a_lagging_index_still_hands_over_its_adm
         assert env.kinds("train").count("admitted") == 1
 
 
+def test_a_plan_step_hands_over_what_an_earlier_attempt_admitted_while_it_ran(monkeypatch):
+    from preemptor.service import scheduling
+
+    with emulation() as env:
+        env.store.put_new(_pending_record("train", gpus=16))
+        step = {"pool": "p5", "owner": "schedule-x", "cycle": 0}
+        store, settings = env.stack.deps().store, env.stack.deps().settings
+        earlier: list[dict] = []
+
+        def earlier_attempt_goes_on(pool, waiting, now, original=store.remember_waits):
+            # Given the attempt Step Functions gave up (its Lambda went on) admits a job
+            # that arrived meanwhile, after this attempt read the pool and before it gives
+            # the lease back (same execution, same cycle: the same owner, the same mark)
+            monkeypatch.setattr(store, "remember_waits", original)
+            original(pool, waiting, now)
+            store.put_new(_pending_record("late", gpus=8))
+            result = scheduling.plan_cycle(store=store, settings=settings, pool_name="p5", owner="schedule-x", now=now, cycle=0)
+            earlier.extend(result.admits)
+
+        monkeypatch.setattr(store, "remember_waits", earlier_attempt_goes_on)
+        # When this attempt answers (the earlier attempt's answer is lost: the workflow
+        # launches what this one hands over)
+        answer = env.stack.invoke_lambda(PLAN, step)
+        # Then it hands over both admissions of its cycle, each once
+        assert "late" in [a["job"] for a in earlier]
+        assert sorted(a["job"] for a in answer["admits"]) == ["late", "train"]
+        assert answer["retried"] is True
+        assert env.store.pool("p5")["used_gpus"] == 24
+        assert env.kinds("late").count("admitted") == 1 and env.kinds("train").count("admitted") == 1
+
+
+def test_a_failed_cycle_gives_back_an_admission_the_index_does_not_show_yet(monkeypatch):
+    with emulation() as env:
+        env.store.put_new(_pending_record("train", gpus=16))
+        store = env.stack.deps().store
+        stale_active = store.active("p5")
+        # Given a plan step that admitted a job, then failed for good (no answer)
+        first = env.stack.invoke_lambda(PLAN, {"pool": "p5", "owner": "schedule-x", "cycle": 0})
+        assert [a["job"] for a in first["admits"]] == ["train"]
+        # And the pool's index not yet showing the admission (it is eventually consistent)
+        monkeypatch.setattr(store, "active", lambda pool: [r for r in stale_active if r.pool == pool])
+        # When the workflow's failure path lets the cycle go
+        finished = env.stack.invoke_lambda("preemptor-FinishCycleFunction", {"pool": "p5", "owner": "schedule-x", "cycle": 0})
+        # Then the admission goes back to the queue at once, not half an hour later
+        assert finished["released"] == ["train"]
+        assert env.job("train").status is JobState.PENDING
+        assert env.store.pool("p5")["used_gpus"] == 0
+        # And every call of both steps is one their functions may make
+        from iam_policy import StackPolicies
+
+        assert StackPolicies.of(env.stack).denials(env.stack.calls.calls) == []
+
+
 def _pending_record(name: str, gpus: int, pool: str = "p5") -> JobRecord:
     return JobRecord(
         name=name,

@@ -10,12 +10,18 @@ job twice.
 A plan step is idempotent when Step Functions retries it (the Lambda may have done its
 work and died before answering): the lease owner is the execution, and each admission or
 victim records the cycle that decided it (`decided_by`), so a retried step returns what
-it already reserved instead of reserving again or losing it.
+it already reserved instead of reserving again or losing it. Each admission is also
+recorded under its pool with its cycle, in the same transaction (`JobsStore.cycle_admissions`):
+once the lease is given back, no attempt of the cycle can admit more, and that consistent
+read is every admission the cycle made, where the pool's index may lag. A step hands all
+of them over, including those of an earlier attempt still running when Step Functions gave
+it up, and a cycle that failed for good gives all of them back (`finish_cycle`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -24,13 +30,15 @@ from ..adapters.checkpoints import CheckpointStore
 from ..adapters.store import JobsStore, LogLine
 from ..adapters.workflows import execution_name
 from ..config import Mode, Settings
-from ..core.errors import ConflictError, LeaseLost
+from ..core.errors import ConflictError, LeaseLost, Retryable
 from ..core.jobs import JobRecord
 from ..core.model import Decision, JobState, PastPreemption, Pool, Reason, Snapshot, TeamUsage
 from ..core.policy import Policy, escalation_lead_s, history_window_s
 from ..core.explain import explain_job
 from ..core.planner import plan
 from . import learning
+
+logger = logging.getLogger(__name__)
 
 # The lease covers planning only (a plan step takes seconds; the plan Lambda times out
 # after 60 s and a retry keeps the lease, being the same owner). A holder that died keeps
@@ -201,7 +209,9 @@ def plan_cycle(
     cut = learning.cut_waits(store, decision, by_name, now) if decision.wait_cuts else []
     store.remember_waits(pool_name, waiting, now)
     rerun = store.release_lease(pool_name, owner)
-    retried = bool(earlier_admits or earlier_victims)
+    handed = _cycle_admits(store, pool_name, mark, admits)
+    retried = bool(earlier_admits or earlier_victims or len(handed) > len(admits))
+    admits = handed
     held = sum(r.gpus for r in active if r.status.holds_capacity) + sum(a["gpus"] for a in new_admits)
     wake = _next_wake_s(decision, by_name, active, settings, pool_name, now)
     return CycleResult(
@@ -367,10 +377,47 @@ def finish_cycle(*, store: JobsStore, pool_name: str, owner: str, cycle: int | N
     return {"pool": pool_name, "owner": owner, "rerun": rerun, "released": released}
 
 
+def _cycle_admits(store: JobsStore, pool_name: str, mark: str, known: list[dict]) -> list[dict]:
+    """`known` (what this attempt admitted, and what the index showed of earlier attempts)
+    and every other admission cycle `mark` made and did not launch, read back consistently
+    once the lease is given back: an earlier attempt's the index did not show yet, or one an
+    earlier attempt made while this one ran (Step Functions gave it up, its Lambda went
+    on). Left out of the answer, such a job would hold its GPUs unlaunched until reconcile
+    calls it stuck. A read refused now (throttled) leaves `known`: reconcile still finds
+    the rest."""
+    try:
+        recorded = store.cycle_admissions(pool_name, mark)
+    except Retryable as e:
+        logger.warning("could not read back the cycle's admissions: %s", e, extra={"pool": pool_name, "cycle": mark})
+        return known
+    seen = {a["job"] for a in known}
+    out = list(known)
+    for job, incarnation in recorded:
+        if job in seen:
+            continue
+        record = store.get(job)
+        if record is not None and _admitted_unlaunched(record, mark) and record.incarnation == incarnation:
+            out.append({"job": record.name, "incarnation": record.incarnation, "gpus": record.gpus})
+            seen.add(job)
+    return out
+
+
+def _admitted_unlaunched(record: JobRecord, mark: str) -> bool:
+    return record.decided_by == mark and record.status is JobState.ADMITTED and not record.run_id
+
+
 def _release_admissions(store: JobsStore, pool_name: str, mark: str, now: float) -> list[str]:
+    """Give back what cycle `mark` admitted and did not launch: the admissions the index
+    shows, and those recorded with the cycle (`cycle_admissions`) that it does not show yet."""
+    found = {r.name: r for r in store.active(pool_name) if r.decided_by == mark}
+    for job, _ in store.cycle_admissions(pool_name, mark):
+        if job not in found:
+            record = store.get(job)
+            if record is not None:
+                found[job] = record
     released = []
-    for record in store.active(pool_name):
-        if record.decided_by != mark or record.status is not JobState.ADMITTED or record.run_id:
+    for record in found.values():
+        if not _admitted_unlaunched(record, mark):
             continue
         line = LogLine(
             record.name, now, "admission-released", "plan-step-failed",
@@ -410,13 +457,14 @@ def _reserve_admissions(
                 pool_limit=capacity,
                 lease_owner=owner,
                 log=line,
+                admitted_by=mark,
             )
         except LeaseLost as e:
             _log_lease_lost(store, record.name, "admission-deferred", len(decision.admits) - i - 1, now, e)
             break
         except ConflictError as e:
             current = store.get(record.name)
-            if current is not None and current.decided_by == mark and current.status is JobState.ADMITTED and not current.run_id:
+            if current is not None and _admitted_unlaunched(current, mark):
                 # An earlier attempt of this very cycle admitted it; the index this attempt
                 # read had not caught up (it still showed the job pending): hand it over.
                 admitted.append({"job": current.name, "incarnation": current.incarnation, "gpus": current.gpus})
