@@ -245,3 +245,64 @@ def test_a_workflow_crash_kills_the_next_execution_after_its_first_step(env: Emu
     assert steps.CALLS == [{"step": 1}, {"step": 1}, {"step": 2}]
     assert world.aborted_executions == [first["executionArn"]]
 
+
+
+def _queued(name: str, pool: str = "lagging", gpus: int = 8):
+    from preemptor.core.jobs import JobRecord
+
+    return JobRecord(name=name, team="t", priority=50, pool=pool, service="sagemaker", gpus=gpus, request={},
+                     checkpoint_s3_uri=f"s3://b/{name}", submitted_at=0.0)
+
+
+def test_a_query_of_the_pools_index_answers_as_the_index_stood_a_moment_ago(env: Emulation, world: HostileWorld) -> None:
+    from preemptor.core.model import JobState
+
+    store = env.store
+    # Given two jobs queued a while ago, one of them admitted since
+    old, moved = store.put_new(_queued("queued-old")), store.put_new(_queued("queued-moved"))
+    assert old and moved
+    env.clock.advance(5)
+    # And, this very moment, a job submitted and the other one admitted (its status leaves
+    # the pending partition of the index for the active one)
+    world.chaos = Chaos(seed=3, index_lag_rate=ALWAYS)
+    store.put_new(_queued("queued-new"))
+    record = store.require("queued-moved")
+    store.transition(record, record.with_changes(status=JobState.ADMITTED), [JobState.PENDING])
+
+    # When a function reads the pool's queue and active jobs now, and again a moment later
+    with HostileWorld.acting_as("preemptor-PlanFunction"):
+        pending_now, active_now = [r.name for r in store.pending("lagging", 10)], [r.name for r in store.active("lagging")]
+        env.clock.advance(2)
+        pending_later, active_later = [r.name for r in store.pending("lagging", 10)], [r.name for r in store.active("lagging")]
+
+    # Then it first sees the index as it stood before those writes, then as it is
+    assert sorted(pending_now) == ["queued-moved", "queued-old"] and active_now == []
+    assert sorted(pending_later) == ["queued-new", "queued-old"] and active_later == ["queued-moved"]
+    assert world.counts().get("index-lag", 0) >= 2
+    # And the harness, and any read of an item itself, see the table as it is
+    assert sorted(r.name for r in store.pending("lagging", 10)) == ["queued-new", "queued-old"]
+    with HostileWorld.acting_as("preemptor-PlanFunction"):
+        assert store.get("queued-moved").status is JobState.ADMITTED
+
+
+def test_a_lagging_index_keeps_its_order_and_its_page_size_and_shows_a_deleted_item(env: Emulation, world: HostileWorld) -> None:
+    store = env.store
+    # Given three jobs queued a while ago (the index orders them by rank)
+    for name in ("rank-a", "rank-b", "rank-c"):
+        store.put_new(_queued(name, pool="ranked"))
+    env.clock.advance(5)
+    expected = [r.name for r in store.pending("ranked", 10)]
+    # And, this very moment, the first of them deleted (a cancelled job's item, say)
+    world.chaos = Chaos(seed=4, index_lag_rate=ALWAYS)
+    dynamodb = env.stack.client("dynamodb")
+    table = env.stack.deps().settings.jobs_table
+    dynamodb.delete_item(TableName=table, Key={"pk": {"S": f"JOB#{expected[0]}"}, "sk": {"S": "JOB"}})
+
+    # When a function reads the first two of the queue
+    with HostileWorld.acting_as("preemptor-PlanFunction"):
+        first_two = dynamodb.query(TableName=table, IndexName="ByPoolStatus", KeyConditionExpression="gsi1pk = :p",
+                                   ExpressionAttributeValues={":p": {"S": "ranked#PENDING"}}, Limit=2)
+
+    # Then it sees the deleted job still, in the index's order, two of them, and where to go on
+    assert [i["pk"]["S"] for i in first_two["Items"]] == [f"JOB#{n}" for n in expected[:2]]
+    assert first_two["Count"] == 2 and first_two["LastEvaluatedKey"]["pk"] == {"S": f"JOB#{expected[1]}"}

@@ -12,6 +12,8 @@ Given a scenario's `chaos:` rates and `faults:`, `HostileWorld` makes the emulat
   and late (`reorder_rate`: held back behind the events of the next delivery round);
 - kill a workflow step's Lambda after its work and before it returns (`crash_rate`):
   Step Functions sees `Lambda.Unknown`;
+- answer a query of a DynamoDB index as the index stood a moment ago (`index_lag_rate`,
+  `index_lag.py`): the writes of the last simulated second not in it yet;
 - `stop_denied` a job's stops (AccessDeniedException) for `duration` seconds;
   `stopped_by_hand` (someone stops the job's run outside the controller, done by the demo
   driver); `workflow_crash` (the next execution dies, ABORTED, after its first step).
@@ -44,6 +46,7 @@ from botocore.awsrequest import AWSResponse
 
 from . import moto_patches
 from .clock import SimClock
+from .index_lag import LaggingIndex
 from .moto_patches import batch as batch_patches
 from .moto_patches import sagemaker as sagemaker_patches
 from .scenario import Chaos, Fault, StopDenied, WorkflowCrash
@@ -120,6 +123,7 @@ class HostileWorld:
         self._installed: list[tuple[str, Callable]] = []
         self._unsubscribe: list[Callable[[], None]] = []
         self._stop_execution: Callable[[str], None] | None = None
+        self._index = LaggingIndex(self.clock)
 
     # ------------------------------------------------------------------ install
 
@@ -176,12 +180,15 @@ class HostileWorld:
         if context.get(seen):
             return None  # a client that has the hook twice (session and client): decide once
         context[seen] = True
-        actor = context.get(_ACTOR_KEY) or ACTOR.get()
-        if actor is None:
-            return None  # the test harness, the fleet, the demo driver: AWS as usual
         service = model.service_model.service_name
         operation = model.name
         params = context.get(_PARAMS_KEY) or {}
+        region = context.get("client_region") or ""
+        if service == "dynamodb" and self.chaos.index_lag_rate:
+            self._index.note_write(region, operation, params)  # whoever writes: the index lags behind every writer
+        actor = context.get(_ACTOR_KEY) or ACTOR.get()
+        if actor is None:
+            return None  # the test harness, the fleet, the demo driver: AWS as usual
         if (service, operation) in _STOP_OPERATIONS:
             refused = self._refuse_stop(actor, service, operation, params)
             if refused is not None:
@@ -199,6 +206,17 @@ class HostileWorld:
             code, status, message = choices[int(self._draw("throttle-code", key) * len(choices))]
             self._record("throttle", actor, f"{service}:{operation} {code}")
             return _error(status, code, message)
+        if (
+            service == "dynamodb"
+            and operation == "Query"
+            and self.chaos.index_lag_rate
+            and params.get("IndexName")
+            and self._draw("index-lag", key) < self.chaos.index_lag_rate
+        ):
+            lagging = self._index.lagging_answer(region, params)
+            if lagging is not None:
+                self._record("index-lag", actor, f"dynamodb:Query {params['IndexName']} {_partition(params)}")
+                return lagging
         return None
 
     def _refuse_stop(self, actor: str, service: str, operation: str, params: dict) -> tuple[AWSResponse, dict] | None:
@@ -325,6 +343,11 @@ def _safe(get: Callable[[], Any], default: Any) -> Any:
         return get()
     except KeyError:
         return default
+
+
+def _partition(params: dict) -> str:
+    values = params.get("ExpressionAttributeValues") or {}
+    return ", ".join(str(next(iter(v.values()), "")) for v in values.values() if isinstance(v, dict))
 
 
 def _error(status: int, code: str, message: str) -> tuple[AWSResponse, dict]:

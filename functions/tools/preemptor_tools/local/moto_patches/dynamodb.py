@@ -61,6 +61,7 @@ from moto.dynamodb.responses import DynamoHandler
 from ._core import replace
 
 _LOCK = threading.RLock()
+lock = _LOCK  # every item operation of the backend runs under it; a reader of its tables takes it too
 _OPERATIONS = ("put_item", "get_item", "update_item", "delete_item", "query", "scan", "transact_write_items")
 # The operations whose answers are items, written by `_fast_body`.
 ITEM_ACTIONS = frozenset(
