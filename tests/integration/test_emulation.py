@@ -411,6 +411,53 @@ def test_a_request_carries_its_signatures_scope_s3_its_whole_signature_and_no_cr
         moto_patches.uninstall()
 
 
+def test_a_user_agent_is_built_once_per_client_and_features_and_is_the_one_botocore_builds() -> None:
+    import botocore.useragent
+    import moto.core.responses
+
+    from preemptor_tools.local.moto_patches import sdk
+
+    original_to_string = botocore.useragent.UserAgentString.to_string
+    original_method_names = moto.core.responses.method_names_from_class
+    moto_patches.install(SimClock(START), lambda name, event: None)
+    try:
+        with mock_aws():
+            sent: list[str] = []
+            dynamodb = boto3.session.Session(region_name=REGION).client("dynamodb")
+            dynamodb.meta.events.register("before-send", lambda request, **_: sent.append(request.headers["User-Agent"].decode()))
+
+            def calls() -> list[str]:
+                # a plain call and a paginated one (the paginator adds a feature to the
+                # request's context), each made twice
+                sent.clear()
+                for _ in range(2):
+                    dynamodb.list_tables()
+                    list(dynamodb.get_paginator("list_tables").paginate())
+                return list(sent)
+
+            # Given the calls made with the User-Agent kept, and made with botocore's own
+            kept = calls()
+            botocore.useragent.UserAgentString.to_string = original_to_string
+            try:
+                built = calls()
+            finally:
+                botocore.useragent.UserAgentString.to_string = sdk._user_agent
+            # Then each sent the User-Agent botocore builds for it, and the two kinds differ
+            # where their features do
+            assert kept == built
+            plain, paginated = kept[0], kept[1]
+            assert kept == [plain, paginated, plain, paginated] and plain != paginated
+            # And moto's list of a response class's actions is the one it makes itself
+            from moto.dynamodb.responses import DynamoHandler
+
+            assert sdk._method_names(DynamoHandler) == original_method_names(DynamoHandler)
+    finally:
+        moto_patches.uninstall()
+    # And uninstalling puts both back
+    assert botocore.useragent.UserAgentString.to_string is original_to_string
+    assert moto.core.responses.method_names_from_class is original_method_names
+
+
 def test_patches_refuse_an_unpinned_moto_version(monkeypatch: pytest.MonkeyPatch) -> None:
     # Given another moto release
     import moto

@@ -1,6 +1,7 @@
 """botocore, while the patches are installed: one data loader for every session, one set of
-client methods per service model, one event-alias cache, and requests signed with their
-scope only. Costs, not gaps: what moto answers is the same.
+client methods per service model, one event-alias cache, requests signed with their scope
+only, a User-Agent built once per client and features, and moto's list of each response
+class's actions made once. Costs, not gaps: what moto answers is the same.
 
 Each boto3 session builds its own loader, which reads and parses the service models (JSON,
 megabytes for SageMaker) again; the emulated stack makes two sessions (its own, and the
@@ -29,6 +30,13 @@ region. While the patches are installed, a request of a service signed with plai
 that header with those parts and a signature of zeros. S3's signers (the payload's hash, and
 the chunked uploads moto decodes by their content header) and every other kind sign as
 before. A client without credentials still fails as it would (NoCredentialsError).
+
+Every request also builds its User-Agent header anew (each component sanitized character
+by character): the same string for a client whose features (its own, and those the
+request's context adds, a paginator's say) are the same, so it is kept per client and set
+of features. And moto, for every request, lists the functions of the service's response
+class (`inspect.getmembers`) to find the action's; the list is kept per class while the
+patches are installed (they change those classes only as they are installed).
 """
 
 from __future__ import annotations
@@ -40,9 +48,12 @@ from typing import Any
 
 import botocore.auth
 import botocore.client
+import botocore.context
 import botocore.exceptions
 import botocore.hooks
 import botocore.session
+import botocore.useragent
+import moto.core.responses
 
 from ._core import replace
 
@@ -52,6 +63,9 @@ _ORIGINAL_ALIASER_INIT = botocore.hooks.EventAliaser.__init__
 _DEFAULT_ALIASES = dict(botocore.hooks.EVENT_ALIASES)
 _DEFAULT_ALIAS_NAMES: dict[str, str] = {}  # event name -> its name under botocore's own aliases
 _ZERO_SIGNATURE = "0" * 64
+_ORIGINAL_USER_AGENT = botocore.useragent.UserAgentString.to_string
+_ORIGINAL_METHOD_NAMES = moto.core.responses.method_names_from_class
+_METHOD_NAMES: dict[type, list[str]] = {}
 
 # (service name, id of its model document) -> (that document, its methods)
 _METHODS: dict[tuple[str, int], tuple[dict, dict[str, Any]]] = {}
@@ -110,7 +124,27 @@ def _scope_only(original: Any, signer: type) -> Any:
     return add_auth
 
 
+def _user_agent(self: Any) -> str:
+    context = botocore.context.get_context()
+    features = frozenset(self._client_features or ()).union(() if context is None else context.features)
+    strings = self.__dict__.setdefault("_preemptor_strings", {})
+    found = strings.get(features)
+    if found is None:
+        found = strings[features] = _ORIGINAL_USER_AGENT(self)
+    return found
+
+
+def _method_names(clazz: type) -> list[str]:
+    found = _METHOD_NAMES.get(clazz)
+    if found is None:
+        found = _METHOD_NAMES[clazz] = _ORIGINAL_METHOD_NAMES(clazz)
+    return found
+
+
 def patch() -> None:
+    _METHOD_NAMES.clear()  # listed under the patches installed before this one
+    replace(botocore.useragent.UserAgentString, "to_string", _user_agent)
+    replace(moto.core.responses, "method_names_from_class", _method_names)
     replace(botocore.session, "create_loader", _shared_loader)
     replace(botocore.client.ClientCreator, "_create_methods", _shared_methods)
     replace(botocore.hooks.EventAliaser, "__init__", _aliaser_init)
