@@ -79,6 +79,31 @@ def test_preempts_after_a_fresh_checkpoint_then_launches_the_preemptor():
         assert any('"sweep"' in a and '"prod"' in a for a in alerts)
 
 
+def test_the_gpus_a_preemption_frees_go_to_its_preemptor_though_the_pool_index_still_shows_the_victim():
+    from preemptor_tools.local.hostile import HostileWorld
+    from preemptor_tools.local.scenario import Chaos
+
+    with emulation(hostile=lambda clock: HostileWorld(clock, START)) as env:
+        # Given a low job holding the whole pool
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
+        env.advance(600)
+        # And a pool index that answers every query as it stood a moment ago (DynamoDB's
+        # global secondary indexes are eventually consistent)
+        env.stack.hostile.chaos = Chaos(seed=5, index_lag_rate=0.999)
+        # When a critical job preempts it: the preemption requeues the sweep and plans the
+        # pool in the same moment, and that plan reads the index
+        env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1800)
+        env.advance(300)
+        # Then the plan still saw the GPUs given back (the pool's own count, read
+        # consistently, says the index lags), and the preemptor was launched at once, not
+        # after reconcile's next look
+        assert env.stack.hostile.counts().get("index-lag", 0) > 0
+        requeued = next(e for e in env.store.history("sweep") if e["kind"] == "requeued")
+        launched = next(e for e in env.store.history("prod") if e["kind"] == "launched")
+        assert env.job("prod").status is JobState.RUNNING
+        assert launched["at"] - requeued["at"] < 5, (requeued, launched)
+
+
 @pytest.mark.parametrize(
     "write_s, told",
     [

@@ -634,6 +634,16 @@ class JobsStore:
             )
         ]
 
+    def used_gpus(self, pool: str) -> int:
+        """The GPUs the pool's count says are held (a consistent read of the pool item)."""
+        return int((self.pool(pool) or {}).get("used_gpus", 0))
+
+    def still_holding(self, pool: str, records: list[JobRecord]) -> list[JobRecord]:
+        """Of `records` (read through the index), each as it is now (a consistent read),
+        kept while it still holds capacity in `pool`."""
+        current = (self.get(r.name) for r in records)
+        return [r for r in current if r is not None and r.pool == pool and r.status.holds_capacity]
+
     def all_jobs(self) -> list[JobRecord]:
         """Every job (a scan: for the CLI and reports, never on the scheduling path)."""
         return [item_to_record(i) for i in self._scan("JOB")]

@@ -335,6 +335,12 @@ def read_snapshot(
     # Checkpoint times come from the table (kept current by S3 events and the checkpoint
     # steps; reconcile refreshes them from S3), not from listing S3 on every decision.
     active = store.active(pool_name)
+    if sum(r.gpus for r in active if r.status.holds_capacity) > store.used_gpus(pool_name):
+        # The index still shows GPUs given back since (it is eventually consistent, and a
+        # cycle often runs the moment a run ends or a victim is requeued): the pool's own
+        # count, read consistently after it, says so. Each holder is read again, so the
+        # GPUs just freed are planned now, not at the next event or reconcile.
+        active = store.still_holding(pool_name, active)
     window = history_window_s(knobs)  # the budget's, the checkpoint forecast's
     history = store.preemptions_since(pool_name, now - window) if window is not None else []
     snapshot = build_snapshot(
