@@ -346,6 +346,31 @@ def test_a_plan_step_hands_over_what_an_earlier_attempt_admitted_while_it_ran(mo
         assert env.kinds("late").count("admitted") == 1 and env.kinds("train").count("admitted") == 1
 
 
+def test_a_plan_step_whose_read_back_is_throttled_still_answers_with_what_it_admitted_and_the_rerun(monkeypatch):
+    with emulation() as env:
+        env.store.put_new(_pending_record("train", gpus=16))
+        store = env.stack.deps().store
+
+        def someone_asks_for_a_plan(pool, waiting, now, original=store.remember_waits):
+            original(pool, waiting, now)
+            assert not store.acquire_lease(pool, "schedule-z", now, 300)  # held: it asks the holder to plan again
+
+        def read_back(params: dict) -> dict | None:
+            prefix = (params.get("ExpressionAttributeValues") or {}).get(":s", {}).get("S", "")
+            return THROTTLING["dynamodb"] if prefix.startswith("ADMIT#") else None
+
+        # Given work arrives while the cycle holds the lease
+        monkeypatch.setattr(store, "remember_waits", someone_asks_for_a_plan)
+        # When the cycle's read-back of its admissions, once the lease is given back, is throttled
+        with aws_says_no(store.client, "Query", read_back) as refused:
+            answer = env.stack.invoke_lambda(PLAN, {"pool": "p5", "owner": "schedule-x", "cycle": 0})
+        # Then the step still answers: its admission, and the request to plan again (a
+        # retried step would have taken the lease anew, and the request with it)
+        assert refused
+        assert [a["job"] for a in answer["admits"]] == ["train"] and answer["rerun"] is True
+        assert env.job("train").status is JobState.ADMITTED
+
+
 def test_a_failed_cycle_gives_back_an_admission_the_index_does_not_show_yet(monkeypatch):
     with emulation() as env:
         env.store.put_new(_pending_record("train", gpus=16))

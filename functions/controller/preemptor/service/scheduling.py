@@ -391,20 +391,20 @@ def _cycle_admits(store: JobsStore, pool_name: str, mark: str, known: list[dict]
     on). Left out of the answer, such a job would hold its GPUs unlaunched until reconcile
     calls it stuck. A read refused now (throttled) leaves `known`: reconcile still finds
     the rest."""
-    try:
-        recorded = store.cycle_admissions(pool_name, mark)
-    except Retryable as e:
-        logger.warning("could not read back the cycle's admissions: %s", e, extra={"pool": pool_name, "cycle": mark})
-        return known
     seen = {a["job"] for a in known}
     out = list(known)
-    for job, incarnation in recorded:
-        if job in seen:
-            continue
-        record = store.get(job)
-        if record is not None and _admitted_unlaunched(record, mark) and record.incarnation == incarnation:
-            out.append({"job": record.name, "incarnation": record.incarnation, "gpus": record.gpus})
-            seen.add(job)
+    try:
+        for job, incarnation in store.cycle_admissions(pool_name, mark):
+            if job in seen:
+                continue
+            record = store.get(job)
+            if record is not None and _admitted_unlaunched(record, mark) and record.incarnation == incarnation:
+                out.append({"job": record.name, "incarnation": record.incarnation, "gpus": record.gpus})
+                seen.add(job)
+    except Retryable as e:
+        # After the lease is given back: a step failed now would be retried without the
+        # request to plan again (`rerun`) that the release read.
+        logger.warning("could not read back the cycle's admissions: %s", e, extra={"pool": pool_name, "cycle": mark})
     return out
 
 
