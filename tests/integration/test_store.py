@@ -9,7 +9,7 @@ from moto import mock_aws
 from template_support import table_key_schema
 
 from aws_faults import answer_lost, answer_lost_after_applied, aws_says_no, transaction_conflict
-from preemptor.adapters.store import ALIAS_TTL_S, CYCLE_ADMISSION_TTL_S, EVENT_CLAIM_S, GSI, USAGE_SETTLE_S, JobsStore, record_to_item
+from preemptor.adapters.store import ALIAS_TTL_S, CYCLE_RESERVATION_TTL_S, EVENT_CLAIM_S, GSI, USAGE_SETTLE_S, JobsStore, record_to_item
 from preemptor.core.errors import CapacityExhausted, ConflictError, EventInProgress, Retryable, TransactionConflict
 from preemptor.core.jobs import JobRecord
 from preemptor.core.model import EndedRun, JobState, TeamUsage
@@ -125,25 +125,25 @@ def test_run_alias_maps_a_run_to_its_job_and_incarnation(store):
     assert store.find_run("sagemaker", "unknown") is None
 
 
-def test_a_cycles_admissions_are_recorded_with_them_read_back_consistently_and_expire(store):
+def test_a_cycles_reservations_are_recorded_with_them_read_back_consistently_and_expire(store):
     # Given two jobs a cycle admits, and a third it tries to admit beyond the capacity
     jobs = [_job(f"j{i}") for i in range(3)]
     for j in jobs:
         store.put_new(j)
     for j in jobs[:2]:
         store.transition(j, j.with_changes(status=JobState.ADMITTED, admitted_at=1000.0, decided_by="schedule-x#3"),
-                         [JobState.PENDING], usage_delta=32, pool_limit=64, admitted_by="schedule-x#3")
+                         [JobState.PENDING], usage_delta=32, pool_limit=64, reserved_by="schedule-x#3")
     with pytest.raises(CapacityExhausted):
         store.transition(jobs[2], jobs[2].with_changes(status=JobState.ADMITTED, admitted_at=1000.0, decided_by="schedule-x#3"),
-                         [JobState.PENDING], usage_delta=32, pool_limit=64, admitted_by="schedule-x#3")
+                         [JobState.PENDING], usage_delta=32, pool_limit=64, reserved_by="schedule-x#3")
     # Then the cycle reads back exactly the admissions written (the refused one is not:
     # one transaction), and no other cycle's, not even one whose mark it begins
-    assert store.cycle_admissions("p5", "schedule-x#3") == [("j0", 1), ("j1", 1)]
-    assert store.cycle_admissions("p5", "schedule-x#30") == []
-    assert store.cycle_admissions("p5", "schedule-x#4") == []
+    assert store.cycle_reservations("p5", "schedule-x#3") == [("j0", 1, "admitted"), ("j1", 1, "admitted")]
+    assert store.cycle_reservations("p5", "schedule-x#30") == []
+    assert store.cycle_reservations("p5", "schedule-x#4") == []
     # And each record is an item the table's TTL removes a day after its admission
-    item = store.client.get_item(TableName="jobs", Key={"pk": {"S": "POOL#p5"}, "sk": {"S": "ADMIT#schedule-x#3#j0"}})["Item"]
-    assert int(item["expires_at"]["N"]) == 1000 + CYCLE_ADMISSION_TTL_S
+    item = store.client.get_item(TableName="jobs", Key={"pk": {"S": "POOL#p5"}, "sk": {"S": "CYCLE#schedule-x#3#j0"}})["Item"]
+    assert int(item["expires_at"]["N"]) == 1000 + CYCLE_RESERVATION_TTL_S
 
 
 def test_a_runs_instance_and_service_job_aliases_expire_after_any_run_could_have_ended(store):

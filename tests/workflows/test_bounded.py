@@ -346,6 +346,38 @@ def test_a_plan_step_hands_over_what_an_earlier_attempt_admitted_while_it_ran(mo
         assert env.kinds("late").count("admitted") == 1 and env.kinds("train").count("admitted") == 1
 
 
+def test_a_plan_step_hands_over_a_victim_an_earlier_attempt_marked_while_it_ran(monkeypatch):
+    from preemptor.service import scheduling
+
+    with emulation() as env:
+        # Given a low job running on the whole pool
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
+        env.advance(600)
+        store, settings = env.stack.deps().store, env.stack.deps().settings
+        earlier: list[dict] = []
+
+        def earlier_attempt_goes_on(pool, waiting, now, original=store.remember_waits):
+            # And the attempt Step Functions gave up (its Lambda went on) marks it as the
+            # victim of a critical job that arrived meanwhile, after this attempt read the
+            # pool and before it gives the lease back
+            monkeypatch.setattr(store, "remember_waits", original)
+            original(pool, waiting, now)
+            critical = _pending_record("incident", gpus=64)
+            store.put_new(critical.with_changes(priority=1000, team="production"))
+            result = scheduling.plan_cycle(store=store, settings=settings, pool_name="p5", owner="schedule-x", now=now, cycle=0)
+            earlier.extend(result.preemptions)
+
+        monkeypatch.setattr(store, "remember_waits", earlier_attempt_goes_on)
+        # When this attempt answers (the workflow starts the preemptions it hands over)
+        answer = env.stack.invoke_lambda(PLAN, {"pool": "p5", "owner": "schedule-x", "cycle": 0})
+        # Then it hands over the victim of its cycle, once, for its preemptor
+        assert [v["job"] for v in earlier] == ["sweep"]
+        assert [(v["job"], v["preemptor"]) for v in answer["preemptions"]] == [("sweep", "incident")]
+        assert answer["has_preemptions"] is True and answer["retried"] is True
+        assert env.job("sweep").status is JobState.PREEMPTING
+        assert env.kinds("sweep").count("preemption-started") == 1
+
+
 def test_a_plan_step_whose_read_back_is_throttled_still_answers_with_what_it_admitted_and_the_rerun(monkeypatch):
     with emulation() as env:
         env.store.put_new(_pending_record("train", gpus=16))
@@ -357,7 +389,7 @@ def test_a_plan_step_whose_read_back_is_throttled_still_answers_with_what_it_adm
 
         def read_back(params: dict) -> dict | None:
             prefix = (params.get("ExpressionAttributeValues") or {}).get(":s", {}).get("S", "")
-            return THROTTLING["dynamodb"] if prefix.startswith("ADMIT#") else None
+            return THROTTLING["dynamodb"] if prefix.startswith("CYCLE#") else None
 
         # Given work arrives while the cycle holds the lease
         monkeypatch.setattr(store, "remember_waits", someone_asks_for_a_plan)

@@ -43,7 +43,7 @@ ALIAS_TTL_S = 90 * 24 * 3600
 EVENT_CLAIM_S = 90
 PREEMPTION_MEMORY_S = 7 * 86400  # a preemption's budget record outlives any sensible budget window
 NOTICE_TTL_S = 7 * 86400  # a notice nothing could publish in a week is dropped
-CYCLE_ADMISSION_TTL_S = 86400  # read back within its cycle's minutes (`cycle_admissions`)
+CYCLE_RESERVATION_TTL_S = 86400  # read back within its cycle's minutes (`cycle_reservations`)
 USAGE_SETTLE_S = 5 * 60  # far beyond the index's propagation delay (normally under a second)
 TRANSACT_ATTEMPTS = 5
 CLAIM_ATTEMPTS = 3  # an adopted run's claim of a checkpoint location, each after a write meanwhile
@@ -219,14 +219,18 @@ def _notice_item(notice: Notice) -> dict:
     return {**_notice_key(notice), **_marshal(fields)}
 
 
-def _cycle_admission_item(pool: str, mark: str, record: JobRecord) -> dict:
-    """A scheduling cycle's admission of `record`, under its pool (`JobsStore.cycle_admissions`)."""
+def _cycle_item(pool: str, mark: str, record: JobRecord) -> dict:
+    """A scheduling cycle's reservation of `record` (admitted, or marked as a victim), under
+    its pool (`JobsStore.cycle_reservations`)."""
+    admitted = record.status is JobState.ADMITTED
+    at = (record.admitted_at if admitted else record.preempting_since) or 0.0
     fields = {
         "job": record.name,
         "incarnation": record.incarnation,
-        "expires_at": int((record.admitted_at or 0.0) + CYCLE_ADMISSION_TTL_S),
+        "kind": "admitted" if admitted else "marked",
+        "expires_at": int(at + CYCLE_RESERVATION_TTL_S),
     }
-    return {"pk": {"S": f"POOL#{pool}"}, "sk": {"S": f"ADMIT#{mark}#{record.name}"}, **_marshal(fields)}
+    return {"pk": {"S": f"POOL#{pool}"}, "sk": {"S": f"CYCLE#{mark}#{record.name}"}, **_marshal(fields)}
 
 
 def _rebase(seen: JobRecord, new: JobRecord, current: JobRecord | None, expect: tuple[JobState, ...]) -> JobRecord | None:
@@ -670,7 +674,7 @@ class JobsStore:
         preemption: PastPreemption | None = None,
         ended_run: EndedRun | None = None,
         notice: Notice | None = None,
-        admitted_by: str | None = None,
+        reserved_by: str | None = None,
     ) -> JobRecord:
         """Write what `new` changes from `record` (field by field) if the stored job still has
         one of the `expect` statuses, the same incarnation and the version `record` was read
@@ -689,9 +693,9 @@ class JobsStore:
         for its team's usage in the same transaction, and folded by `fold_ended_run` (folded
         after the change, a function that died in between lost it: its retry finds the end
         written). `notice`: the team's notice of the change, kept until it is published
-        (`notice_sent`; reconcile publishes what its writer did not). `admitted_by`: the
-        scheduling cycle admitting the job (its mark): the admission is recorded under the
-        pool in the same transaction, for the cycle to read back (`cycle_admissions`). A
+        (`notice_sent`; reconcile publishes what its writer did not). `reserved_by`: the
+        scheduling cycle admitting the job or marking it as a victim (its mark): recorded under
+        the pool in the same transaction, for the cycle to read back (`cycle_reservations`). A
         transaction DynamoDB keeps cancelling for concurrent ones raises the retryable
         TransactionConflict.
         """
@@ -706,8 +710,8 @@ class JobsStore:
                 items.append({"Put": {"TableName": self.table, "Item": _ended_run_item(ended_run)}})
             if notice is not None:
                 items.append({"Put": {"TableName": self.table, "Item": _notice_item(notice)}})
-            if admitted_by is not None:
-                items.append({"Put": {"TableName": self.table, "Item": _cycle_admission_item(new.pool, admitted_by, new)}})
+            if reserved_by is not None:
+                items.append({"Put": {"TableName": self.table, "Item": _cycle_item(new.pool, reserved_by, new)}})
             try:
                 self._transact(items)
                 return replace_version(new, record.version + 1)
@@ -942,12 +946,13 @@ class JobsStore:
                 continue  # the team's usage moved meanwhile: fold on the fresh value
         raise ConflictError(f"usage of team {run.team} in {run.pool} kept changing")
 
-    # -- what a scheduling cycle admitted ---------------------------------------------------
-    def cycle_admissions(self, pool: str, mark: str) -> list[tuple[str, int]]:
-        """(job, incarnation) of every admission the scheduling cycle `mark` made in `pool`
-        (`transition`'s `admitted_by`), read consistently: the pool index may not show an
-        admission yet, and it is what a cycle must hand over to its launches, or give back."""
-        return [(i["job"], int(i["incarnation"])) for i in self._pool_items(pool, f"ADMIT#{mark}#")]
+    # -- what a scheduling cycle reserved --------------------------------------------------
+    def cycle_reservations(self, pool: str, mark: str) -> list[tuple[str, int, str]]:
+        """(job, incarnation, "admitted" or "marked") of every job the scheduling cycle `mark`
+        admitted or marked as a victim in `pool` (`transition`'s `reserved_by`), read
+        consistently: the pool index may not show them yet, and they are what a cycle must
+        hand over to its launches and preemptions, or give back."""
+        return [(i["job"], int(i["incarnation"]), i["kind"]) for i in self._pool_items(pool, f"CYCLE#{mark}#")]
 
     # -- notices to the teams (an outbox: written with their change) -----------------------
     def notice_sent(self, notice: Notice) -> None:

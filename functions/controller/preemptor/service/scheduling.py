@@ -10,12 +10,13 @@ job twice.
 A plan step is idempotent when Step Functions retries it (the Lambda may have done its
 work and died before answering): the lease owner is the execution, and each admission or
 victim records the cycle that decided it (`decided_by`), so a retried step returns what
-it already reserved instead of reserving again or losing it. Each admission is also
-recorded under its pool with its cycle, in the same transaction (`JobsStore.cycle_admissions`):
-once the lease is given back, no attempt of the cycle can admit more, and that consistent
-read is every admission the cycle made, where the pool's index may lag. A step hands all
-of them over, including those of an earlier attempt still running when Step Functions gave
-it up, and a cycle that failed for good gives all of them back (`finish_cycle`).
+it already reserved instead of reserving again or losing it. Each admission and victim
+mark is also recorded under its pool with its cycle, in the same transaction
+(`JobsStore.cycle_reservations`): once the lease is given back, no attempt of the cycle can
+reserve more, and that consistent read is everything the cycle reserved, where the pool's
+index may lag. A step hands all of it over, including what an earlier attempt still running
+when Step Functions gave it up reserved, and a cycle that failed for good gives its
+admissions back (`finish_cycle`).
 """
 
 from __future__ import annotations
@@ -209,9 +210,9 @@ def plan_cycle(
     cut = learning.cut_waits(store, decision, by_name, now) if decision.wait_cuts else []
     store.remember_waits(pool_name, waiting, now)
     rerun = store.release_lease(pool_name, owner)
-    handed = _cycle_admits(store, pool_name, mark, admits)
-    retried = bool(earlier_admits or earlier_victims or len(handed) > len(admits))
-    admits = handed
+    handed, marked = _cycle_reservations(store, pool_name, mark, admits, preemptions)
+    retried = bool(earlier_admits or earlier_victims or len(handed) > len(admits) or len(marked) > len(preemptions))
+    admits, preemptions = handed, marked
     held = sum(r.gpus for r in active if r.status.holds_capacity) + sum(a["gpus"] for a in new_admits)
     wake = _next_wake_s(decision, by_name, active, settings, pool_name, now)
     return CycleResult(
@@ -383,41 +384,52 @@ def finish_cycle(*, store: JobsStore, pool_name: str, owner: str, cycle: int | N
     return {"pool": pool_name, "owner": owner, "rerun": rerun, "released": released}
 
 
-def _cycle_admits(store: JobsStore, pool_name: str, mark: str, known: list[dict]) -> list[dict]:
-    """`known` (what this attempt admitted, and what the index showed of earlier attempts)
-    and every other admission cycle `mark` made and did not launch, read back consistently
-    once the lease is given back: an earlier attempt's the index did not show yet, or one an
-    earlier attempt made while this one ran (Step Functions gave it up, its Lambda went
-    on). Left out of the answer, such a job would hold its GPUs unlaunched until reconcile
-    calls it stuck. A read refused now (throttled) leaves `known`: reconcile still finds
-    the rest."""
-    seen = {a["job"] for a in known}
-    out = list(known)
+def _cycle_reservations(
+    store: JobsStore, pool_name: str, mark: str, admits: list[dict], victims: list[dict]
+) -> tuple[list[dict], list[dict]]:
+    """`admits` and `victims` (what this attempt reserved, and what the index showed of
+    earlier attempts) and everything else cycle `mark` reserved and did not hand on, read
+    back consistently once the lease is given back: what an earlier attempt reserved that
+    the index did not show yet, or reserved while this one ran (Step Functions gave it up,
+    its Lambda went on). Left out of the answer, an admitted job would hold its GPUs
+    unlaunched until reconcile calls it stuck, and a victim would wait for reconcile to
+    start its preemption. A read refused now (throttled) leaves what is known: reconcile
+    still finds the rest."""
+    admits, victims = list(admits), list(victims)
+    seen = {a["job"] for a in admits} | {v["job"] for v in victims}
     try:
-        for job, incarnation in store.cycle_admissions(pool_name, mark):
+        for job, incarnation, kind in store.cycle_reservations(pool_name, mark):
             if job in seen:
                 continue
             record = store.get(job)
-            if record is not None and _admitted_unlaunched(record, mark) and record.incarnation == incarnation:
-                out.append({"job": record.name, "incarnation": record.incarnation, "gpus": record.gpus})
-                seen.add(job)
+            if record is None or record.incarnation != incarnation:
+                continue
+            if kind == "admitted" and _admitted_unlaunched(record, mark):
+                admits.append({"job": record.name, "incarnation": record.incarnation, "gpus": record.gpus})
+            elif kind == "marked" and _marked_by(record, mark):
+                victims.append(_victim_item(record, record.preempted_by, record.preempting_since, None))
+            seen.add(job)
     except Retryable as e:
         # After the lease is given back: a step failed now would be retried without the
         # request to plan again (`rerun`) that the release read.
-        logger.warning("could not read back the cycle's admissions: %s", e, extra={"pool": pool_name, "cycle": mark})
-    return out
+        logger.warning("could not read back the cycle's reservations: %s", e, extra={"pool": pool_name, "cycle": mark})
+    return admits, victims
 
 
 def _admitted_unlaunched(record: JobRecord, mark: str) -> bool:
     return record.decided_by == mark and record.status is JobState.ADMITTED and not record.run_id
 
 
+def _marked_by(record: JobRecord, mark: str) -> bool:
+    return record.decided_by == mark and record.status is JobState.PREEMPTING and bool(record.preempted_by)
+
+
 def _release_admissions(store: JobsStore, pool_name: str, mark: str, now: float) -> list[str]:
     """Give back what cycle `mark` admitted and did not launch: the admissions the index
-    shows, and those recorded with the cycle (`cycle_admissions`) that it does not show yet."""
+    shows, and those recorded with the cycle (`cycle_reservations`) that it does not show yet."""
     found = {r.name: r for r in store.active(pool_name) if r.decided_by == mark}
-    for job, _ in store.cycle_admissions(pool_name, mark):
-        if job not in found:
+    for job, _, kind in store.cycle_reservations(pool_name, mark):
+        if kind == "admitted" and job not in found:
             record = store.get(job)
             if record is not None:
                 found[job] = record
@@ -463,7 +475,7 @@ def _reserve_admissions(
                 pool_limit=capacity,
                 lease_owner=owner,
                 log=line,
-                admitted_by=mark,
+                reserved_by=mark,
             )
         except LeaseLost as e:
             _log_lease_lost(store, record.name, "admission-deferred", len(decision.admits) - i - 1, now, e)
@@ -514,13 +526,14 @@ def _mark_victims(
                 lease_owner=owner,
                 log=(line, LogLine(p.preemptor, now, "preempting", "preempts-lower-priority", f"stopping {victim.name} ({victim.gpus} GPUs)")),
                 preemption=PastPreemption(victim.pool, now, victim.gpus, p.lost_gpu_seconds, victim.name),
+                reserved_by=mark,
             )
         except LeaseLost as e:
             _log_lease_lost(store, victim.name, "preemption-skipped", len(decision.preemptions) - i - 1, now, e)
             break
         except ConflictError as e:
             current = store.get(victim.name)
-            if current is not None and current.decided_by == mark and current.status is JobState.PREEMPTING and current.preempted_by:
+            if current is not None and _marked_by(current, mark):
                 # Marked by an earlier attempt of this cycle, read stale by this one.
                 marked.append(_victim_item(current, current.preempted_by, current.preempting_since, None))
                 continue
