@@ -183,7 +183,10 @@ def plan_cycle(
         return CycleResult(pool_name, owner, False, [], [], [], workflow_settings)
 
     mark = f"{owner}#{cycle}"
-    pending, active, snapshot = read_snapshot(store, settings, pool_name, now)
+    # The pool's count as read at the cycle's start: after whatever write started the cycle
+    # (a victim requeued, a run's end), which the index may not show yet.
+    used = int(stored.get("used_gpus", 0)) if stored is not None else None
+    pending, active, snapshot = read_snapshot(store, settings, pool_name, now, used_gpus=used)
     earlier_admits, earlier_victims = _reserved_by(active, mark)
     decision = plan(snapshot, settings.policy, now)
     waiting = [
@@ -319,11 +322,12 @@ def _victim_item(victim: JobRecord, preemptor: str, marked_at: float, lost_gpu_s
 
 
 def read_snapshot(
-    store: JobsStore, settings: Settings, pool_name: str, now: float, include: str | None = None
+    store: JobsStore, settings: Settings, pool_name: str, now: float, include: str | None = None, used_gpus: int | None = None
 ) -> tuple[list[JobRecord], list[JobRecord], Snapshot]:
     """What the planner sees of one pool: a bounded number of reads, whatever the queue length.
 
     `include` adds one pending job even when it ranks beyond the window (for `explain`).
+    `used_gpus`: the pool's count, when the caller read it already (else it is read).
     """
     pool_cfg = settings.pool(pool_name)
     knobs = settings.policy.for_pool(pool_name)
@@ -336,11 +340,14 @@ def read_snapshot(
     # Checkpoint times come from the table (kept current by S3 events and the checkpoint
     # steps; reconcile refreshes them from S3), not from listing S3 on every decision.
     active = store.active(pool_name)
-    if sum(r.gpus for r in active if r.status.holds_capacity) > store.used_gpus(pool_name):
-        # The index still shows GPUs given back since (it is eventually consistent, and a
-        # cycle often runs the moment a run ends or a victim is requeued): the pool's own
-        # count, read consistently after it, says so. Each holder is read again, so the
-        # GPUs just freed are planned now, not at the next event or reconcile.
+    if used_gpus is None:
+        used_gpus = store.used_gpus(pool_name)
+    if sum(r.gpus for r in active if r.status.holds_capacity) > used_gpus:
+        # The index still shows GPUs given back (it is eventually consistent, and a cycle
+        # often runs the moment a run ends or a victim is requeued): the pool's own count,
+        # read consistently (`used_gpus`: by the cycle, at its start), says so. Each holder
+        # is read again, so the GPUs just freed are planned now, not at the next event or
+        # reconcile.
         active = store.still_holding(pool_name, active)
     window = history_window_s(knobs)  # the budget's, the checkpoint forecast's
     history = store.preemptions_since(pool_name, now - window) if window is not None else []

@@ -216,7 +216,7 @@ class HostileWorld:
             lagging = self._index.lagging_answer(region, params)
             if lagging is not None:
                 self._record("index-lag", actor, f"dynamodb:Query {params['IndexName']} {_partition(params)}")
-                return lagging
+                return _answer(200, lagging)
         return None
 
     def _refuse_stop(self, actor: str, service: str, operation: str, params: dict) -> tuple[AWSResponse, dict] | None:
@@ -351,20 +351,17 @@ def _partition(params: dict) -> str:
 
 
 def _error(status: int, code: str, message: str) -> tuple[AWSResponse, dict]:
-    """An error response as AWS sends it: every response carries a request id (Step
-    Functions' service integrations put it in the error's cause, and fail without it)."""
+    """An error response as AWS sends it."""
+    return _answer(status, {"Error": {"Code": code, "Message": message}})
+
+
+def _answer(status: int, body: dict) -> tuple[AWSResponse, dict]:
+    """A response with `body`, as botocore hands it on: every response carries a request id
+    (Step Functions' service integrations put it in an error's cause, and fail without it)."""
     request_id = str(uuid.uuid4())
     http = AWSResponse("https://emulated.invalid/", status, {"x-amzn-requestid": request_id}, None)
-    parsed = {
-        "Error": {"Code": code, "Message": message},
-        "ResponseMetadata": {
-            "RequestId": request_id,
-            "HTTPStatusCode": status,
-            "HTTPHeaders": {"x-amzn-requestid": request_id},
-            "RetryAttempts": 0,
-        },
-    }
-    return http, parsed
+    metadata = {"RequestId": request_id, "HTTPStatusCode": status, "HTTPHeaders": {"x-amzn-requestid": request_id}, "RetryAttempts": 0}
+    return http, {**body, "ResponseMetadata": metadata}
 
 
 _INTEGRATION_MODULES = (

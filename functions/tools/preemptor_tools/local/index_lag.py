@@ -20,15 +20,14 @@ from __future__ import annotations
 import copy
 import re
 import threading
-import uuid
 from typing import Any
 
-from botocore.awsrequest import AWSResponse
 from moto.dynamodb.models import dynamodb_backends
+from moto.dynamodb.models.dynamo_type import DynamoType
 
 from .moto_patches.dynamodb import lock as moto_dynamodb_lock
+from .scenario import ACCOUNT
 
-ACCOUNT = "123456789012"
 LAG_S = 1.0  # how long a write stays out of the indexes (simulated seconds)
 _WRITES = ("PutItem", "UpdateItem", "DeleteItem", "TransactWriteItems")
 _EQUALS = re.compile(r"^\s*(#?\w+)\s*=\s*(:\w+)\s*$")
@@ -70,8 +69,8 @@ class LaggingIndex:
                     before[k] = (copy.deepcopy(item.to_json()["Attributes"]) if item is not None else None, now)
 
     # -- index queries -------------------------------------------------------------------------
-    def lagging_answer(self, region: str, params: dict) -> tuple[AWSResponse, dict] | None:
-        """The answer to a query of an index as the index stands `lag_s` behind the table, or
+    def lagging_answer(self, region: str, params: dict) -> dict | None:
+        """The answer (its body) to a query of an index as the index stands `lag_s` behind the table, or
         None when no item the query could see was written that recently (or the query is one
         moto must answer: see the module's docstring)."""
         index_name = params.get("IndexName")
@@ -118,7 +117,7 @@ class LaggingIndex:
             key_attrs = [*table.table_key_attrs, hash_attr, *([range_attr] if range_attr else [])]
             parsed["LastEvaluatedKey"] = {a: last[a] for a in key_attrs if a in last}
         parsed.update({"Items": copy.deepcopy(shown), "Count": len(shown), "ScannedCount": len(shown)})
-        return _ok(parsed)
+        return parsed
 
 
 def _written_keys(operation: str, params: dict) -> list[tuple[str, dict]]:
@@ -154,8 +153,6 @@ def _key(table: Any, attributes: dict) -> Key | None:
 
 
 def _get(table: Any, key: dict) -> Any:
-    from moto.dynamodb.models.dynamo_type import DynamoType
-
     hash_key = DynamoType(key[table.hash_key_attr])
     range_key = DynamoType(key[table.range_key_attr]) if table.range_key_attr else None
     return table.get_item(hash_key, range_key)
@@ -171,14 +168,3 @@ def _sortable(typed: dict) -> Any:
     (kind, value), = typed.items()
     return float(value) if kind == "N" else value
 
-
-def _ok(parsed: dict) -> tuple[AWSResponse, dict]:
-    request_id = str(uuid.uuid4())
-    http = AWSResponse("https://emulated.invalid/", 200, {"x-amzn-requestid": request_id}, None)
-    parsed["ResponseMetadata"] = {
-        "RequestId": request_id,
-        "HTTPStatusCode": 200,
-        "HTTPHeaders": {"x-amzn-requestid": request_id},
-        "RetryAttempts": 0,
-    }
-    return http, parsed

@@ -23,7 +23,8 @@ and each patch says which gap it fills:
 - `sdk` (botocore, not moto): the sessions share one loader of the service models, the
   clients of a service one set of methods and the emitters one event-alias cache; requests
   of services signed with plain SigV4 carry the signature's scope, not its hash (moto checks
-  none). Costs, not gaps.
+  none); a client's User-Agent is built once per set of features, and moto's list of a
+  response class's actions once per class. Costs, not gaps.
 
 Features no state machine of the product uses (`.sync` polling, task tokens, task timeouts,
 Timestamp waits, `aws-sdk:*` error names) are not patched: on the emulated stack they behave
