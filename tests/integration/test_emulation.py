@@ -1112,3 +1112,47 @@ def test_checkpoint_writes_are_announced_as_s3_object_created_events(emulation: 
         "jobs/s3/manifest.json",
     ]
     assert {(e["detail-type"], e["detail"]["bucket"]["name"], e["time"]) for e in created} == {("Object Created", BUCKET, at(220))}
+
+
+def test_clients_of_one_service_share_its_model_and_endpoint_rules_and_still_resolve_their_own_endpoints() -> None:
+    import botocore.client
+    import botocore.hooks
+    import botocore.regions
+
+    original_load_model = botocore.client.ClientCreator._load_service_model
+    original_provider = botocore.regions.EndpointProvider
+    original_accepts_kwargs = botocore.hooks.accepts_kwargs
+    moto_patches.install(SimClock(START), lambda name, event: None)
+    try:
+        with mock_aws():
+            # Given clients of two sessions, in two regions
+            east = boto3.session.Session(region_name="us-east-1")
+            west = boto3.session.Session(region_name="eu-west-1")
+            one, two = east.client("sagemaker"), west.client("sagemaker")
+            # Then they share one view of the service's model and one tree of its endpoint rules
+            assert one.meta.service_model is two.meta.service_model
+            assert one._ruleset_resolver._provider is two._ruleset_resolver._provider
+            # and another service has its own
+            assert east.client("dynamodb")._ruleset_resolver._provider is not one._ruleset_resolver._provider
+            # And each still resolves its own region's endpoint, S3 (whose rules leave some
+            # parameters out) included, and its calls are answered there
+            assert one.meta.endpoint_url == "https://api.sagemaker.us-east-1.amazonaws.com"
+            assert two.meta.endpoint_url == "https://api.sagemaker.eu-west-1.amazonaws.com"
+            s3 = west.client("s3")
+            s3.create_bucket(Bucket="rules", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+            assert s3.get_bucket_location(Bucket="rules")["LocationConstraint"] == "eu-west-1"
+            assert two.list_training_jobs()["TrainingJobSummaries"] == []
+            # And a handler that takes no keyword arguments is still refused, asked once or twice
+            def no_kwargs(request):
+                return None
+
+            for _ in range(2):
+                with pytest.raises(ValueError, match="must accept keyword arguments"):
+                    one.meta.events.register("before-send", no_kwargs)
+            one.meta.events.register("before-send", lambda request, **_: None)
+    finally:
+        moto_patches.uninstall()
+    # And uninstalling puts botocore back
+    assert botocore.client.ClientCreator._load_service_model is original_load_model
+    assert botocore.regions.EndpointProvider is original_provider
+    assert botocore.hooks.accepts_kwargs is original_accepts_kwargs

@@ -21,7 +21,9 @@ and each patch says which gap it fills:
 - `events`: every event PutEvents accepted handed to listeners (the local stack routes what
   arrives over HTTP to the intake; moto cannot invoke Lambda targets).
 - `sdk` (botocore, not moto): the sessions share one loader of the service models, the
-  clients of a service one set of methods and the emitters one event-alias cache; requests
+  clients of a service one set of methods, one view of its model and one tree of its
+  endpoint rules, and the emitters one event-alias cache and one answer per handler to
+  "does it take keyword arguments"; requests
   of services signed with plain SigV4 carry the signature's scope, not its hash (moto checks
   none); a client's User-Agent is built once per set of features, and moto's list of a
   response class's actions once per class. Costs, not gaps.

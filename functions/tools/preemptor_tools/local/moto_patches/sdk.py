@@ -37,6 +37,15 @@ request's context adds, a paginator's say) are the same, so it is kept per clien
 of features. And moto, for every request, lists the functions of the service's response
 class (`inspect.getmembers`) to find the action's; the list is kept per class while the
 patches are installed (they change those classes only as they are installed).
+
+A client also builds its own view of its service's model (its operations and shapes,
+resolved as they are first used) and its own endpoint rules (a tree of objects parsed from
+the ruleset document): more than half of what a new client costs. Both are read-only once
+built, and the clients of a session already share them across threads; so each is built
+once per model document (and, for the rules, the partitions document and the parameters
+S3 leaves out), and every client of the service shares it. And every handler registered
+on an event emitter is checked to take keyword arguments (`inspect.getfullargspec`); the
+answer is kept per function, weakly.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from __future__ import annotations
 import datetime
 import functools
 import threading
+import weakref
 from typing import Any
 
 import botocore.auth
@@ -51,6 +61,8 @@ import botocore.client
 import botocore.context
 import botocore.exceptions
 import botocore.hooks
+import botocore.model
+import botocore.regions
 import botocore.session
 import botocore.useragent
 import moto.core.responses
@@ -66,6 +78,16 @@ _ZERO_SIGNATURE = "0" * 64
 _ORIGINAL_USER_AGENT = botocore.useragent.UserAgentString.to_string
 _ORIGINAL_METHOD_NAMES = moto.core.responses.method_names_from_class
 _METHOD_NAMES: dict[type, list[str]] = {}
+_ORIGINAL_ACCEPTS_KWARGS = botocore.hooks.accepts_kwargs
+_ACCEPTS_KWARGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ENDPOINT_PROVIDER = botocore.regions.EndpointProvider
+_UNKNOWN = object()
+
+# Read-only views built once per document (kept in the value: an id is never reused while
+# its object lives): (service name, id of its model) -> (model, its ServiceModel); (ids of
+# the ruleset and partitions, parameters left out) -> (ruleset, partitions, EndpointProvider)
+_MODELS: dict[tuple[str, int], tuple[dict, Any]] = {}
+_PROVIDERS: dict[tuple[int, int, frozenset], tuple[dict, dict, Any]] = {}
 
 # (service name, id of its model document) -> (that document, its methods)
 _METHODS: dict[tuple[str, int], tuple[dict, dict[str, Any]]] = {}
@@ -73,7 +95,7 @@ _METHODS_LOCK = threading.Lock()
 
 
 @functools.lru_cache(maxsize=4)
-def _shared_loader(search_path_string: str | None = None):
+def shared_loader(search_path_string: str | None = None):
     return _ORIGINAL_CREATE_LOADER(search_path_string)
 
 
@@ -85,6 +107,43 @@ def _shared_methods(creator: Any, service_model: Any) -> dict[str, Any]:
         if found is None or found[0] is not document:  # the document itself is kept: its id is never reused
             found = _METHODS[key] = (document, _ORIGINAL_CREATE_METHODS(creator, service_model))
     return dict(found[1])
+
+
+def _shared_service_model(creator: Any, service_name: str, api_version: str | None = None) -> Any:
+    document = creator._loader.load_service_model(service_name, "service-2", api_version=api_version)
+    key = (service_name, id(document))
+    with _METHODS_LOCK:
+        found = _MODELS.get(key)
+        if found is None or found[0] is not document:
+            found = _MODELS[key] = (document, botocore.model.ServiceModel(document, service_name=service_name))
+    return found[1]
+
+
+def _shared_endpoint_provider(ruleset_data: dict, partition_data: dict, excluded_params: Any = None) -> Any:
+    left_out = frozenset(excluded_params or ())
+    key = (id(ruleset_data), id(partition_data), left_out)
+    with _METHODS_LOCK:
+        found = _PROVIDERS.get(key)
+        if found is None or found[0] is not ruleset_data or found[1] is not partition_data:
+            provider = _ENDPOINT_PROVIDER(ruleset_data=ruleset_data, partition_data=partition_data, excluded_params=excluded_params)
+            found = _PROVIDERS[key] = (ruleset_data, partition_data, provider)
+    return found[2]
+
+
+def _accepts_kwargs(func: Any) -> Any:
+    target = getattr(func, "__func__", func)  # a bound method: its function's signature
+    with _METHODS_LOCK:
+        try:
+            found = _ACCEPTS_KWARGS.get(target, _UNKNOWN)
+        except TypeError:  # not weakly referable: asked each time
+            found = None
+            target = None
+    if found is _UNKNOWN or target is None:
+        found = _ORIGINAL_ACCEPTS_KWARGS(func)
+        if target is not None:
+            with _METHODS_LOCK:
+                _ACCEPTS_KWARGS[target] = found
+    return found
 
 
 def _aliaser_init(self: Any, event_emitter: Any, event_aliases: dict | None = None) -> None:
@@ -145,8 +204,11 @@ def patch() -> None:
     _METHOD_NAMES.clear()  # listed under the patches installed before this one
     replace(botocore.useragent.UserAgentString, "to_string", _user_agent)
     replace(moto.core.responses, "method_names_from_class", _method_names)
-    replace(botocore.session, "create_loader", _shared_loader)
+    replace(botocore.session, "create_loader", shared_loader)
     replace(botocore.client.ClientCreator, "_create_methods", _shared_methods)
+    replace(botocore.client.ClientCreator, "_load_service_model", _shared_service_model)
+    replace(botocore.regions, "EndpointProvider", _shared_endpoint_provider)
+    replace(botocore.hooks, "accepts_kwargs", _accepts_kwargs)
     replace(botocore.hooks.EventAliaser, "__init__", _aliaser_init)
     for signer in _header_signers():
         replace(signer, "add_auth", _scope_only(signer.__dict__["add_auth"], signer))
