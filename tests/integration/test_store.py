@@ -352,6 +352,29 @@ def test_a_release_resent_after_its_answer_was_lost_still_says_to_plan_again(sto
     assert store.release_lease("p5", "cycle-3") is False
 
 
+def test_a_lease_taken_whose_answer_was_lost_is_known_to_its_taker(store):
+    # Given the lease's write applied, and no answer through botocore's every retry
+    with answer_lost_after_applied(store.client, "UpdateItem", when=lambda p: "lease_owner = :o" in p.get("UpdateExpression", "")) as lost:
+        # When a cycle takes the pool's lease
+        taken = store.acquire_lease("p5", "cycle-1", now=100.0, ttl_s=300)
+    assert lost == [1]
+    # Then it knows it holds it (a consistent read told), and can give it back
+    assert taken is True and store.lease_holder("p5") == "cycle-1"
+    store.release_lease("p5", "cycle-1")
+    assert store.acquire_lease("p5", "cycle-2", now=101.0, ttl_s=300)
+
+
+def test_a_lease_not_taken_whose_answer_was_lost_is_still_an_error(store):
+    # Given another cycle holding the lease, and the taking's answer lost (the condition
+    # refused the write, which nobody heard)
+    assert store.acquire_lease("p5", "holder", now=100.0, ttl_s=300)
+    with answer_lost_after_applied(store.client, "UpdateItem", when=lambda p: "lease_owner = :o" in p.get("UpdateExpression", "")):
+        # Then the taker is told it got no answer, and the lease is still the holder's
+        with pytest.raises(ReadTimeoutError):
+            store.acquire_lease("p5", "cycle-1", now=101.0, ttl_s=300)
+    assert store.lease_holder("p5") == "holder"
+
+
 def _lagging_index(params: dict) -> dict | None:
     """The pool's capacity index has not caught up yet: it answers with no job."""
     if params.get("IndexName") == GSI:

@@ -5,7 +5,7 @@ for `make test`), a probe for the next invariant that breaks. Each seed replays 
         .venv/bin/python tests/storm/chaos_sweep.py sagemaker 300 340
 
 prints one line per seed (job states, events dead-lettered, index queries answered lagging,
-violated invariants) and the count of seeds with a violation.
+answers lost, violated invariants) and the count of seeds with a violation.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from storm.test_storm_scenarios import story
 
 from preemptor_tools.local import demo
 
-CHAOS = {"throttle_rate": 0.15, "crash_rate": 0.15, "duplicate_rate": 0.3, "reorder_rate": 0.3, "transaction_conflict_rate": 0.3, "index_lag_rate": 0.3}
+CHAOS = {"throttle_rate": 0.15, "crash_rate": 0.15, "duplicate_rate": 0.3, "reorder_rate": 0.3, "transaction_conflict_rate": 0.3, "index_lag_rate": 0.3,
+         "answer_lost_rate": 0.2}
 
 
 def main() -> int:
@@ -35,8 +36,10 @@ def main() -> int:
         found = violations(result, scenario)
         states = {j["name"]: j["state"] for j in result.report["jobs"]}
         dead = result.report.get("chaos", {}).get("dead_letters")
-        lagged = result.report.get("chaos", {}).get("injected", {}).get("index-lag", 0)
-        print(f"{args.service} seed {seed} {time.monotonic() - started:.1f}s {states} dead-lettered {dead} index-lagged {lagged} {found}", flush=True)
+        injected = result.report.get("chaos", {}).get("injected", {})
+        lagged, lost = injected.get("index-lag", 0), injected.get("answer-lost", 0)
+        print(f"{args.service} seed {seed} {time.monotonic() - started:.1f}s {states} dead-lettered {dead} index-lagged {lagged} "
+              f"answers-lost {lost} {found}", flush=True)
         bad += bool(found)
     print(f"{bad} of {args.end - args.first} seeds violated an invariant")
     return 1 if bad else 0

@@ -306,3 +306,97 @@ def test_a_lagging_index_keeps_its_order_and_its_page_size_and_shows_a_deleted_i
     # Then it sees the deleted job still, in the index's order, two of them, and where to go on
     assert [i["pk"]["S"] for i in first_two["Items"]] == [f"JOB#{n}" for n in expected[:2]]
     assert first_two["Count"] == 2 and first_two["LastEvaluatedKey"]["pk"] == {"S": f"JOB#{expected[1]}"}
+
+
+def _counter(env: Emulation, key: str) -> int:
+    item = env.stack.client("dynamodb").get_item(
+        TableName=env.stack.deps().settings.jobs_table, Key={"pk": {"S": key}, "sk": {"S": "X"}}, ConsistentRead=True
+    ).get("Item")
+    return int(item["n"]["N"]) if item else 0
+
+
+def test_an_answer_lost_after_the_call_was_carried_out_is_sent_again_by_botocore(env: Emulation, world: HostileWorld) -> None:
+    from botocore.exceptions import ConnectionClosedError, ReadTimeoutError
+
+    # Given a world that loses every answer, after AWS carried the call out
+    world.chaos = Chaos(seed=5, answer_lost_rate=ALWAYS)
+    lost_before = world.counts().get("answer-lost", 0)
+    dynamodb = env.store.client  # the functions' client: botocore's standard retries, three attempts
+    table = env.stack.deps().settings.jobs_table
+    add = {"TableName": table, "Key": {"pk": {"S": "LOST#1"}, "sk": {"S": "X"}}, "UpdateExpression": "ADD n :one",
+           "ExpressionAttributeValues": {":one": {"N": "1"}}}
+
+    # When a function adds one to a counter (a write that is not idempotent)
+    with HostileWorld.acting_as("preemptor-PlanFunction"), pytest.raises((ReadTimeoutError, ConnectionClosedError)):
+        dynamodb.update_item(**add)
+
+    # Then botocore sent it three times, and each was carried out, as on AWS; the caller saw
+    # only that no answer came
+    assert _counter(env, "LOST#1") == 3
+    assert world.counts()["answer-lost"] - lost_before == 3
+    # And the harness's own calls are answered
+    dynamodb.update_item(**add)
+    assert _counter(env, "LOST#1") == 4
+
+
+def test_a_conditional_write_whose_answer_was_lost_is_refused_on_its_own_first_write(env: Emulation, world: HostileWorld) -> None:
+    dynamodb = env.store.client
+    table = env.stack.deps().settings.jobs_table
+    # Given, for some seed, a put whose first answer is lost and whose second is not
+    for seed in range(64):
+        world.chaos = Chaos(seed=seed, answer_lost_rate=0.5)
+        before = world.counts().get("answer-lost", 0)
+        key = {"pk": {"S": f"ONCE#{seed}"}, "sk": {"S": "X"}}
+        with HostileWorld.acting_as("preemptor-IntakeFunction"):
+            try:
+                dynamodb.put_item(TableName=table, Item=key, ConditionExpression="attribute_not_exists(pk)")
+                answer = "written"
+            except ClientError as e:
+                answer = e.response["Error"]["Code"]
+            except Exception as e:  # noqa: BLE001 - every attempt lost: not the case sought
+                answer = type(e).__name__
+        if world.counts()["answer-lost"] - before == 1:
+            break
+    else:
+        pytest.fail("no seed in 64 lost exactly one answer")
+    # Then the caller sees the second attempt's answer: its condition failed, on the item
+    # its own first attempt wrote (what DynamoDB answers; the caller must look before it
+    # concludes someone else wrote it)
+    assert answer == "ConditionalCheckFailedException"
+    assert "Item" in dynamodb.get_item(TableName=table, Key=key, ConsistentRead=True)
+
+
+def test_a_transaction_sent_again_with_its_token_is_carried_out_once(env: Emulation, world: HostileWorld) -> None:
+    from botocore.exceptions import ConnectionClosedError, ReadTimeoutError
+
+    # Given a world that loses every answer
+    world.chaos = Chaos(seed=6, answer_lost_rate=ALWAYS)
+    lost_before = world.counts().get("answer-lost", 0)
+    dynamodb = env.store.client
+    table = env.stack.deps().settings.jobs_table
+
+    def add(key: str) -> list[dict]:
+        return [{"Update": {"TableName": table, "Key": {"pk": {"S": key}, "sk": {"S": "X"}}, "UpdateExpression": "ADD n :one",
+                            "ExpressionAttributeValues": {":one": {"N": "1"}}}}]
+
+    # When a function's transaction is sent three times (botocore's retries, one token)
+    with HostileWorld.acting_as("preemptor-PlanFunction"), pytest.raises((ReadTimeoutError, ConnectionClosedError)):
+        dynamodb.transact_write_items(TransactItems=add("TOKEN#1"))
+    # Then DynamoDB carried it out once: the resends had its ClientRequestToken
+    assert world.counts()["answer-lost"] - lost_before == 3
+    assert _counter(env, "TOKEN#1") == 1
+
+    # And with a token of the caller's: the same request again succeeds and writes nothing
+    world.chaos = Chaos()
+    dynamodb.transact_write_items(TransactItems=add("TOKEN#2"), ClientRequestToken="token-2")
+    dynamodb.transact_write_items(TransactItems=add("TOKEN#2"), ClientRequestToken="token-2")
+    assert _counter(env, "TOKEN#2") == 1
+    # and another request with that token is refused, as DynamoDB refuses it
+    with pytest.raises(ClientError) as raised:
+        dynamodb.transact_write_items(TransactItems=add("TOKEN#3"), ClientRequestToken="token-2")
+    assert raised.value.response["Error"]["Code"] == "IdempotentParameterMismatchException"
+    assert _counter(env, "TOKEN#3") == 0
+    # And ten minutes later the token is forgotten: the same request is a new one
+    env.clock.advance(601)
+    dynamodb.transact_write_items(TransactItems=add("TOKEN#2"), ClientRequestToken="token-2")
+    assert _counter(env, "TOKEN#2") == 2

@@ -542,6 +542,27 @@ def test_reconcile_recounts_usage_that_drifted_under_the_lease():
         assert "lease_owner" not in env.store.pool("p5")
 
 
+def test_a_lease_reconcile_took_without_hearing_so_is_given_back_and_the_next_plan_runs():
+    with emulation(pools=[P5]) as env:
+        env.submit(name="a", team="research", priority=50, pool="p5", instances=2, duration=30000)
+        store = env.stack.deps().store
+        # Given reconcile's taking of the lease for its recount applied, its answer lost
+        # through every retry, and the read that would tell refused too
+        with answer_lost_after_applied(store.client, "UpdateItem", when=lambda p: "lease_owner = :o" in p.get("UpdateExpression", "")) as lost, aws_says_no(
+            store.client, "GetItem", lambda p: THROTTLING["dynamodb"] if lost and p.get("Key", {}).get("sk", {}).get("S") == "POOL" else None, times=1
+        ) as refused:
+            # When reconcile runs
+            result = _reconcile(env)
+        assert lost == [1]
+        # Then the recount is an error of the pool, and the lease is not left held by nobody
+        assert any(e.get("pool") == "p5" for e in result["errors"]), result["errors"]
+        assert "lease_owner" not in env.store.pool("p5")
+        assert len(refused) == 1  # (the read that would have told was refused)
+        # And a job submitted now is planned at once, not told that another run holds the pool
+        env.submit(name="b", team="research", priority=50, pool="p5", instances=1, duration=600)
+        assert env.job("b").status in (JobState.ADMITTED, JobState.RUNNING)
+
+
 def test_a_launch_that_gives_up_goes_back_to_the_queue_after_a_backoff_not_after_reconciles_half_hour():
     with emulation() as env:
         sagemaker = env.stack.deps().runners["sagemaker"].client

@@ -29,7 +29,7 @@ from ..core.errors import CapacityExhausted, ConflictError, EventInProgress, Job
 from ..core.jobs import JobRecord
 from ..core.model import EndedRun, JobState, Notice, PastPreemption, TeamUsage
 from ..core.s3uri import S3Uri
-from .errors import translate
+from .errors import NO_ANSWER, translate
 
 GSI = "ByPoolStatus"
 EVENT_TTL_S = 7 * 24 * 3600
@@ -476,7 +476,20 @@ class JobsStore:
 
     # -- scheduler lease (serialises scheduling per pool) ---------------------------------
     def acquire_lease(self, pool: str, owner: str, now: float, ttl_s: float) -> bool:
-        """Take the pool's scheduling lease; if someone holds it, ask them to run again."""
+        """Take the pool's scheduling lease; if someone holds it, ask them to run again.
+
+        When no answer comes back (botocore's retries ran out on a lost connection), the
+        write may have been applied: a consistent read tells. A lease taken without its
+        taker knowing would hold the pool for its whole life, every plan meanwhile told that
+        another run holds it."""
+        try:
+            return self._take_lease(pool, owner, now, ttl_s)
+        except NO_ANSWER:
+            if self.lease_holder(pool) == owner:
+                return True
+            raise
+
+    def _take_lease(self, pool: str, owner: str, now: float, ttl_s: float) -> bool:
         try:
             self._call(
                 "update_item",

@@ -242,7 +242,14 @@ def _recount_usage(store: JobsStore, pool: str, now: float) -> dict:
     consistent reads, written only on a condition on what was observed (`store.recount_usage`).
     A plan that holds the lease is left alone: the recount waits for the next run."""
     owner = execution_name("reconcile", pool, f"{int(now)}")
-    if not store.acquire_lease(pool, owner, now, LEASE_TTL_S):
+    try:
+        taken = store.acquire_lease(pool, owner, now, LEASE_TTL_S)
+    except Exception:
+        # It may be ours all the same (taken, and the answer and its read-back lost): given
+        # back, or the pool waits for the lease to expire, every plan told that it is held.
+        store.release_lease(pool, owner)
+        raise
+    if not taken:
         return {"pool": pool, "recount": "pool-busy"}
     try:
         result = store.recount_usage(pool, now)

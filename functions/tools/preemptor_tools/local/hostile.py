@@ -14,6 +14,16 @@ Given a scenario's `chaos:` rates and `faults:`, `HostileWorld` makes the emulat
   Step Functions sees `Lambda.Unknown`;
 - answer a query of a DynamoDB index as the index stood a moment ago (`index_lag_rate`,
   `index_lag.py`): the writes of the last simulated second not in it yet;
+- lose the answer of a call AWS applied (`answer_lost_rate`): the request reached AWS and
+  was carried out, and the connection then failed (`ReadTimeoutError` or
+  `ConnectionClosedError`). Each attempt is drawn on its own, from a botocore `before-send`
+  hook that runs after moto's (which carries the request out), so botocore retries as it
+  would on AWS, by the client's own retry settings: the retry's answer is the one the
+  caller sees (DynamoDB's for a transaction with the same `ClientRequestToken`: success, and
+  nothing written again; a conditional write's: its condition failed, on its own first
+  write), or the connection error when every attempt lost its answer. botocore's backoff
+  between attempts takes no time here. Only the functions' own calls: Step Functions' calls
+  to AWS are AWS's own;
 - `stop_denied` a job's stops (AccessDeniedException) for `duration` seconds;
   `stopped_by_hand` (someone stops the job's run outside the controller, done by the demo
   driver); `workflow_crash` (the next execution dies, ABORTED, after its first step).
@@ -33,22 +43,26 @@ import copy
 import hashlib
 import json
 import re
-import uuid
 import threading
+import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import botocore.endpoint
 import botocore.handlers
 from botocore.awsrequest import AWSResponse
+from botocore.exceptions import ConnectionClosedError, ReadTimeoutError
 
 from . import moto_patches
 from .clock import SimClock
 from .index_lag import LaggingIndex
 from .moto_patches import batch as batch_patches
 from .moto_patches import sagemaker as sagemaker_patches
+from .moto_patches._core import replace
 from .scenario import Chaos, Fault, StopDenied, WorkflowCrash
 
 # Who is calling AWS: the function whose handler runs in this context (set by the stack).
@@ -130,7 +144,11 @@ class HostileWorld:
     def install(self, stop_execution: Callable[[str, str, str], None]) -> None:
         """Hook botocore (sessions created from now on) and the workflows' Lambda steps."""
         self._stop_execution = stop_execution
-        for event, handler in (("before-parameter-build", self._stash_params), ("before-call", self._before_call)):
+        # `before-send` after moto's own handler (appended when moto was imported): the
+        # request has been carried out when `_after_sent` decides that its answer is lost.
+        handlers = [("before-parameter-build", self._stash_params), ("before-call", self._before_call), ("before-send", self._after_sent)]
+        replace(botocore.endpoint, "time", _NoBackoff())
+        for event, handler in handlers:
             botocore.handlers.BUILTIN_HANDLERS.append((event, handler))
             self._installed.append((event, handler))
         self._unsubscribe.append(moto_patches.on_lambda_task_returned(self._lambda_task_returned))
@@ -218,6 +236,18 @@ class HostileWorld:
                 self._record("index-lag", actor, f"dynamodb:Query {params['IndexName']} {_partition(params)}")
                 return _answer(200, lagging)
         return None
+
+    def _after_sent(self, request: Any, event_name: str = "", **_: Any) -> None:
+        actor = ACTOR.get()
+        if actor is None or not self.chaos.answer_lost_rate:
+            return  # the harness, the fleet, the demo driver, Step Functions itself
+        _, service, operation = (event_name.split(".") + ["", "", ""])[:3]
+        key = f"{actor}|{service}|{operation}"
+        if self._draw("answer-lost", key) >= self.chaos.answer_lost_rate:
+            return
+        error = ReadTimeoutError if self._draw("answer-lost-how", key) < 0.5 else ConnectionClosedError
+        self._record("answer-lost", actor, f"{service}:{operation} {error.__name__}")
+        raise error(endpoint_url=getattr(request, "url", "") or "https://emulated.invalid/")
 
     def _refuse_stop(self, actor: str, service: str, operation: str, params: dict) -> tuple[AWSResponse, dict] | None:
         now = self.clock.now()
@@ -333,6 +363,18 @@ class HostileWorld:
         return True
 
 
+class _NoBackoff:
+    """botocore's endpoint module's `time`, whose `sleep` (the backoff between a call's
+    attempts) takes no time: simulated time does not move inside one call."""
+
+    @staticmethod
+    def sleep(_seconds: float) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
 def _run_of(run: str, job: str) -> bool:
     """A run belongs to a job when it is named after it (`job`, `job-r2`, ...)."""
     return re.fullmatch(re.escape(job) + r"(-r\d+)?", run) is not None
@@ -374,8 +416,6 @@ def _hook_service_integrations(world: HostileWorld) -> None:
     """moto's service integrations build their clients with `boto_client_for` from the default
     session (created before the hooks); give those clients the hooks, acting as "states"."""
     import importlib
-
-    from .moto_patches._core import replace
 
     for name in _INTEGRATION_MODULES:
         module = importlib.import_module(name)

@@ -83,6 +83,7 @@ class Chaos(BaseModel):
     transaction_conflict_rate: float = Field(default=0.0, ge=0, lt=1)
     crash_rate: float = Field(default=0.0, ge=0, lt=1)
     index_lag_rate: float = Field(default=0.0, ge=0, lt=1)
+    answer_lost_rate: float = Field(default=0.0, ge=0, lt=1)
 
 
 class StopDenied(BaseModel):

@@ -15,7 +15,9 @@ and each patch says which gap it fills:
 - `s3`: `LastModified` from the simulated clock.
 - `dynamodb`: each item operation atomic (moto applies a conditional write without a lock,
   and runs each Step Functions execution in its own thread: concurrent cycles lost updates);
-  the item operations' answers written without moto's per-member lookups, a transaction
+  a transaction's `ClientRequestToken` honoured for 10 minutes, as DynamoDB does (moto
+  ignores it: a resend after a lost answer was cancelled by its own first writes); the item
+  operations' answers written without moto's per-member lookups, a transaction
   backed up by the items it names rather than by copies of whole tables, and each update
   expression parsed, each condition lexed, once per string (costs, not gaps).
 - `events`: every event PutEvents accepted handed to listeners (the local stack routes what

@@ -90,6 +90,11 @@ def local_naive(t: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(t)
 
 
+def sim_now() -> float:
+    """The simulated clock's time (seconds since the epoch)."""
+    return _STATE.require_clock().now()
+
+
 def sim_utcnow() -> dt.datetime:
     return utc_naive(_STATE.require_clock().now())
 

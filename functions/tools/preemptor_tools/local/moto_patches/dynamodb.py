@@ -35,6 +35,15 @@ validator deep-copies it before it puts the values in), so one parse per express
 serves every request. A ConditionExpression's tokens hold no value either (the parser looks
 the placeholders up after lexing): the lexing is kept per string, and each parse gets
 fresh tokens. A malformed expression is refused as before (a failed parse is not kept).
+
+Gap filled: a TransactWriteItems request carries a `ClientRequestToken` (botocore fills one
+in for every call, and sends the same one with each of its retries), and DynamoDB makes the
+call idempotent with it: for 10 minutes after a transaction with that token succeeded, the
+same request again succeeds and writes nothing, and a different request with that token is
+refused with `IdempotentParameterMismatchException`. moto ignores the token, so the retry of
+a transaction whose answer was lost (the hostile world's `answer_lost_rate`) was cancelled by
+its own first attempt's writes, an answer DynamoDB never gives. `_idempotent_transact` keeps
+each successful transaction's token, request and time (the simulated clock's).
 """
 
 from __future__ import annotations
@@ -53,12 +62,13 @@ from moto.core.responses import ActionResult
 from moto.core.utils import get_service_model
 from moto.dynamodb import models as dynamodb_models
 from moto.dynamodb.comparisons import ConditionExpressionParser
+from moto.dynamodb.exceptions import ERROR_TYPE_PREFIX, DynamodbException
 from moto.dynamodb.models import DynamoDBBackend
 from moto.dynamodb.models.table import Table
 from moto.dynamodb.parsing.expressions import UpdateExpressionParser
 from moto.dynamodb.responses import DynamoHandler
 
-from ._core import replace
+from ._core import replace, sim_now
 
 _LOCK = threading.RLock()
 lock = _LOCK  # every item operation of the backend runs under it; a reader of its tables takes it too
@@ -70,6 +80,8 @@ ITEM_ACTIONS = frozenset(
 _ORIGINAL_SERIALIZED = DynamoHandler.serialized
 _ORIGINAL_UPDATE_PARSE = UpdateExpressionParser.__dict__["make"].__func__
 _ORIGINAL_CONDITION_LEX = ConditionExpressionParser._lex_condition_expression
+_ORIGINAL_TRANSACT_ANSWER = DynamoHandler.transact_write_items
+IDEMPOTENCY_WINDOW_S = 600.0  # how long DynamoDB keeps a transaction's ClientRequestToken
 
 
 def patch() -> None:
@@ -78,6 +90,8 @@ def patch() -> None:
         replace(DynamoDBBackend, name, _atomic(operation))
     replace(dynamodb_models, "copy", _CopyTablesInTransactions())
     replace(DynamoHandler, "serialized", _serialized)
+    _TOKENS.clear()
+    replace(DynamoHandler, "transact_write_items", _idempotent_transact)
     replace(UpdateExpressionParser, "make", classmethod(_parsed_update_expression))
     replace(ConditionExpressionParser, "_lex_condition_expression", _lexed_condition_expression)
 
@@ -111,6 +125,47 @@ def _atomic(operation: Callable[..., Any]) -> Callable[..., Any]:
 
 
 # --------------------------------------------------------------------------- transactions
+
+
+class IdempotentParameterMismatch(DynamodbException):
+    error_type = ERROR_TYPE_PREFIX + "IdempotentParameterMismatchException"
+
+    def __init__(self) -> None:
+        super().__init__(
+            self.error_type,
+            message="DynamoDB rejected the request because you retried a request with a different payload "
+            "but with an idempotent token that was already used.",
+        )
+
+
+# (account, region, token) -> (the request but its token, when it succeeded, its answer),
+# in the order they succeeded (the expired ones are dropped from the front)
+_TOKENS: dict[tuple[str, str, str], tuple[str, float, ActionResult]] = {}
+
+
+def _idempotent_transact(self: DynamoHandler) -> ActionResult:
+    token = self.body.get("ClientRequestToken") if isinstance(self.body, dict) else None
+    if not token:
+        return _ORIGINAL_TRANSACT_ANSWER(self)
+    request = json.dumps({k: v for k, v in self.body.items() if k != "ClientRequestToken"}, sort_keys=True, default=repr)
+    key = (self.current_account, self.region, str(token))
+    now = sim_now()
+    with _LOCK:
+        while _TOKENS:
+            oldest = next(iter(_TOKENS))
+            if now - _TOKENS[oldest][1] <= IDEMPOTENCY_WINDOW_S:
+                break
+            del _TOKENS[oldest]
+        found = _TOKENS.get(key)
+        if found is not None and now - found[1] <= IDEMPOTENCY_WINDOW_S:
+            if found[0] != request:
+                raise IdempotentParameterMismatch()
+            return found[2]  # succeeded already: the same answer, nothing written again
+        answer = _ORIGINAL_TRANSACT_ANSWER(self)
+        _TOKENS.pop(key, None)  # (an expired one: kept in order of success)
+        _TOKENS[key] = (request, now, answer)
+        return answer
+
 
 _ORIGINAL_TRANSACT_WRITE_ITEMS = DynamoDBBackend.transact_write_items
 _IN_TRANSACTION = threading.local()
