@@ -10,6 +10,7 @@ run goes on with the others.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from enum import StrEnum
@@ -247,7 +248,9 @@ def _recount_usage(store: JobsStore, pool: str, now: float) -> dict:
     except Exception:
         # It may be ours all the same (taken, and the answer and its read-back lost): given
         # back, or the pool waits for the lease to expire, every plan told that it is held.
-        store.release_lease(pool, owner)
+        # The error reported is the taking's, whatever the giving back meets.
+        with contextlib.suppress(Exception):
+            store.release_lease(pool, owner)
         raise
     if not taken:
         return {"pool": pool, "recount": "pool-busy"}
