@@ -13,7 +13,7 @@ import pytest
 from aws_faults import THROTTLING, answer_lost_after_applied, aws_says_no, error_response
 from emulation import batch_queues, emulation
 from moto import mock_aws
-from template_support import table_key_schema
+from template_support import load_template, table_key_schema
 
 from preemptor.adapters.runners import BatchRunner, SageMakerRunner, controller_tags
 from preemptor.adapters.store import JobsStore
@@ -223,6 +223,30 @@ def test_the_controllers_batch_submits_are_sent_once():
         # (botocore's `max_attempts` counts retries; `total_max_attempts`, every attempt)
         assert runner.submit_client.meta.config.retries["total_max_attempts"] == 1
         assert runner.client.meta.config.retries["total_max_attempts"] > 1
+
+
+def test_every_client_of_the_functions_gives_a_hung_call_up_within_the_functions_time():
+    # A call that hangs (no answer, the connection open) must fail while its function can
+    # still act on the failure: under botocore's default timeouts (60 s to connect, 60 s to
+    # read) Lambda kills the function during the first attempt, what it held left to expire
+    from preemptor.handlers.wiring import attempts_end_within
+
+    template = load_template()
+    default = template["Globals"]["Function"]["Timeout"]
+    shortest = min(
+        r["Properties"].get("Timeout", default) for r in template["Resources"].values() if r["Type"] == "AWS::Serverless::Function"
+    )
+    with emulation() as env:
+        deps = env.stack.deps()
+        clients = [deps.store.client, deps.checkpoints.client, deps.workflows.client, deps.instances.ecs, deps.alerts.client]
+        for runner in deps.runners.values():
+            clients += [runner.client, getattr(runner, "submit_client", runner.client)]
+        # Then each attempt has its own short timeouts, and every attempt with its backoff
+        # ends before the shortest function's timeout, with time to spare for its work
+        for client in clients:
+            config = client.meta.config
+            assert config.connect_timeout <= 5 and config.read_timeout <= 15, client.meta.service_model.service_name
+            assert attempts_end_within(config) <= 0.75 * shortest, (client.meta.service_model.service_name, attempts_end_within(config))
 
 
 def test_a_run_name_someone_else_took_is_skipped_by_the_next_attempt(world):

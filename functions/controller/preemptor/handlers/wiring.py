@@ -26,12 +26,37 @@ from ..adapters.store import JobsStore
 from ..adapters.workflows import WorkflowStarter
 from ..config import Settings
 
-# Standard retries: throttling and 5xx answers are retried with jittered backoff, three
-# attempts in all (the client setting `max_attempts` would count retries, not attempts).
-CLIENT_CONFIG = Config(retries={"mode": "standard", "total_max_attempts": 3})
+# A call that hangs must fail within the function's own time (60 s, template.yaml), where
+# its caller can still act on it: botocore's defaults (60 s to connect, 60 s to read) let
+# Lambda kill the function during its first attempt, and what the function held (an
+# event's claim, a pool's lease) waited for its expiry. Every call the controller makes
+# answers in well under a second (an item, a page, a small object, a create or a stop), so
+# each attempt gets 2 s to connect and 8 s to read: three attempts and their backoff end
+# inside 45 s (`attempts_end_within`, held by a test to the smallest function timeout).
+CONNECT_TIMEOUT_S = 2
+READ_TIMEOUT_S = 8
+# Standard retries: throttling, 5xx answers and lost connections are retried with jittered
+# backoff, three attempts in all (the client setting `max_attempts` would count retries,
+# not attempts).
+CLIENT_CONFIG = Config(
+    retries={"mode": "standard", "total_max_attempts": 3}, connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S
+)
 # For calls that a resend could apply twice (Batch's SubmitJob: no idempotency token): one
 # attempt; the caller's own retry first looks for what the lost attempt did.
-NO_RETRY_CONFIG = Config(retries={"mode": "standard", "total_max_attempts": 1})
+NO_RETRY_CONFIG = Config(
+    retries={"mode": "standard", "total_max_attempts": 1}, connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S
+)
+# botocore's standard mode waits at most min(2 ** (n - 1), 20) s after the n-th failed
+# attempt, and up to 5 s more where the answer asks for it (`x-amz-retry-after`).
+_MAX_BACKOFF_S, _RETRY_AFTER_MAX_S = 20.0, 5.0
+
+
+def attempts_end_within(config: Config) -> float:
+    """The longest a call made with `config` can take: each attempt's connect and read
+    timeouts, and the longest wait before each retry."""
+    attempts = int(config.retries["total_max_attempts"])
+    waits = sum(min(2.0 ** (failed - 1), _MAX_BACKOFF_S) + _RETRY_AFTER_MAX_S for failed in range(1, attempts))
+    return attempts * (config.connect_timeout + config.read_timeout) + waits
 
 
 @dataclass(frozen=True)
