@@ -48,6 +48,11 @@ def transaction_conflict(items: int) -> dict:
 SAGEMAKER_NOT_FOUND = error_response("ValidationException", "Requested resource not found.", 400)
 
 
+def is_lease_taking(params: dict) -> bool:
+    """Whether an UpdateItem call takes a pool's scheduling lease (`JobsStore.acquire_lease`)."""
+    return "lease_owner = :o" in params.get("UpdateExpression", "")
+
+
 def is_job_insert(params: dict) -> bool:
     """Whether a TransactWriteItems call inserts a submitted job (with its `submitted` line):
     the predicate for faults on the intake's insert."""

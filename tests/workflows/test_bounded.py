@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from aws_faults import THROTTLING, answer_lost_after_applied, aws_says_no, error_response
+from aws_faults import THROTTLING, answer_lost_after_applied, aws_says_no, error_response, is_lease_taking
 from emulation import P5, emulation
 
 from preemptor.core.jobs import JobRecord
@@ -548,7 +548,7 @@ def test_a_lease_reconcile_took_without_hearing_so_is_given_back_and_the_next_pl
         store = env.stack.deps().store
         # Given reconcile's taking of the lease for its recount applied, its answer lost
         # through every retry, and the read that would tell refused too
-        with answer_lost_after_applied(store.client, "UpdateItem", when=lambda p: "lease_owner = :o" in p.get("UpdateExpression", "")) as lost, aws_says_no(
+        with answer_lost_after_applied(store.client, "UpdateItem", when=is_lease_taking) as lost, aws_says_no(
             store.client, "GetItem", lambda p: THROTTLING["dynamodb"] if lost and p.get("Key", {}).get("sk", {}).get("S") == "POOL" else None, times=1
         ) as refused:
             # When reconcile runs
