@@ -250,6 +250,45 @@ def test_a_plan_step_that_fails_lets_the_pool_go_fails_its_execution_and_tells_t
         assert env.job("train").status is JobState.RUNNING
 
 
+def test_a_plan_asked_for_while_a_failing_cycle_held_the_pool_is_planned_after_a_pause_not_by_reconcile():
+    from preemptor.service.scheduling import FAILED_CYCLE_RETRY_S
+
+    with emulation() as env:
+        store = env.store
+        refusal = error_response("ValidationException", "One or more parameter values were invalid", 400)
+        asked: list[bool] = []
+
+        def refuse_once_asked_meanwhile(params: dict) -> dict | None:
+            if asked:
+                return None  # DynamoDB answers again
+            # Another execution (a submission's, freed GPUs') finds the lease held, and
+            # leaves its request to plan on it
+            asked.append(store.acquire_lease("p5", "another-execution", env.clock.now(), 300))
+            return refusal
+
+        # Given a plan step that fails for good while another plan is asked for
+        failed_at = env.clock.now()
+        with aws_says_no(store.client, "Query", refuse_once_asked_meanwhile) as refused:
+            env.submit(name="train", team="research", priority=50, pool="p5", instances=1, duration=3600)
+        assert len(refused) == 1 and asked == [False]
+        # Then the failing cycle let the pool go, failed its execution, told the operators,
+        # and started a fresh execution for the request it held
+        [failed] = [e for e in _executions(env, "ScheduleStateMachine") if e["status"] == "FAILED"]
+        assert "Plan again after a pause" in env.states_visited(failed["executionArn"])
+        assert any("p5" in a and "ValidationException" in a for a in env.stack.alerts())
+        [retried] = [e for e in _executions(env, "ScheduleStateMachine") if e["name"].startswith("retry-p5-")]
+        assert retried["status"] == "SUCCEEDED" and "Wait out the backoff" in env.states_visited(retried["executionArn"])
+        # which, once the pause was over, planned the pool: the job runs, and no reconcile ran
+        assert env.job("train").status is JobState.RUNNING
+        [admitted] = [e for e in env.store.history("train") if e["kind"] == "admitted"]
+        assert admitted["at"] >= failed_at + FAILED_CYCLE_RETRY_S
+        assert not [e for e in _executions(env, "ScheduleStateMachine") if e["name"].startswith("reconcile-")]
+        # And every call of it, the fresh execution's start included, is allowed by IAM
+        from iam_policy import StackPolicies
+
+        assert StackPolicies.of(env.stack).denials(env.stack.calls.calls) == []
+
+
 def test_a_quota_refusal_at_launch_is_waited_out_not_counted_as_a_refusal():
     with emulation() as env:
         sagemaker = env.stack.deps().runners["sagemaker"].client

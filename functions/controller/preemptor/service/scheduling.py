@@ -49,6 +49,10 @@ LEASE_TTL_S = 300
 # execution continues: a busy pool never grows one execution's history toward the
 # 25,000-event cap, which cannot be caught.
 MAX_CYCLES = 5
+# A cycle whose plan step failed for good, asked meanwhile to plan again (a submission, GPUs
+# freed: their executions found the lease held and left the request on it), starts a fresh
+# execution that plans after this pause, not after reconcile's next run.
+FAILED_CYCLE_RETRY_S = 60
 
 
 @dataclass(frozen=True)
@@ -385,10 +389,21 @@ def finish_cycle(*, store: JobsStore, pool_name: str, owner: str, cycle: int | N
     and there is none: left admitted, each would hold its GPUs, unlaunched, until reconcile
     called it stuck half an hour later (and a preemptor choosing it as a victim would find it
     not running, so not preemptible). No run exists for them: the launch step never ran.
-    Its victims are left marked: reconcile starts their preemption (`PREEMPT_START_GRACE_S`)."""
+    Its victims are left marked: reconcile starts their preemption (`PREEMPT_START_GRACE_S`).
+
+    `rerun`: a plan was asked for while the cycle held the lease; the workflow then starts
+    `retry_as`, which plans the pool after `retry_s` (the request is not dropped until
+    reconcile's next run)."""
     rerun = store.release_lease(pool_name, owner)  # first: a read refused below must not lock the pool out
     released = _release_admissions(store, pool_name, f"{owner}#{cycle}", now) if cycle is not None else []
-    return {"pool": pool_name, "owner": owner, "rerun": rerun, "released": released}
+    return {
+        "pool": pool_name,
+        "owner": owner,
+        "rerun": rerun,
+        "released": released,
+        "retry_as": execution_name("retry", pool_name[:40], _digest(f"{owner}#{cycle}", 24)),
+        "retry_s": FAILED_CYCLE_RETRY_S,
+    }
 
 
 def _cycle_reservations(
