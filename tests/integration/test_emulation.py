@@ -503,6 +503,58 @@ def test_an_hour_long_wait_advances_the_sim_clock_instead_of_sleeping(
     assert emulation.clock.now() == START + 3630
 
 
+@pytest.mark.parametrize("after", ["retry interval", "wait", "task"])
+def test_an_execution_that_outlives_its_emulated_aws_neither_moves_nor_acts_in_the_next(emulation: Emulation, after: str) -> None:
+    # Given a workflow whose first Lambda step is still running when its emulated AWS gives way
+    # to the next one (a later test's or replay's stack: the patches installed again with a new
+    # clock), and whose next move is a 240 s retry interval, a 240 s Wait or another Lambda step
+    entered, release = threading.Event(), threading.Event()
+    later: list[dict] = []
+
+    def slow(event: dict) -> dict:
+        entered.set()
+        release.wait(30)
+        if after == "retry interval":
+            raise RuntimeError("failed: retried after 240 s")
+        return event
+
+    later_step = {"Type": "Task", "Resource": create_function(emulation, "later", later.append), "End": True}
+    next_step = {
+        "retry interval": {"Type": "Succeed"},  # not reached: the retry interval comes first
+        "wait": {"Type": "Wait", "Seconds": 240, "Next": "Later"},
+        "task": later_step,
+    }[after]
+    definition = {
+        "StartAt": "Slow",
+        "States": {
+            "Slow": {
+                "Type": "Task",
+                "Resource": create_function(emulation, "slow", slow),
+                "Retry": [{"ErrorEquals": ["States.ALL"], "IntervalSeconds": 240, "MaxAttempts": 1}],
+                "Catch": [{"ErrorEquals": ["States.ALL"], "Next": "Later"}],
+                "Next": "Next",
+            },
+            "Next": next_step,
+            "Later": later_step,
+        },
+    }
+    sfn = emulation.client("stepfunctions")
+    arn = sfn.create_state_machine(name="outlived", roleArn=emulation.role_arn, definition=json.dumps(definition))["stateMachineArn"]
+    started = sfn.start_execution(stateMachineArn=arn, name="outlived-run-1", input="{}")
+    assert entered.wait(30)
+
+    # When the next emulated AWS starts, and only then the old step returns
+    successor = SimClock(START + 10_000)
+    moto_patches.install(successor, lambda name, event: emulation.handlers[name](event))
+    release.set()
+    described = wait_for_execution(sfn, started["executionArn"])
+
+    # Then the old execution ends there: the new clock did not move, no later step ran
+    assert successor.now() == START + 10_000 and emulation.clock.now() == START
+    assert later == []
+    assert described["status"] == "FAILED" and "outlived the emulated AWS that started it" in described.get("cause", "")
+
+
 def test_a_lambda_task_runs_the_in_process_handler_for_both_resource_forms(
     emulation: Emulation,
 ) -> None:

@@ -16,6 +16,14 @@ def _jobs(report: dict) -> dict[str, dict]:
     return {j["name"]: j for j in report["jobs"]}
 
 
+def _story(name: str) -> str:
+    """The replay's timeline and its failed workflow runs: what a failed bound on a wait needs
+    to say (which step was late, and why)."""
+    run = replay(name)
+    lines = [t.render() for t in run.result.timeline]
+    return "\n".join([f"{name}:", *lines, *(" | ".join(f) for f in run.failed_executions)])
+
+
 # The replays are shared with test_iam (tests/replays.py): one worker, one replay each.
 pytestmark = pytest.mark.xdist_group(GROUP)
 
@@ -189,7 +197,7 @@ def test_a_launch_that_meets_no_capacity_falls_back_to_the_next_offering():
     # backoff step, went to p5e (p5 is remembered as unavailable) and the job completed
     assert [("ml.p5e.48xlarge" in t.why, "ml.p5.48xlarge" in t.why) for t in launches] == [(False, True), (True, False)]
     assert job["state"] == "Completed" and job["capacity_waits"] == 1
-    assert job["wait_s"] <= 120 + CAPACITY_BACKOFF_MAX_S + 60
+    assert job["wait_s"] <= 120 + CAPACITY_BACKOFF_MAX_S + 60, _story("capacity-fallback")
     assert violations(result, scenario) == []
 
 
@@ -207,7 +215,7 @@ def test_a_spot_pool_falls_back_to_on_demand_when_spot_has_no_capacity():
     assert "(on-demand)" in launches[1].why and "nothing trained yet" in launches[1].why
     assert job["state"] == "Completed" and job["capacity_waits"] == 1 and job["relaunches"] == 1
     submitted_at, spot_wait, startup = 60.0, 300.0, 120.0
-    assert job["wait_s"] <= spot_wait + CAPACITY_BACKOFF_MAX_S / 5 + startup  # first backoff step: at most 60 s
+    assert job["wait_s"] <= spot_wait + CAPACITY_BACKOFF_MAX_S / 5 + startup, _story("spot-fallback")  # first backoff step: at most 60 s
     assert job["lost_gpu_seconds"] == 0
     # And its runs held GPUs for the spot run's wait (300 s) plus the on-demand run's start-up
     # and its 1,800 s of work; nothing was carried over (the spot run never trained)

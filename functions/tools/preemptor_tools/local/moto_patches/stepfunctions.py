@@ -5,6 +5,13 @@ Gaps filled, each by patching the hook moto itself provides:
   Wait states (`SecondsPath`: checkpoint and stop polls) advance the SimClock instead.
 - Retry sleeps with `time.sleep(interval)` in `retrier_decl`; that module's `time` advances
   the SimClock by the interval instead.
+- Both advance the clock of the emulated AWS that started the execution, and only while it
+  is the one installed: an execution thread that outlived its stack (a step still running
+  when the stack stopped, moto's threads are not killed) would otherwise move a later
+  stack's time on by its Wait's or retry interval's seconds, in the middle of that stack's
+  story, and carry out its next task there. It fails where it stands (`StaleExecution`; a
+  task: States.Runtime, which no Catch routes on). `ExecutionWorker.start` records the clock
+  in StartExecution's thread.
 - `StateTaskService._normalise_parameters` / `_normalise_response` are no-ops in moto, so a
   `states:startExecution` task hands botocore `StateMachineArn` where it wants
   `stateMachineArn` and fails. They are filled in with moto's own `_to_boto_request` /
@@ -52,6 +59,7 @@ import datetime as dt
 import functools
 import threading
 import time as _real_time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -72,6 +80,7 @@ from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name
 from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import StatesErrorNameType
 from moto.stepfunctions.parser.asl.component.common.path import result_path
 from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
+from moto.stepfunctions.parser.asl.component.common.retry.retrier_decl import RetrierDecl
 from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
 from moto.stepfunctions.parser.asl.component.eval_component import EvalComponent
 from moto.stepfunctions.parser.asl.component.state.exec.execute_state import ExecutionState
@@ -90,8 +99,11 @@ from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 from moto.stepfunctions.parser.asl.utils import boto_client as task_clients
 from moto.stepfunctions.parser.asl.utils import json_path
 from moto.stepfunctions.parser.asl.utils.json_path import NoSuchJsonPathError
+from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 from moto.stepfunctions.parser.models import StepFunctionsParserBackend
 from moto.stepfunctions.parser.utils import long_uid
+
+from preemptor_tools.local.clock import SimClock
 
 from ._core import _STATE, notify, replace, subscribe
 
@@ -100,8 +112,11 @@ _LAMBDA_TASK_RETURNED = "lambda_task_returned"
 
 
 def patch() -> None:
+    replace(ExecutionWorker, "start", _start_worker)
+    replace(ExecutionWorker, "_get_evaluation_environment", _evaluation_environment)
     replace(WaitFunction, "_wait_interval", _wait_interval)
     replace(retrier_decl, "time", _SimTime())
+    replace(RetrierDecl, "_eval_body", _retrier_eval_body)
     replace(StateTaskService, "_normalise_parameters", _normalise_parameters)
     replace(StateTaskService, "_normalise_response", _normalise_response)
     replace(StateTaskLambda, "_eval_execution", _lambda_eval_execution)
@@ -167,16 +182,67 @@ def forget_task_clients() -> None:
 # --------------------------------------------------------------------------- time
 
 
+_ORIGINAL_WORKER_START = ExecutionWorker.start
+_ORIGINAL_EVALUATION_ENVIRONMENT = ExecutionWorker._get_evaluation_environment
+_ORIGINAL_RETRIER_EVAL = RetrierDecl._eval_body
+# The clock of the emulated AWS that started each running execution, by its event manager
+# (the one object an execution's frames, its Map items and Parallel branches, all share).
+_CLOCKS: weakref.WeakKeyDictionary[Any, SimClock] = weakref.WeakKeyDictionary()
+_RETRYING = threading.local()  # the environment whose retry interval this thread waits out
+
+
+class StaleExecution(RuntimeError):
+    """An execution thread of an emulated AWS that is gone (its stack stopped, its patches
+    were removed or installed again with another clock) reached a Wait, a Retry interval or
+    a task: it must not move the clock of, or act in, the emulated AWS running now."""
+
+
+def _start_worker(self: ExecutionWorker) -> None:
+    self.sim_clock = _STATE.require_clock()  # in StartExecution's thread: the stack starting it
+    _ORIGINAL_WORKER_START(self)
+
+
+def _evaluation_environment(self: ExecutionWorker) -> Any:
+    env = _ORIGINAL_EVALUATION_ENVIRONMENT(self)
+    clock = getattr(self, "sim_clock", None)
+    if clock is not None:
+        _CLOCKS[env.event_manager] = clock
+    return env
+
+
+def _own_clock(env: Any) -> SimClock:
+    """The clock of the emulated AWS that started `env`'s execution, if it is the one running;
+    StaleExecution otherwise (a thread that outlived its stack: without this, its next Wait
+    would move a later stack's time on by the Wait's seconds)."""
+    clock = _CLOCKS.get(env.event_manager)
+    if clock is None or clock is not _STATE.clock:
+        execution = env.states.context_object.context_object_data["Execution"]["Id"]
+        raise StaleExecution(f"{execution} outlived the emulated AWS that started it")
+    return clock
+
+
 def _wait_interval(self: WaitFunction, env: Any, wait_seconds: int) -> None:
+    clock = _own_clock(env)
     if wait_seconds > 0:
-        _STATE.require_clock().advance(wait_seconds)
+        clock.advance(wait_seconds)
+
+
+def _retrier_eval_body(self: RetrierDecl, env: Any) -> None:
+    _RETRYING.env = env
+    try:
+        _ORIGINAL_RETRIER_EVAL(self, env)
+    finally:
+        _RETRYING.env = None
 
 
 class _SimTime:
-    """Stands in for the `time` module inside `retrier_decl`: `sleep` advances the SimClock."""
+    """Stands in for the `time` module inside `retrier_decl`: `sleep` advances the SimClock of
+    the execution whose retry it is."""
 
     def sleep(self, seconds: float) -> None:
-        _STATE.require_clock().advance(seconds)
+        env = getattr(_RETRYING, "env", None)
+        clock = _own_clock(env) if env is not None else _STATE.require_clock()
+        clock.advance(seconds)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(_real_time, name)
@@ -255,6 +321,19 @@ _RUNTIME = StatesErrorNameType.StatesRuntime
 
 
 def _evaluate_with_timeout(self: ExecutionState, env: Any) -> None:
+    try:
+        _own_clock(env)
+    except StaleExecution as e:
+        # A task of a stale execution (a Lambda, a StartExecution, a Publish) is not carried
+        # out in the emulated AWS running now; States.Runtime: no Catch routes it on.
+        raise FailureEventException(
+            FailureEvent(
+                env=env,
+                error_name=StatesErrorName(typ=_RUNTIME),
+                event_type=HistoryEventType.TaskFailed,
+                event_details=EventDetails(taskFailedEventDetails=TaskFailedEventDetails(error=_RUNTIME.to_name(), cause=str(e))),
+            )
+        ) from None
     try:
         _ORIGINAL_EVALUATE_WITH_TIMEOUT(self, env)
     except NoSuchJsonPathError as e:
