@@ -289,6 +289,51 @@ def test_a_plan_asked_for_while_a_failing_cycle_held_the_pool_is_planned_after_a
         assert StackPolicies.of(env.stack).denials(env.stack.calls.calls) == []
 
 
+def test_the_victims_of_a_plan_step_that_failed_after_marking_them_are_preempted_at_once_not_by_reconcile(monkeypatch):
+    from preemptor.service.reconcile import PREEMPT_START_GRACE_S
+    from preemptor.service.scheduling import preemption_names
+
+    with emulation() as env:
+        _sweep_then_prod(env)  # a low job holds the whole pool
+        store = env.stack.deps().store
+        failures: list[str] = []
+
+        def fail_after_marking(pool, waiting, now, original=store.remember_waits):
+            # Given a plan step that fails for good (an error no Retry of it names) after
+            # it marked its victim, before it answered
+            monkeypatch.setattr(store, "remember_waits", original)
+            failures.append(pool)
+            raise ValueError("the plan step broke after marking its victims")
+
+        monkeypatch.setattr(store, "remember_waits", fail_after_marking)
+        failed_at = env.clock.now()
+        env.submit(name="incident", team="production", priority="critical", pool="p5", instances=8, duration=600)
+        assert failures == ["p5"]
+        # Then the failed cycle let the pool go, told the operators, and started the
+        # victim's preemption itself, under the name the plan gave it, at once
+        [failed] = [e for e in _executions(env, "ScheduleStateMachine") if e["status"] == "FAILED"]
+        visited = env.states_visited(failed["executionArn"])
+        assert visited.index("Let go of the pool") < visited.index("Hand the marked victims on") < visited.index("Start the preemption")
+        assert any("p5" in a and "ValueError" in a for a in env.stack.alerts())
+        [marked] = [e for e in env.store.history("sweep") if e["kind"] == "preemption-started"]
+        name, _ = preemption_names("sweep", 1, marked["at"])
+        [preemption] = _executions(env, "PreemptStateMachine")
+        [stop] = [e for e in env.store.history("sweep") if e["kind"] == "stop-requested"]
+        assert preemption["name"] == name and stop["at"] < failed_at + 60
+        # And the sweep was stopped after its checkpoint and the incident runs, long before
+        # reconcile would have found the victim (its grace, then its next run)
+        env.advance(60)
+        assert [e["status"] for e in env.executions("PreemptStateMachine")] == ["SUCCEEDED"]
+        assert env.job("incident").status is JobState.RUNNING
+        [admitted] = [e for e in env.store.history("incident") if e["kind"] == "admitted"]
+        assert admitted["at"] < failed_at + PREEMPT_START_GRACE_S
+        assert env.job("sweep").status is JobState.PENDING and env.job("sweep").incarnation == 2
+        # And every call, the preemption's start included, is allowed by IAM
+        from iam_policy import StackPolicies
+
+        assert StackPolicies.of(env.stack).denials(env.stack.calls.calls) == []
+
+
 def test_a_quota_refusal_at_launch_is_waited_out_not_counted_as_a_refusal():
     with emulation() as env:
         sagemaker = env.stack.deps().runners["sagemaker"].client

@@ -246,7 +246,7 @@ def test_an_admission_whose_plan_step_died_for_good_goes_back_to_the_queue_and_l
 
 
 @pytest.mark.parametrize("registration", ["written", "throttled"])
-def test_a_victim_whose_plan_step_died_for_good_after_marking_it_is_preempted_by_reconcile(registration):
+def test_a_victim_whose_plan_step_and_release_died_for_good_after_marking_it_is_preempted_by_reconcile(registration):
     from aws_faults import THROTTLING, aws_says_no
     from preemptor.service.reconcile import PREEMPT_START_GRACE_S, preemption_deadline_s
 
@@ -257,8 +257,20 @@ def test_a_victim_whose_plan_step_died_for_good_after_marking_it_is_preempted_by
         # And a plan step that dies after its work on every attempt (it marks the sweep as
         # the victim each time; its cycle gives up before it starts the preemption)
         dead = kill_after_work(env, function="Plan", times=None)
+        # and the failed cycle's release dies after its work on every attempt too (it gives
+        # the lease back; its answer, the victim to hand on, is lost)
+        released: list[dict] = []
+        plan_dies = env.stack.hostile.crash_after_step
+
+        def both_die(function_name: str, event) -> bool:
+            if "FinishCycle" in function_name:
+                released.append(event)
+                return True
+            return plan_dies(function_name, event)
+
+        env.stack.hostile.crash_after_step = both_die
         env.submit(name="incident", team="production", priority="critical", pool="p5", instances=8, duration=600)
-        assert len(dead) == 3 and env.job("sweep").status is JobState.PREEMPTING
+        assert len(dead) == 3 and released and env.job("sweep").status is JobState.PREEMPTING
         assert env.executions("PreemptStateMachine") == []
         env.stack.hostile.crash_after_step = lambda function_name, event: False
         # When reconcile runs past the grace, long before the preemption deadline

@@ -63,5 +63,9 @@ def _emit_cycle(result: scheduling.CycleResult, latency_ms: float) -> None:
 @tracer.capture_lambda_handler
 @step_input(FinishCycle)
 def finish(step: FinishCycle, context: LambdaContext) -> dict:
-    """Input {"pool", "owner", "cycle"?}; output {"rerun": bool, "released": [job, ...]}."""
-    return scheduling.finish_cycle(store=deps().store, pool_name=step.pool, owner=step.owner, cycle=step.cycle, now=clock.CLOCK.now())
+    """Input {"pool", "owner", "cycle"?}; output {"rerun": bool, "released": [job, ...],
+    "preemptions": [victim, ...], ...}."""
+    d = deps()
+    return scheduling.finish_cycle(
+        store=d.store, pool_name=step.pool, owner=step.owner, cycle=step.cycle, now=clock.CLOCK.now(), settings=d.settings
+    )

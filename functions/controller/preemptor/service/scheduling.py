@@ -380,7 +380,9 @@ def explain(*, store: JobsStore, settings: Settings, job: str, now: float) -> di
     return answer
 
 
-def finish_cycle(*, store: JobsStore, pool_name: str, owner: str, cycle: int | None = None, now: float = 0.0) -> dict:
+def finish_cycle(
+    *, store: JobsStore, pool_name: str, owner: str, cycle: int | None = None, now: float = 0.0, settings: Settings | None = None
+) -> dict:
     """Release the lease after the cycle's plan step failed for good; `rerun` is true when
     work arrived while we held it.
 
@@ -389,19 +391,28 @@ def finish_cycle(*, store: JobsStore, pool_name: str, owner: str, cycle: int | N
     and there is none: left admitted, each would hold its GPUs, unlaunched, until reconcile
     called it stuck half an hour later (and a preemptor choosing it as a victim would find it
     not running, so not preemptible). No run exists for them: the launch step never ran.
-    Its victims are left marked: reconcile starts their preemption (`PREEMPT_START_GRACE_S`).
+    The victims it marked are handed back (`preemptions`, `settings`: the plan step's
+    answer's shape) and the workflow starts their preemptions, under the names the plan gave
+    them, as it would have from the answer: the preemptor they were chosen for does not wait
+    for reconcile to find them (`PREEMPT_START_GRACE_S`, then its next run: 5 to 10
+    minutes). A read of them that is refused leaves them to reconcile.
 
     `rerun`: a plan was asked for while the cycle held the lease; the workflow then starts
     `retry_as`, which plans the pool after `retry_s` (the request is not dropped until
     reconcile's next run)."""
     rerun = store.release_lease(pool_name, owner)  # first: a read refused below must not lock the pool out
-    released = _release_admissions(store, pool_name, f"{owner}#{cycle}", now) if cycle is not None else []
+    mark = f"{owner}#{cycle}"
+    released = _release_admissions(store, pool_name, mark, now) if cycle is not None else []
+    victims = _cycle_reservations(store, pool_name, mark, [], [])[1] if cycle is not None else []
     return {
         "pool": pool_name,
         "owner": owner,
         "rerun": rerun,
         "released": released,
-        "retry_as": execution_name("retry", pool_name[:40], _digest(f"{owner}#{cycle}", 24)),
+        "preemptions": victims,
+        "has_preemptions": bool(victims),
+        "settings": settings.policy.workflow_settings(pool_name) if settings is not None and victims else {},
+        "retry_as": execution_name("retry", pool_name[:40], _digest(mark, 24)),
         "retry_s": FAILED_CYCLE_RETRY_S,
     }
 
