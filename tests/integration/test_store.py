@@ -9,7 +9,7 @@ from moto import mock_aws
 from template_support import table_key_schema
 
 from aws_faults import answer_lost, answer_lost_after_applied, aws_says_no, is_lease_taking, transaction_conflict
-from preemptor.adapters.store import ALIAS_TTL_S, CYCLE_RESERVATION_TTL_S, EVENT_CLAIM_S, GSI, USAGE_SETTLE_S, JobsStore, record_to_item
+from preemptor.adapters.store import ALIAS_TTL_S, CYCLE_RESERVATION_TTL_S, EVENT_CLAIM_S, GSI, USAGE_SETTLE_S, JobsStore, LogLine, record_to_item
 from preemptor.core.errors import CapacityExhausted, ConflictError, EventInProgress, Retryable, TransactionConflict
 from preemptor.core.jobs import JobRecord
 from preemptor.core.model import EndedRun, JobState, TeamUsage
@@ -373,6 +373,78 @@ def test_a_lease_not_taken_whose_answer_was_lost_is_still_an_error(store):
         with pytest.raises(ReadTimeoutError):
             store.acquire_lease("p5", "cycle-1", now=101.0, ttl_s=300)
     assert store.lease_holder("p5") == "holder"
+
+
+@pytest.mark.parametrize("operation", ["TransactWriteItems", "PutItem"])
+def test_a_submission_inserted_whose_answer_was_lost_is_known_to_be_its_own(store, operation):
+    # Given a submission's insert (with its decision-log line: one transaction; without:
+    # one put) applied, and no answer through botocore's every retry
+    record = _job("train").with_changes(submitted_by="event-1")
+    line = LogLine("train", 0.0, "submitted", "job-submitted", "submitted") if operation == "TransactWriteItems" else None
+    with answer_lost_after_applied(store.client, operation) as lost:
+        inserted = store.put_new(record, log=line)
+    # Then a consistent read told the inserter that the job is its own (not a duplicate, and
+    # not an error that would leave the submission to Lambda's retry a minute later)
+    assert lost == [1] and inserted is True
+    assert store.get("train").submitted_by == "event-1"
+    assert [e["kind"] for e in store.history("train")] == (["submitted"] if line else [])
+
+
+def test_a_submission_whose_insert_got_no_answer_and_was_not_applied_is_inserted_once_more(store):
+    # Given the insert never reached DynamoDB (the connection dropped before it was sent)
+    dropped: list[int] = []
+
+    def drop_once(**_) -> None:
+        if not dropped:
+            dropped.append(1)
+            raise ReadTimeoutError(endpoint_url="https://dynamodb.emulated")
+
+    store.client.meta.events.register("before-call.dynamodb.PutItem", drop_once, unique_id="drop-once")
+    try:
+        inserted = store.put_new(_job("train").with_changes(submitted_by="event-1"))
+    finally:
+        store.client.meta.events.unregister("before-call.dynamodb.PutItem", unique_id="drop-once")
+    # Then the read found nothing, and the insert was made once more
+    assert dropped == [1] and inserted is True and store.get("train").submitted_by == "event-1"
+
+
+def test_another_submissions_job_found_after_a_lost_answer_is_a_duplicate(store):
+    # Given a job of that name submitted by another event, and the new insert's answer lost
+    assert store.put_new(_job("train").with_changes(submitted_by="event-1"))
+    with answer_lost_after_applied(store.client, "PutItem") as lost:
+        inserted = store.put_new(_job("train", gpus=8).with_changes(submitted_by="event-2"))
+    # Then it is a duplicate, and the first job is untouched
+    assert lost == [1] and inserted is False
+    assert store.get("train").submitted_by == "event-1" and store.get("train").gpus == 32
+
+
+def test_a_location_taken_whose_answer_was_lost_still_names_the_job_it_was_taken_from(store):
+    # Given an adopted run using a checkpoint location, and a submission taking it whose
+    # write is applied but gets no answer through botocore's every retry
+    assert store.claim_checkpoint_alias("s3://ckpt-bucket/team/train", "adopted-run") is None
+    with answer_lost_after_applied(store.client, "UpdateItem") as lost:
+        previous = store.put_checkpoint_alias("s3://ckpt-bucket/team/train", "train")
+    # Then a consistent read told the taker the location is its own, and whose it was (the
+    # job that must give it up), where Lambda's retry a minute later would have told it
+    assert lost == [1] and previous == "adopted-run"
+    assert store.find_checkpoint_owner("ckpt-bucket", "team/train/step-1/manifest.json") == "train"
+
+
+def test_a_location_whose_take_got_no_answer_and_was_not_applied_is_taken_once_more(store):
+    dropped: list[int] = []
+
+    def drop_once(**_) -> None:
+        if not dropped:
+            dropped.append(1)
+            raise ReadTimeoutError(endpoint_url="https://dynamodb.emulated")
+
+    store.client.meta.events.register("before-call.dynamodb.UpdateItem", drop_once, unique_id="drop-once")
+    try:
+        previous = store.put_checkpoint_alias("s3://ckpt-bucket/team/train", "train")
+    finally:
+        store.client.meta.events.unregister("before-call.dynamodb.UpdateItem", unique_id="drop-once")
+    assert dropped == [1] and previous is None
+    assert store.find_checkpoint_owner("ckpt-bucket", "team/train/step-1/manifest.json") == "train"
 
 
 def _lagging_index(params: dict) -> dict | None:

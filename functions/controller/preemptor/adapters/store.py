@@ -581,7 +581,23 @@ class JobsStore:
     # -- jobs -----------------------------------------------------------------------------
     def put_new(self, record: JobRecord, log: LogLine | None = None) -> bool:
         """Insert a job (with `log`, its decision-log line, in the same transaction). Returns
-        False if a job of that name already exists (duplicate)."""
+        False if a job of that name already exists (duplicate).
+
+        When no answer comes back (botocore's retries ran out on a lost connection), the
+        insert may have been applied: a consistent read tells. This very record (the same
+        submitting event, `submitted_by`) is the insert's own; none there is inserted once
+        more (a write still in flight then refuses it: False, and the caller reads whose it
+        is); another job's is a duplicate. Raised, the submission would wait a minute for
+        Lambda's retry of the whole event."""
+        try:
+            return self._put_new(record, log)
+        except NO_ANSWER:
+            existing = self.get(record.name)
+            if existing is None:
+                return self._put_new(record, log)
+            return record.submitted_by is not None and existing.submitted_by == record.submitted_by
+
+    def _put_new(self, record: JobRecord, log: LogLine | None) -> bool:
         put = {"TableName": self.table, "Item": record_to_item(record), "ConditionExpression": "attribute_not_exists(pk)"}
         try:
             if log is None:
@@ -1032,8 +1048,20 @@ class JobsStore:
         (`claim_checkpoint_alias`).
 
         The job it was taken from stays on the alias (`replaced`): a write repeated because
-        the handling that made it died before it dealt with that job returns it again."""
+        the handling that made it died before it dealt with that job returns it again. So
+        does a write that got no answer (botocore's retries ran out on a lost connection): a
+        consistent read tells whether it was applied, and one that was not is made once
+        more, instead of the submission waiting a minute for Lambda's retry."""
         key = _marshal(_checkpoint_key(checkpoint_s3_uri))
+        try:
+            return self._take_alias(key, job)
+        except NO_ANSWER:
+            item = self._call("get_item", TableName=self.table, Key=key, ConsistentRead=True).get("Item")
+            if item and _unmarshal(item).get("job") == job:
+                return _unmarshal(item).get("replaced") or None
+            return self._take_alias(key, job)
+
+    def _take_alias(self, key: dict, job: str) -> str | None:
         try:
             old = self._call(
                 "update_item",
