@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import boto3
 import pytest
 from botocore.exceptions import ReadTimeoutError
@@ -392,18 +395,8 @@ def test_a_submission_inserted_whose_answer_was_lost_is_known_to_be_its_own(stor
 
 def test_a_submission_whose_insert_got_no_answer_and_was_not_applied_is_inserted_once_more(store):
     # Given the insert never reached DynamoDB (the connection dropped before it was sent)
-    dropped: list[int] = []
-
-    def drop_once(**_) -> None:
-        if not dropped:
-            dropped.append(1)
-            raise ReadTimeoutError(endpoint_url="https://dynamodb.emulated")
-
-    store.client.meta.events.register("before-call.dynamodb.PutItem", drop_once, unique_id="drop-once")
-    try:
+    with _dropped_once(store.client, "PutItem") as dropped:
         inserted = store.put_new(_job("train").with_changes(submitted_by="event-1"))
-    finally:
-        store.client.meta.events.unregister("before-call.dynamodb.PutItem", unique_id="drop-once")
     # Then the read found nothing, and the insert was made once more
     assert dropped == [1] and inserted is True and store.get("train").submitted_by == "event-1"
 
@@ -431,6 +424,18 @@ def test_a_location_taken_whose_answer_was_lost_still_names_the_job_it_was_taken
 
 
 def test_a_location_whose_take_got_no_answer_and_was_not_applied_is_taken_once_more(store):
+    # Given the take never reached DynamoDB (the connection dropped before it was sent)
+    with _dropped_once(store.client, "UpdateItem") as dropped:
+        previous = store.put_checkpoint_alias("s3://ckpt-bucket/team/train", "train")
+    # Then the read found no alias, and the location was taken once more
+    assert dropped == [1] and previous is None
+    assert store.find_checkpoint_owner("ckpt-bucket", "team/train/step-1/manifest.json") == "train"
+
+
+@contextmanager
+def _dropped_once(client, operation: str) -> Iterator[list[int]]:
+    """The first call of `operation` never reaches DynamoDB: the connection drops before it
+    is sent, and the caller sees botocore's `ReadTimeoutError` (nothing was applied)."""
     dropped: list[int] = []
 
     def drop_once(**_) -> None:
@@ -438,13 +443,11 @@ def test_a_location_whose_take_got_no_answer_and_was_not_applied_is_taken_once_m
             dropped.append(1)
             raise ReadTimeoutError(endpoint_url="https://dynamodb.emulated")
 
-    store.client.meta.events.register("before-call.dynamodb.UpdateItem", drop_once, unique_id="drop-once")
+    client.meta.events.register(f"before-call.dynamodb.{operation}", drop_once, unique_id="drop-once")
     try:
-        previous = store.put_checkpoint_alias("s3://ckpt-bucket/team/train", "train")
+        yield dropped
     finally:
-        store.client.meta.events.unregister("before-call.dynamodb.UpdateItem", unique_id="drop-once")
-    assert dropped == [1] and previous is None
-    assert store.find_checkpoint_owner("ckpt-bucket", "team/train/step-1/manifest.json") == "train"
+        client.meta.events.unregister(f"before-call.dynamodb.{operation}", unique_id="drop-once")
 
 
 def _lagging_index(params: dict) -> dict | None:
