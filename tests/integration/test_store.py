@@ -248,6 +248,31 @@ def test_a_claim_whose_answer_was_lost_is_this_handlings_own(store):
     assert claimed is True
 
 
+def test_a_claim_whose_every_answer_was_lost_is_still_this_handlings_own(store):
+    # Given the claim's put applied, and no answer through botocore's every retry
+    with answer_lost_after_applied(store.client, "PutItem") as lost:
+        claimed = store.claim_event("evt-6", now=100.0, owner="me")
+    # Then a consistent read told the handling the claim is its own: it goes on, instead of
+    # its claim holding the event past Lambda's first retry
+    assert lost == [1] and claimed is True
+    store.finish_event("evt-6", now=101.0, outcome="accepted")
+    assert store.claim_event("evt-6", now=102.0, owner="a-redelivery") is False
+
+
+def test_a_claim_that_got_no_answer_and_was_not_applied_is_put_once_more(store):
+    with _dropped_once(store.client, "PutItem") as dropped:
+        claimed = store.claim_event("evt-7", now=100.0, owner="me")
+    assert dropped == [1] and claimed is True
+    with pytest.raises(EventInProgress):
+        store.claim_event("evt-7", now=101.0, owner="another-handling")
+
+
+def test_a_claim_held_by_another_handling_whose_answer_was_lost_is_still_in_progress(store):
+    assert store.claim_event("evt-8", now=100.0, owner="first")
+    with answer_lost_after_applied(store.client, "PutItem"), pytest.raises(EventInProgress):
+        store.claim_event("evt-8", now=101.0, owner="second")
+
+
 def test_a_claim_given_back_after_a_failure_lets_the_retry_handle_the_event(store):
     assert store.claim_event("evt-2", now=100.0, owner="first")
     # When handling failed and the claim is given back

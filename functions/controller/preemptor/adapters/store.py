@@ -1223,10 +1223,29 @@ class JobsStore:
         two deliveries handled at once, one wins). True: this handling has it, including when
         the put was resent after its answer was lost. False: the event was handled already.
 
+        When no answer comes back (botocore's retries ran out on a lost connection), a
+        consistent read tells whether the put was applied: a claim of `owner`'s is this
+        handling's, none is put once more. Raised, the claim the put left would hold the
+        event until it ends (EVENT_CLAIM_S), past Lambda's first retry: three minutes.
+
         Raises:
             EventInProgress: another handling holds a live claim (it may still finish, or it
                 died and its claim ends after EVENT_CLAIM_S): the delivery is retried.
         """
+        try:
+            return self._claim_event(event_id, now, owner)
+        except NO_ANSWER:
+            if self._event_claim(event_id).get("owner") == owner:
+                return True
+            return self._claim_event(event_id, now, owner)
+
+    def _event_claim(self, event_id: str) -> dict:
+        held = self._call(
+            "get_item", TableName=self.table, Key={"pk": {"S": f"EVENT#{event_id}"}, "sk": {"S": "EVENT"}}, ConsistentRead=True
+        ).get("Item")
+        return _unmarshal(held) if held else {}
+
+    def _claim_event(self, event_id: str, now: float, owner: str) -> bool:
         try:
             self._call(
                 "put_item",
@@ -1248,10 +1267,7 @@ class JobsStore:
             return True
         except ConflictError:
             pass
-        held = self._call(
-            "get_item", TableName=self.table, Key={"pk": {"S": f"EVENT#{event_id}"}, "sk": {"S": "EVENT"}}, ConsistentRead=True
-        ).get("Item")
-        claim = _unmarshal(held) if held else {}
+        claim = self._event_claim(event_id)
         if claim.get("state") == "done":
             return False
         raise EventInProgress(f"event {event_id} is being handled (claim until {claim.get('claim_expires')})")
