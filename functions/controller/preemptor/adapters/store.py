@@ -20,7 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass, field as dataclass_field, fields as dataclass_fields
 from decimal import Decimal
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
@@ -56,6 +56,8 @@ _FLOAT_FIELDS = ("lost_gpu_seconds",)
 _NOTES = frozenset({"last_checkpoint_at", "nominated_at"})
 
 _LOG_SEQ = itertools.count()
+T = TypeVar("T")
+NOT_APPLIED = object()  # `_written_or_again`: the write that got no answer was not applied
 _ser = TypeSerializer()
 _de = TypeDeserializer()
 
@@ -320,6 +322,17 @@ class JobsStore:
                 yield from page.get("Items", [])
         except ClientError as e:
             raise translate(e, f"DynamoDB {operation}") from e
+
+    def _written_or_again(self, write: Callable[[], T], applied: Callable[[], T | object]) -> T:
+        """`write()`. When no answer comes back (botocore's retries ran out on a lost
+        connection), it may have been applied: `applied()`, a consistent read, gives what it
+        answered, or NOT_APPLIED, and then it is made once more (a write still in flight then
+        meets its own condition; a second lost answer is raised)."""
+        try:
+            return write()
+        except NO_ANSWER:
+            found = applied()
+            return write() if found is NOT_APPLIED else found  # type: ignore[return-value]
 
     def _transact(self, items: list[dict]) -> None:
         """TransactWriteItems, retried with full-jitter backoff while DynamoDB cancels it
@@ -589,13 +602,13 @@ class JobsStore:
         more (a write still in flight then refuses it: False, and the caller reads whose it
         is); another job's is a duplicate. Raised, the submission would wait a minute for
         Lambda's retry of the whole event."""
-        try:
-            return self._put_new(record, log)
-        except NO_ANSWER:
+        def applied() -> bool | object:
             existing = self.get(record.name)
             if existing is None:
-                return self._put_new(record, log)
+                return NOT_APPLIED
             return record.submitted_by is not None and existing.submitted_by == record.submitted_by
+
+        return self._written_or_again(lambda: self._put_new(record, log), applied)
 
     def _put_new(self, record: JobRecord, log: LogLine | None) -> bool:
         put = {"TableName": self.table, "Item": record_to_item(record), "ConditionExpression": "attribute_not_exists(pk)"}
@@ -1053,13 +1066,13 @@ class JobsStore:
         consistent read tells whether it was applied, and one that was not is made once
         more, instead of the submission waiting a minute for Lambda's retry."""
         key = _marshal(_checkpoint_key(checkpoint_s3_uri))
-        try:
-            return self._take_alias(key, job)
-        except NO_ANSWER:
+
+        def applied() -> str | None | object:
             item = self._call("get_item", TableName=self.table, Key=key, ConsistentRead=True).get("Item")
-            if item and _unmarshal(item).get("job") == job:
-                return _unmarshal(item).get("replaced") or None
-            return self._take_alias(key, job)
+            alias = _unmarshal(item) if item else {}
+            return (alias.get("replaced") or None) if alias.get("job") == job else NOT_APPLIED
+
+        return self._written_or_again(lambda: self._take_alias(key, job), applied)
 
     def _take_alias(self, key: dict, job: str) -> str | None:
         try:
@@ -1232,12 +1245,10 @@ class JobsStore:
             EventInProgress: another handling holds a live claim (it may still finish, or it
                 died and its claim ends after EVENT_CLAIM_S): the delivery is retried.
         """
-        try:
-            return self._claim_event(event_id, now, owner)
-        except NO_ANSWER:
-            if self._event_claim(event_id).get("owner") == owner:
-                return True
-            return self._claim_event(event_id, now, owner)
+        return self._written_or_again(
+            lambda: self._claim_event(event_id, now, owner),
+            lambda: True if self._event_claim(event_id).get("owner") == owner else NOT_APPLIED,
+        )
 
     def _event_claim(self, event_id: str) -> dict:
         held = self._call(

@@ -380,9 +380,7 @@ def explain(*, store: JobsStore, settings: Settings, job: str, now: float) -> di
     return answer
 
 
-def finish_cycle(
-    *, store: JobsStore, pool_name: str, owner: str, cycle: int | None = None, now: float = 0.0, settings: Settings | None = None
-) -> dict:
+def finish_cycle(*, store: JobsStore, settings: Settings, pool_name: str, owner: str, cycle: int | None = None, now: float = 0.0) -> dict:
     """Release the lease after the cycle's plan step failed for good; `rerun` is true when
     work arrived while we held it.
 
@@ -395,15 +393,15 @@ def finish_cycle(
     answer's shape) and the workflow starts their preemptions, under the names the plan gave
     them, as it would have from the answer: the preemptor they were chosen for does not wait
     for reconcile to find them (`PREEMPT_START_GRACE_S`, then its next run: 5 to 10
-    minutes). A read of them that is refused leaves them to reconcile.
+    minutes). A read refused fails the step, which is retried; given up, the admissions
+    wait for reconcile's stuck-admission repair and the victims for its grace.
 
     `rerun`: a plan was asked for while the cycle held the lease; the workflow then starts
     `retry_as`, which plans the pool after `retry_s` (the request is not dropped until
     reconcile's next run)."""
     rerun = store.release_lease(pool_name, owner)  # first: a read refused below must not lock the pool out
     mark = f"{owner}#{cycle}"
-    released = _release_admissions(store, pool_name, mark, now) if cycle is not None else []
-    victims = _cycle_reservations(store, pool_name, mark, [], [])[1] if cycle is not None else []
+    released, victims = _release_cycle(store, pool_name, mark, now) if cycle is not None else ([], [])
     return {
         "pool": pool_name,
         "owner": owner,
@@ -411,7 +409,7 @@ def finish_cycle(
         "released": released,
         "preemptions": victims,
         "has_preemptions": bool(victims),
-        "settings": settings.policy.workflow_settings(pool_name) if settings is not None and victims else {},
+        "settings": settings.policy.workflow_settings(pool_name) if victims else {},
         "retry_as": execution_name("retry", pool_name[:40], _digest(mark, 24)),
         "retry_s": FAILED_CYCLE_RETRY_S,
     }
@@ -457,15 +455,22 @@ def _marked_by(record: JobRecord, mark: str) -> bool:
     return record.decided_by == mark and record.status is JobState.PREEMPTING and bool(record.preempted_by)
 
 
-def _release_admissions(store: JobsStore, pool_name: str, mark: str, now: float) -> list[str]:
-    """Give back what cycle `mark` admitted and did not launch: the admissions the index
-    shows, and those recorded with the cycle (`cycle_reservations`) that it does not show yet."""
+def _release_cycle(store: JobsStore, pool_name: str, mark: str, now: float) -> tuple[list[str], list[dict]]:
+    """Give back what cycle `mark` admitted and did not launch (the admissions the index
+    shows, and those recorded with the cycle, `cycle_reservations`, that it does not show
+    yet), and find the victims it marked that are still marked (read consistently), for
+    their preemptions to be started: (jobs released, victim items)."""
     found = {r.name: r for r in store.active(pool_name) if r.decided_by == mark}
-    for job, _, kind in store.cycle_reservations(pool_name, mark):
+    victims = []
+    for job, incarnation, kind in store.cycle_reservations(pool_name, mark):
         if kind == "admitted" and job not in found:
             record = store.get(job)
             if record is not None:
                 found[job] = record
+        elif kind == "marked":
+            record = store.get(job)
+            if record is not None and record.incarnation == incarnation and _marked_by(record, mark):
+                victims.append(_victim_item(record, record.preempted_by, record.preempting_since, None))
     released = []
     for record in found.values():
         if not _admitted_unlaunched(record, mark):
@@ -481,7 +486,7 @@ def _release_admissions(store: JobsStore, pool_name: str, mark: str, now: float)
         except ConflictError:
             continue  # it moved meanwhile (cancelled, or released by reconcile): not ours to release
         released.append(record.name)
-    return released
+    return released, victims
 
 
 def _reserve_admissions(
