@@ -18,7 +18,7 @@ from storm.test_storm_scenarios import story
 
 from preemptor_tools.local import demo
 
-CHAOS = {"throttle_rate": 0.15, "crash_rate": 0.15, "duplicate_rate": 0.3, "reorder_rate": 0.3, "transaction_conflict_rate": 0.3, "index_lag_rate": 0.3,
+CHAOS = {"throttle_rate": 0.3, "crash_rate": 0.15, "duplicate_rate": 0.3, "reorder_rate": 0.3, "transaction_conflict_rate": 0.3, "index_lag_rate": 0.3,
          "answer_lost_rate": 0.2}
 
 

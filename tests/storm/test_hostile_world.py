@@ -13,6 +13,7 @@ from botocore.exceptions import ClientError
 from emulation import START, Emulation, emulation
 from storm import steps
 
+from preemptor.handlers.wiring import CLIENT_CONFIG
 from preemptor_tools.local.executions import wait_for_execution
 from preemptor_tools.local.hostile import HostileWorld
 from preemptor_tools.local.scenario import Chaos, StopDenied, WorkflowCrash
@@ -45,7 +46,9 @@ THROTTLED_CALLS = [
     ("batch", "describe_job_queues", {}, {("TooManyRequestsException", 429)}),
     ("s3", "list_buckets", {}, {("SlowDown", 503)}),
     ("stepfunctions", "list_state_machines", {}, {("ThrottlingException", 400)}),
-    ("sns", "list_topics", {}, {("Throttled", 400)}),
+    ("sns", "list_topics", {}, {("Throttled", 429)}),
+    ("ec2", "describe_regions", {}, {("RequestLimitExceeded", 503)}),
+    ("lambda", "list_functions", {}, {("TooManyRequestsException", 429)}),
 ]
 
 
@@ -57,16 +60,44 @@ def test_a_throttled_call_fails_with_its_services_own_throttling_error(
 ) -> None:
     # Given a world that throttles every call
     world.chaos = Chaos(seed=1, throttle_rate=ALWAYS)
-    client = env.stack.client(service)
+    client = env.stack.session.client(service, config=CLIENT_CONFIG)  # the functions' retries: three attempts
 
     # When a function calls the service
     with HostileWorld.acting_as("preemptor-ScheduleFunction"), pytest.raises(ClientError) as raised:
         getattr(client, operation)(**params)
 
-    # Then it sees the service's throttling error, as botocore raises it
+    # Then it sees the service's throttling error, as botocore raises it from the service's
+    # own wire format, once its retries ran out (SNS's throttle is one botocore does not retry)
     assert _code(raised.value) in expected
+    retried = raised.value.response["ResponseMetadata"]["RetryAttempts"]
+    assert retried == (0 if service == "sns" else client.meta.config.retries["total_max_attempts"] - 1)
     # And the harness (no function acting) is never throttled: the world targets the controller
     getattr(client, operation)(**params)
+
+
+def test_a_throttled_attempt_is_not_carried_out_and_botocore_sends_it_again(env: Emulation, world: HostileWorld) -> None:
+    dynamodb = env.store.client  # the functions' client: botocore's standard retries, three attempts
+    table = env.stack.deps().settings.jobs_table
+    add = {"TableName": table, "Key": {"pk": {"S": "THROTTLED#1"}, "sk": {"S": "X"}}, "UpdateExpression": "ADD n :one",
+           "ExpressionAttributeValues": {":one": {"N": "1"}}}
+    # Given, for some seed, a write whose first attempt is throttled and whose second is not
+    for seed in range(64):
+        world.chaos = Chaos(seed=seed, throttle_rate=0.5)
+        before = world.counts().get("throttle", 0)
+        with HostileWorld.acting_as("preemptor-PlanFunction"):
+            try:
+                answer = dynamodb.update_item(**add, ReturnValues="UPDATED_NEW")
+            except ClientError:
+                answer = None  # every attempt throttled: not the case sought
+        if answer is not None and world.counts()["throttle"] - before == 1:
+            break
+    else:
+        pytest.fail("no seed in 64 throttled exactly one attempt of a call that went through")
+    # Then the caller sees the second attempt's answer, and DynamoDB carried the write out
+    # once: the throttled attempt never reached it
+    assert answer["ResponseMetadata"]["RetryAttempts"] == 1
+    assert answer["Attributes"]["n"] == {"N": "1"}
+    assert _counter(env, "THROTTLED#1") == 1
 
 
 def test_a_transaction_is_cancelled_with_one_item_in_transaction_conflict(env: Emulation, world: HostileWorld) -> None:

@@ -44,7 +44,8 @@ def story(service: str = "sagemaker", chaos: dict | None = None, faults: list | 
 
 
 CASES = {
-    "throttling": (story(chaos={"seed": 11, "throttle_rate": 0.2}), "throttle"),
+    # Throttles hit each attempt, and botocore retries them: at 0.5 one call in eight fails.
+    "throttling": (story(chaos={"seed": 11, "throttle_rate": 0.5}), "throttle"),
     "transaction-conflicts": (story(chaos={"seed": 12, "transaction_conflict_rate": 0.6}), "transaction-conflict"),
     "duplicate-and-late-events": (story(chaos={"seed": 13, "duplicate_rate": 0.4, "reorder_rate": 0.4}), "event-late"),
     "lambda-crashes": (story(chaos={"seed": 14, "crash_rate": 0.2}), "lambda-crash"),
@@ -56,7 +57,7 @@ CASES = {
     "stopped-by-hand": (story(faults=[{"type": "stopped_by_hand", "at": 300, "job": "sweep"}]), None),
     "workflow-crash": (story(faults=[{"type": "workflow_crash", "at": 590}]), "workflow-crash"),
     "batch-throttling-and-stop-denied": (
-        story("batch", chaos={"seed": 15, "throttle_rate": 0.15},
+        story("batch", chaos={"seed": 15, "throttle_rate": 0.4},
               faults=[{"type": "stop_denied", "at": 500, "job": "sweep", "duration": 900}]),
         "throttle",
     ),
@@ -100,7 +101,7 @@ def test_the_dead_letters_of_a_chaos_run_redriven_once_it_is_over_change_nothing
     # Given the preemption story under every chaos rate at once, where Lambda dead-lettered
     # events after their three attempts (deliveries throttled or crashed each time: state
     # changes, checkpoint notices, submissions' copies, reconcile's schedule)
-    chaos = {"seed": 21, "throttle_rate": 0.15, "crash_rate": 0.15, "duplicate_rate": 0.3, "reorder_rate": 0.3,
+    chaos = {"seed": 21, "throttle_rate": 0.5, "crash_rate": 0.15, "duplicate_rate": 0.3, "reorder_rate": 0.3,
              "transaction_conflict_rate": 0.3}
     scenario = story(chaos=chaos)
     seen: dict = {}

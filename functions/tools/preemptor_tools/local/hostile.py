@@ -3,9 +3,14 @@
 Given a scenario's `chaos:` rates and `faults:`, `HostileWorld` makes the emulated stack
 - throttle AWS calls the controller makes (`throttle_rate`), with each service's own
   throttling error (DynamoDB `ThrottlingException`/`ProvisionedThroughputExceededException`,
-  SageMaker `ThrottlingException`, Batch `TooManyRequestsException`, S3 `SlowDown`, ...),
-  from a botocore `before-call` hook: on the clients the functions create, and on the
-  clients Step Functions' service integrations (`states:startExecution`, `sns:publish`) use;
+  SageMaker `ThrottlingException`, Batch `TooManyRequestsException`, S3 `SlowDown`, SNS
+  `Throttled`, ...). A function's call is throttled attempt by attempt, in place of moto's
+  answer (nothing is carried out) and as the service sends it over the wire (its protocol's
+  error body, status and headers), so botocore parses it and retries it as it would AWS's,
+  by the client's own retry settings: a call fails only when every attempt was throttled (or
+  the service's throttle is one botocore does not retry, SNS's). Step Functions' service
+  integrations (`states:startExecution`, `sns:publish`) are throttled call by call, from a
+  botocore `before-call` hook on their clients: the workflow's task sees the error;
 - cancel DynamoDB transactions (`transaction_conflict_rate`) with
   `TransactionCanceledException`, one item's reason `TransactionConflict`;
 - deliver events twice (`duplicate_rate`: the copy, same `id`, arrives after newer events)
@@ -16,12 +21,12 @@ Given a scenario's `chaos:` rates and `faults:`, `HostileWorld` makes the emulat
   `index_lag.py`): the writes of the last simulated second not in it yet;
 - lose the answer of a call AWS applied (`answer_lost_rate`): the request reached AWS and
   was carried out, and the connection then failed (`ReadTimeoutError` or
-  `ConnectionClosedError`). Each attempt is drawn on its own, from a botocore `before-send`
-  hook that runs after moto's (which carries the request out), so botocore retries as it
-  would on AWS, by the client's own retry settings: the retry's answer is the one the
-  caller sees (DynamoDB's for a transaction with the same `ClientRequestToken`: success, and
-  nothing written again; a conditional write's: its condition failed, on its own first
-  write), or the connection error when every attempt lost its answer. botocore's backoff
+  `ConnectionClosedError`). Each attempt is drawn on its own, once moto has carried it out,
+  so botocore retries as it would on AWS, by the client's own retry settings: the retry's
+  answer is the one the caller sees (DynamoDB's for a transaction with the same
+  `ClientRequestToken`: success, and nothing written again; a conditional write's: its
+  condition failed, on its own first write), or the connection error when every attempt
+  lost its answer. botocore's backoff
   between attempts takes no time here. Only the functions' own calls: Step Functions' calls
   to AWS are AWS's own;
 - `stop_denied` a job's stops (AccessDeniedException) for `duration` seconds;
@@ -51,11 +56,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+from xml.sax.saxutils import escape
 
 import botocore.endpoint
 import botocore.handlers
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ConnectionClosedError, ReadTimeoutError
+from moto.core.botocore_stubber import BotocoreStubber, MockRawResponse
 
 from . import moto_patches
 from .clock import SimClock
@@ -88,7 +95,7 @@ _THROTTLING: dict[str, list[tuple[str, int, str]]] = {
     "batch": [("TooManyRequestsException", 429, "Too Many Requests")],
     "s3": [("SlowDown", 503, "Please reduce your request rate.")],
     "stepfunctions": [("ThrottlingException", 400, "Rate exceeded")],
-    "sns": [("Throttled", 400, "Rate exceeded")],
+    "sns": [("Throttled", 429, "Rate exceeded")],
     "ecs": [("ThrottlingException", 400, "Rate exceeded")],
     "ec2": [("RequestLimitExceeded", 503, "Request limit exceeded.")],
     "lambda": [("TooManyRequestsException", 429, "Rate Exceeded.")],
@@ -135,6 +142,7 @@ class HostileWorld:
         self._seen_executions: set[str] = set()
         self._crashed: set[int] = set()  # workflow_crash faults already spent (by id)
         self._installed: list[tuple[str, Callable]] = []
+        self._services: dict[str, tuple[str, str]] = {}  # service id (as in event names) -> (name, protocol)
         self._unsubscribe: list[Callable[[], None]] = []
         self._stop_execution: Callable[[str], None] | None = None
         self._index = LaggingIndex(self.clock)
@@ -144,10 +152,23 @@ class HostileWorld:
     def install(self, stop_execution: Callable[[str, str, str], None]) -> None:
         """Hook botocore (sessions created from now on) and the workflows' Lambda steps."""
         self._stop_execution = stop_execution
-        # `before-send` after moto's own handler (appended when moto was imported): the
-        # request has been carried out when `_after_sent` decides that its answer is lost.
-        handlers = [("before-parameter-build", self._stash_params), ("before-call", self._before_call), ("before-send", self._after_sent)]
+        handlers = [("before-parameter-build", self._stash_params), ("before-call", self._before_call)]
         replace(botocore.endpoint, "time", _NoBackoff())
+        # Each attempt of a call reaches moto through its `before-send` handler: the world
+        # throttles the attempt in its place, or loses the answer of what moto carried out.
+        carry_out = BotocoreStubber.__call__
+
+        def attempt(stubber: BotocoreStubber, event_name: str, request: Any, **kwargs: Any) -> AWSResponse | None:
+            if not stubber.enabled:
+                return carry_out(stubber, event_name, request, **kwargs)
+            throttled = self._throttled_attempt(event_name, request)
+            if throttled is not None:
+                return throttled
+            answer = carry_out(stubber, event_name, request, **kwargs)
+            self._lose_answer(event_name, request)
+            return answer
+
+        replace(BotocoreStubber, "__call__", attempt)
         for event, handler in handlers:
             botocore.handlers.BUILTIN_HANDLERS.append((event, handler))
             self._installed.append((event, handler))
@@ -200,11 +221,14 @@ class HostileWorld:
         context[seen] = True
         service = model.service_model.service_name
         operation = model.name
+        protocol = model.service_model.resolved_protocol
+        self._services[model.service_model.service_id.hyphenize()] = (service, protocol)  # for its attempts
         params = context.get(_PARAMS_KEY) or {}
         region = context.get("client_region") or ""
         if service == "dynamodb" and self.chaos.index_lag_rate:
             self._index.note_write(region, operation, params)  # whoever writes: the index lags behind every writer
-        actor = context.get(_ACTOR_KEY) or ACTOR.get()
+        integration = context.get(_ACTOR_KEY)
+        actor = integration or ACTOR.get()
         if actor is None:
             return None  # the test harness, the fleet, the demo driver: AWS as usual
         if (service, operation) in _STOP_OPERATIONS:
@@ -219,9 +243,11 @@ class HostileWorld:
             and self._draw("conflict", key) < self.chaos.transaction_conflict_rate
         ):
             return self._transaction_conflict(actor, params)
-        if self.chaos.throttle_rate and self._draw("throttle", key) < self.chaos.throttle_rate:
-            choices = _THROTTLING.get(service, _DEFAULT_THROTTLING)
-            code, status, message = choices[int(self._draw("throttle-code", key) * len(choices))]
+        # A function's calls are throttled attempt by attempt (`_throttled_attempt`); Step
+        # Functions' integrations, and a protocol whose error body is not written here, by call.
+        by_call = integration is not None or protocol not in _ERROR_BODIES
+        if by_call and self.chaos.throttle_rate and self._draw("throttle", key) < self.chaos.throttle_rate:
+            code, status, message = self._throttle(service, key)
             self._record("throttle", actor, f"{service}:{operation} {code}")
             return _error(status, code, message)
         if (
@@ -237,7 +263,27 @@ class HostileWorld:
                 return _answer(200, lagging)
         return None
 
-    def _after_sent(self, request: Any, event_name: str = "", **_: Any) -> None:
+    def _throttle(self, service: str, key: str) -> tuple[str, int, str]:
+        choices = _THROTTLING.get(service, _DEFAULT_THROTTLING)
+        return choices[int(self._draw("throttle-code", key) * len(choices))]
+
+    def _throttled_attempt(self, event_name: str, request: Any) -> AWSResponse | None:
+        """The service's throttling answer to this attempt of a function's call, as it comes
+        over the wire, or None to let moto carry the attempt out."""
+        actor = ACTOR.get()
+        if actor is None or not self.chaos.throttle_rate:
+            return None  # the harness, the fleet, the demo driver, Step Functions itself
+        _, service_id, operation = (event_name.split(".") + ["", "", ""])[:3]
+        service, protocol = self._services.get(service_id, (service_id, ""))
+        body = _ERROR_BODIES.get(protocol)
+        key = f"{actor}|{service}|{operation}"
+        if body is None or self._draw("throttle", key) >= self.chaos.throttle_rate:
+            return None
+        code, status, message = self._throttle(service, key)
+        self._record("throttle", actor, f"{service}:{operation} {code}")
+        return body(getattr(request, "url", "") or "https://emulated.invalid/", service, status, code, message)
+
+    def _lose_answer(self, event_name: str, request: Any) -> None:
         actor = ACTOR.get()
         if actor is None or not self.chaos.answer_lost_rate:
             return  # the harness, the fleet, the demo driver, Step Functions itself
@@ -404,6 +450,59 @@ def _answer(status: int, body: dict) -> tuple[AWSResponse, dict]:
     http = AWSResponse("https://emulated.invalid/", status, {"x-amzn-requestid": request_id}, None)
     metadata = {"RequestId": request_id, "HTTPStatusCode": status, "HTTPHeaders": {"x-amzn-requestid": request_id}, "RetryAttempts": 0}
     return http, {**body, "ResponseMetadata": metadata}
+
+
+def _json_error(url: str, service: str, status: int, code: str, message: str) -> AWSResponse:
+    request_id = str(uuid.uuid4())
+    headers = {"x-amzn-RequestId": request_id, "Content-Type": "application/x-amz-json-1.0"}
+    return _wire(url, status, headers, json.dumps({"__type": f"com.amazonaws.{service}#{code}", "message": message}))
+
+
+def _rest_json_error(url: str, service: str, status: int, code: str, message: str) -> AWSResponse:
+    request_id = str(uuid.uuid4())
+    headers = {"x-amzn-RequestId": request_id, "x-amzn-ErrorType": code, "Content-Type": "application/json"}
+    return _wire(url, status, headers, json.dumps({"message": message}))
+
+
+def _query_error(url: str, service: str, status: int, code: str, message: str) -> AWSResponse:
+    request_id = str(uuid.uuid4())
+    body = (
+        f"<ErrorResponse><Error><Type>Sender</Type><Code>{code}</Code><Message>{escape(message)}</Message></Error>"
+        f"<RequestId>{request_id}</RequestId></ErrorResponse>"
+    )
+    return _wire(url, status, {"x-amzn-RequestId": request_id, "Content-Type": "text/xml"}, body)
+
+
+def _rest_xml_error(url: str, service: str, status: int, code: str, message: str) -> AWSResponse:
+    request_id = uuid.uuid4().hex[:16].upper()
+    body = (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{escape(message)}</Message>'
+        f"<RequestId>{request_id}</RequestId></Error>"
+    )
+    return _wire(url, status, {"x-amz-request-id": request_id, "Content-Type": "application/xml"}, body)
+
+
+def _ec2_error(url: str, service: str, status: int, code: str, message: str) -> AWSResponse:
+    request_id = str(uuid.uuid4())
+    body = (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>{code}</Code>'
+        f"<Message>{escape(message)}</Message></Error></Errors><RequestID>{request_id}</RequestID></Response>"
+    )
+    return _wire(url, status, {"Content-Type": "text/xml;charset=UTF-8"}, body)
+
+
+def _wire(url: str, status: int, headers: dict[str, str], body: str) -> AWSResponse:
+    return AWSResponse(url, status, headers, MockRawResponse(body.encode()))
+
+
+# protocol -> the error response a service of it sends, as botocore receives it
+_ERROR_BODIES: dict[str, Callable[[str, str, int, str, str], AWSResponse]] = {
+    "json": _json_error,
+    "rest-json": _rest_json_error,
+    "query": _query_error,
+    "rest-xml": _rest_xml_error,
+    "ec2": _ec2_error,
+}
 
 
 _INTEGRATION_MODULES = (
