@@ -555,6 +555,47 @@ def test_an_execution_that_outlives_its_emulated_aws_neither_moves_nor_acts_in_t
     assert described["status"] == "FAILED" and "outlived the emulated AWS that started it" in described.get("cause", "")
 
 
+def test_a_lambda_that_outlives_its_emulated_aws_is_refused_what_it_asks_of_the_next(emulation: Emulation) -> None:
+    # Given a workflow's Lambda step still running when its emulated AWS gives way to the next
+    # one, and about to write an object
+    entered, release = threading.Event(), threading.Event()
+    refused: list[Exception] = []
+    s3 = emulation.client("s3")
+    s3.create_bucket(Bucket="outlived")
+
+    def slow(event: dict) -> dict:
+        entered.set()
+        release.wait(30)
+        try:
+            s3.put_object(Bucket="outlived", Key="written-late", Body=b"x")
+        except moto_patches.StaleInvocation as e:
+            refused.append(e)
+            raise
+        return event
+
+    definition = {"StartAt": "Slow", "States": {"Slow": {"Type": "Task", "Resource": create_function(emulation, "slow-writer", slow), "End": True}}}
+    sfn = emulation.client("stepfunctions")
+    arn = sfn.create_state_machine(name="outlived-writer", roleArn=emulation.role_arn, definition=json.dumps(definition))["stateMachineArn"]
+    started = sfn.start_execution(stateMachineArn=arn, name="outlived-writer-1", input="{}")
+    assert entered.wait(30)
+
+    # When the next emulated AWS starts, and only then the old handler writes
+    moto_patches.install(SimClock(START + 10_000), lambda name, event: emulation.handlers[name](event))
+    release.set()
+    described = wait_for_execution(sfn, started["executionArn"])
+
+    # Then its write is refused before it reaches the emulated AWS: nothing was written
+    assert len(refused) == 1 and "invoked by an emulated AWS that is gone" in str(refused[0])
+    assert s3.list_objects_v2(Bucket="outlived").get("KeyCount") == 0
+    assert described["status"] == "FAILED"
+    # And the calls of the handlers the running emulated AWS invokes go through
+    emulation.handlers["slow-writer"] = lambda event: s3.put_object(Bucket="outlived", Key="written", Body=b"x") and event
+    moto_patches.install(emulation.clock, lambda name, event: emulation.handlers[name](event))
+    again = sfn.start_execution(stateMachineArn=arn, name="outlived-writer-2", input="{}")
+    assert wait_for_execution(sfn, again["executionArn"])["status"] == "SUCCEEDED"
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket="outlived")["Contents"]] == ["written"]
+
+
 def test_a_lambda_task_runs_the_in_process_handler_for_both_resource_forms(
     emulation: Emulation,
 ) -> None:

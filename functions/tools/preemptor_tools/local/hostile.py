@@ -62,7 +62,7 @@ import botocore.endpoint
 import botocore.handlers
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ConnectionClosedError, ReadTimeoutError
-from moto.core.botocore_stubber import BotocoreStubber, MockRawResponse
+from moto.core.botocore_stubber import MockRawResponse
 
 from . import moto_patches
 from .clock import SimClock
@@ -154,21 +154,7 @@ class HostileWorld:
         self._stop_execution = stop_execution
         handlers = [("before-parameter-build", self._stash_params), ("before-call", self._before_call)]
         replace(botocore.endpoint, "time", _NoBackoff())
-        # Each attempt of a call reaches moto through its `before-send` handler: the world
-        # throttles the attempt in its place, or loses the answer of what moto carried out.
-        carry_out = BotocoreStubber.__call__
-
-        def attempt(stubber: BotocoreStubber, event_name: str, request: Any, **kwargs: Any) -> AWSResponse | None:
-            if not stubber.enabled:
-                return carry_out(stubber, event_name, request, **kwargs)
-            throttled = self._throttled_attempt(event_name, request)
-            if throttled is not None:
-                return throttled
-            answer = carry_out(stubber, event_name, request, **kwargs)
-            self._lose_answer(event_name, request)
-            return answer
-
-        replace(BotocoreStubber, "__call__", attempt)
+        self._unsubscribe.append(moto_patches.around_send(self._attempt))
         for event, handler in handlers:
             botocore.handlers.BUILTIN_HANDLERS.append((event, handler))
             self._installed.append((event, handler))
@@ -262,6 +248,16 @@ class HostileWorld:
                 self._record("index-lag", actor, f"dynamodb:Query {params['IndexName']} {_partition(params)}")
                 return _answer(200, lagging)
         return None
+
+    def _attempt(self, event_name: str, request: Any, carry_out: Callable[[], AWSResponse | None]) -> AWSResponse | None:
+        """One attempt of a call, as moto would answer it: throttled in moto's place, or
+        carried out and its answer lost."""
+        throttled = self._throttled_attempt(event_name, request)
+        if throttled is not None:
+            return throttled
+        answer = carry_out()
+        self._lose_answer(event_name, request)
+        return answer
 
     def _throttle(self, service: str, key: str) -> tuple[str, int, str]:
         choices = _THROTTLING.get(service, _DEFAULT_THROTTLING)

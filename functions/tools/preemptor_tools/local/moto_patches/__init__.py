@@ -5,6 +5,9 @@ lacks a few behaviours the controller depends on. Each module fills the gaps of 
 and each patch says which gap it fills:
 
 - `lambda_`: run our handler in-process instead of moto's canned Docker-free answer.
+- `send`: the handler through which every attempt botocore sends reaches moto answers only
+  the emulated AWS running now (a handler invoked by an earlier one is refused), and lets a
+  hostile world answer attempts in moto's place.
 - `stepfunctions`: Wait states and Retry intervals in simulated time; parameter and response
   casing of the service integrations the ASL uses (`states:startExecution`, `sns:publish`);
   each definition's program and each JSONPath built once, not in every execution (a cost).
@@ -62,11 +65,12 @@ if moto.__version__ != PINNED_MOTO_VERSION:
 
 from preemptor_tools.local.clock import SimClock  # noqa: E402
 
-from . import batch, dynamodb, events, lambda_, s3, sagemaker, sdk, stepfunctions  # noqa: E402
+from . import batch, dynamodb, events, lambda_, s3, sagemaker, sdk, send, stepfunctions  # noqa: E402
 from ._core import _STATE, LambdaInvoker, quiet_moto_logging, restore_all  # noqa: E402
 from .batch import get_batch_job, on_batch_job_submitted, on_batch_job_terminate_requested, set_batch_job_status  # noqa: E402
 from .events import on_events_put  # noqa: E402
 from .lambda_ import LambdaRuntimeExited  # noqa: E402
+from .send import StaleInvocation, around_send  # noqa: E402
 from .sagemaker import (  # noqa: E402
     get_training_job,
     on_training_job_created,
@@ -87,6 +91,8 @@ __all__ = [
     "PINNED_MOTO_VERSION",
     "LambdaInvoker",
     "LambdaRuntimeExited",
+    "StaleInvocation",
+    "around_send",
     "install",
     "uninstall",
     "get_batch_job",
@@ -120,6 +126,7 @@ def install(clock: SimClock, lambda_invoker: LambdaInvoker, async_invoker: Lambd
         dynamodb.patch()
         events.patch()
         sdk.patch()
+        send.patch()
         quiet_moto_logging()
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from moto.awslambda_simple.models import LambdaSimpleBackend
 
 from ._core import _STATE, replace
+from .send import invoked_under
 
 LOG = logging.getLogger(__name__)
 
@@ -56,7 +57,8 @@ def _invoke(
         _STATE.async_invoker(function.function_name, event)
         return b""
     try:
-        result = invoker(function.function_name, event)
+        with invoked_under(_STATE.clock):
+            result = invoker(function.function_name, event)
     except Exception as error:  # noqa: BLE001 - a handler error is the function's response
         LOG.info("Lambda %s raised %s: %s", function.function_name, type(error).__name__, error)
         response_headers["x-amz-function-error"] = "Unhandled"
