@@ -215,14 +215,49 @@ def test_a_batch_submit_is_sent_once_and_no_answer_is_retryable_after_a_look(bat
     assert len(_live_jobs(batch)) == 1
 
 
-def test_the_controllers_batch_submits_are_sent_once():
-    # botocore's own retries would resend a SubmitJob whose answer was lost: a second job
+@pytest.mark.parametrize("fault", ["throttle", "answer-lost"])
+def test_the_controllers_batch_submit_is_sent_again_after_a_throttle_and_never_after_a_lost_answer(fault: str):
+    # botocore's own retries would resend a SubmitJob whose answer was lost: a second job.
+    # A throttled SubmitJob was refused, nothing submitted: sending it again is safe
+    from emulation import START
 
-    with emulation() as env:
-        runner = env.stack.deps().runners["batch"]
-        # (botocore's `max_attempts` counts retries; `total_max_attempts`, every attempt)
-        assert runner.submit_client.meta.config.retries["total_max_attempts"] == 1
-        assert runner.client.meta.config.retries["total_max_attempts"] > 1
+    from preemptor_tools.local.hostile import HostileWorld
+    from preemptor_tools.local.scenario import Chaos
+
+    with emulation(hostile=lambda clock: HostileWorld(clock, START)) as env:
+        batch_queues(env, *BATCH_QUEUES)
+        batch, world = env.stack.client("batch"), env.stack.hostile
+        runner = env.stack.deps().runners["batch"]  # the functions' own clients
+        kind, rate = ("throttle", "throttle_rate") if fault == "throttle" else ("answer-lost", "answer_lost_rate")
+        # Given, for some seed, a launch whose first SubmitJob attempt meets the fault
+        for seed in range(64):
+            world.chaos = Chaos(seed=seed, **{rate: 0.5})
+            before = len(world.injected)
+            record = JobRecord(
+                name=f"train-{seed}", team="vision", priority=100, pool="g5", service="batch", gpus=8,
+                request={"jobQueue": "g5-queue", "jobDefinition": "g5-training"},
+                checkpoint_s3_uri=f"s3://preemptor-checkpoints/vision/train-{seed}", submitted_at=0.0, status=JobState.ADMITTED,
+            )
+            with HostileWorld.acting_as("preemptor-JobControlFunction"):
+                try:
+                    launched: object = runner.launch(record, None, BATCH_QUEUES)
+                except Exception as e:  # noqa: BLE001 - what the launch step would see
+                    launched = e
+            submits = [i for i in world.injected[before:] if i.kind == kind and i.detail.startswith("batch:SubmitJob")]
+            if len(submits) == 1:
+                break
+        else:
+            pytest.fail(f"no seed in 64 met one {kind} on a SubmitJob")
+        world.chaos = Chaos()
+        jobs = [j for q in BATCH_QUEUES for j in batch.list_jobs(jobQueue=q, filters=[{"name": "JOB_NAME", "values": [record.next_run_name]}])["jobSummaryList"]]
+        # Then the throttled submit was sent again and submitted one job; the one whose answer
+        # was lost was not sent again (the launch step's retry looks for it first): one job
+        assert len(jobs) == 1
+        if fault == "throttle":
+            assert launched == jobs[0]["jobId"]
+        else:
+            assert isinstance(launched, ServiceUnavailable), launched
+            assert runner.launch(record, None, BATCH_QUEUES) == jobs[0]["jobId"]
 
 
 def test_every_client_of_the_functions_gives_a_hung_call_up_within_the_functions_time():

@@ -211,8 +211,10 @@ class BatchRunner:
     def __init__(self, client: Any, submit_client: Any = None):
         self.client = client
         # SubmitJob has no idempotency token: a resend by botocore's own retries after a
-        # lost answer would submit a second job. Sent once (`NO_RETRY_CONFIG`); the launch
-        # step's retry looks for the first one (`find_run`) before it submits again.
+        # lost answer would submit a second job. Sent again only after a throttle
+        # (`wiring.resent_only_when_throttled`: Batch refused it, nothing was submitted);
+        # after anything else the launch step's retry looks for the first one (`find_run`)
+        # before it submits again.
         self.submit_client = submit_client if submit_client is not None else client
 
     def launch(self, record: JobRecord, offering: str | None = None, offerings: tuple[str, ...] = ()) -> str:

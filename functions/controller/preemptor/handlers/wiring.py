@@ -41,14 +41,27 @@ READ_TIMEOUT_S = 8
 CLIENT_CONFIG = Config(
     retries={"mode": "standard", "total_max_attempts": 3}, connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S
 )
-# For calls that a resend could apply twice (Batch's SubmitJob: no idempotency token): one
-# attempt; the caller's own retry first looks for what the lost attempt did.
-NO_RETRY_CONFIG = Config(
-    retries={"mode": "standard", "total_max_attempts": 1}, connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S
-)
+# The errors with which AWS refuses a request it did not carry out (a throttle): the one
+# answer after which a call that a resend could apply twice may be sent again.
+THROTTLED = frozenset({"TooManyRequestsException", "ThrottlingException", "Throttling", "RequestLimitExceeded", "SlowDown"})
 # botocore's standard mode waits at most min(2 ** (n - 1), 20) s after the n-th failed
 # attempt, and up to 5 s more where the answer asks for it (`x-amz-retry-after`).
 _MAX_BACKOFF_S, _RETRY_AFTER_MAX_S = 20.0, 5.0
+
+
+def resent_only_when_throttled(client, operation: str):
+    """`client`, whose `operation` botocore sends again only after a throttle: for a call
+    that a resend could apply twice (Batch's SubmitJob has no idempotency token). A lost
+    answer, a 5xx, anything else is the caller's, whose own retry first looks for what the
+    attempt may have done; a throttled attempt was refused, not carried out."""
+
+    def needs_retry(response=None, caught_exception=None, **_):
+        throttled = caught_exception is None and response is not None and response[1].get("Error", {}).get("Code") in THROTTLED
+        return None if throttled else False  # None: the standard handler decides, and backs off
+
+    service = client.meta.service_model.service_id.hyphenize()
+    client.meta.events.register_first(f"needs-retry.{service}.{operation}", needs_retry)
+    return client
 
 
 def attempts_end_within(config: Config) -> float:
@@ -82,7 +95,10 @@ def deps() -> Deps:
         settings=settings,
         store=JobsStore(settings.jobs_table, client("dynamodb")),
         checkpoints=CheckpointStore(client("s3")),
-        runners={"sagemaker": SageMakerRunner(client("sagemaker")), "batch": BatchRunner(client("batch"), submit_client=client("batch", NO_RETRY_CONFIG))},
+        runners={
+            "sagemaker": SageMakerRunner(client("sagemaker")),
+            "batch": BatchRunner(client("batch"), submit_client=resent_only_when_throttled(client("batch"), "SubmitJob")),
+        },
         workflows=WorkflowStarter(client("stepfunctions"), settings.workflow_arns),
         instances=InstanceResolver(client("ecs")),
         alerts=Alerts(client("sns"), settings.alerts_topic_arn),
