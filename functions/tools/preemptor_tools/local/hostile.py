@@ -26,9 +26,8 @@ Given a scenario's `chaos:` rates and `faults:`, `HostileWorld` makes the emulat
   answer is the one the caller sees (DynamoDB's for a transaction with the same
   `ClientRequestToken`: success, and nothing written again; a conditional write's: its
   condition failed, on its own first write), or the connection error when every attempt
-  lost its answer. botocore's backoff
-  between attempts takes no time here. Only the functions' own calls: Step Functions' calls
-  to AWS are AWS's own;
+  lost its answer. botocore's backoff between attempts takes no time here. Only the
+  functions' own calls: Step Functions' calls to AWS are AWS's own;
 - `stop_denied` a job's stops (AccessDeniedException) for `duration` seconds;
   `stopped_by_hand` (someone stops the job's run outside the controller, done by the demo
   driver); `workflow_crash` (the next execution dies, ABORTED, after its first step).
