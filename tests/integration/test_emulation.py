@@ -12,6 +12,7 @@ import io
 import itertools
 import json
 import threading
+import time
 import logging
 import zipfile
 from collections.abc import Callable, Iterator
@@ -29,12 +30,13 @@ from preemptor import clock as clock_module
 from preemptor.adapters.runners import SageMakerRunner
 from preemptor_tools.local import moto_patches
 from preemptor_tools.local.clock import SimClock
-from preemptor_tools.local.executions import wait_for_execution
+from preemptor_tools.local.executions import running_executions, wait_for_execution
 from preemptor_tools.local.fleet import SimulatedFleet
 from preemptor_training.s3 import S3Location, S3Mirror
 
 START = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 REGION = "us-east-1"
+ACCOUNT_ID = "123456789012"  # moto's default account
 BUCKET = "preemptor-test-checkpoints"
 EVENT_SAMPLES = Path("/work/shared/data/events")
 SAGEMAKER_SAMPLE = (
@@ -246,6 +248,47 @@ def test_an_advance_during_a_hold_is_parked_until_the_hold_ends() -> None:
     waiter.join(5)
     assert done.is_set() and clock.parked() == 0
     assert clock.now() == START + 5
+
+
+def test_sleepers_taking_turns_wake_in_the_order_of_their_ends_once_every_actor_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    from preemptor_tools.local import clock as clock_impl
+
+    # Given a clock whose sleepers take turns among three actors (say, running workflows)
+    clock = SimClock(START)
+    acting = {"n": 3}
+    clock.take_turns(lambda sleeping: acting["n"] <= sleeping)
+    woke: list[tuple[str, float]] = []
+
+    def actor(name: str, seconds: float) -> None:
+        clock.sleep(seconds)
+        woke.append((name, clock.now() - START))
+        acting["n"] -= 1  # done: it acts no more
+
+    long = threading.Thread(target=actor, args=("long", 240))
+    long.start()
+    # When the first sleeps 240 s while the others still act: time stands still
+    assert not _joined(long, 0.05) and clock.now() == START
+    # and one of the others stands aside, waiting for the rest rather than for time
+    with clock.aside():
+        assert not _joined(long, 0.05) and clock.now() == START
+        # When the last sleeps 30 s
+        short = threading.Thread(target=actor, args=("short", 30))
+        short.start()
+        # Then the shorter sleep ends first, then the longer, each at its own end
+        assert _joined(short, 5) and _joined(long, 5)
+    assert woke == [("short", 30), ("long", 240)] and clock.parked() == 0
+
+    # And a sleeper whose others never settle (a thread blocked outside the clock) goes
+    # after the give-up time, as a plain advance
+    monkeypatch.setattr(clock_impl, "_TURN_GIVE_UP_S", 0.1)
+    acting["n"] = 2
+    clock.sleep(10)
+    assert clock.now() == START + 250
+
+
+def _joined(thread: threading.Thread, timeout_s: float) -> bool:
+    thread.join(timeout_s)
+    return not thread.is_alive()
 
 
 def test_use_clock_replaces_the_process_clock() -> None:
@@ -553,6 +596,49 @@ def test_an_execution_that_outlives_its_emulated_aws_neither_moves_nor_acts_in_t
     assert successor.now() == START + 10_000 and emulation.clock.now() == START
     assert later == []
     assert described["status"] == "FAILED" and "outlived the emulated AWS that started it" in described.get("cause", "")
+
+
+@pytest.mark.parametrize("turns", [True, False], ids=["taking turns", "first come"])
+def test_concurrent_workflows_wait_their_turns_each_acting_when_its_own_wait_ends(emulation: Emulation, turns: bool) -> None:
+    # Given two workflows started together: one first runs a step that takes a while (real
+    # time), then waits 30 s and notes the time; the other waits 240 s
+    if turns:
+        emulation.clock.take_turns(lambda sleeping: len(running_executions(ACCOUNT_ID, REGION)) <= sleeping)
+    noted: list[float] = []
+
+    def slow(event: dict) -> dict:
+        time.sleep(0.3)
+        return event
+
+    def note(event: dict) -> dict:
+        noted.append(emulation.clock.now() - START)
+        return event
+
+    waits_long = {"StartAt": "Wait", "States": {"Wait": {"Type": "Wait", "Seconds": 240, "End": True}}}
+    waits_short = {
+        "StartAt": "Slow",
+        "States": {
+            "Slow": {"Type": "Task", "Resource": create_function(emulation, "slow-step", slow), "Next": "Wait"},
+            "Wait": {"Type": "Wait", "Seconds": 30, "Next": "Note"},
+            "Note": {"Type": "Task", "Resource": create_function(emulation, "note-time", note), "End": True},
+        },
+    }
+    sfn = emulation.client("stepfunctions")
+    started = []
+    for name, definition in (("waits-short", waits_short), ("waits-long", waits_long)):
+        arn = sfn.create_state_machine(name=name, roleArn=emulation.role_arn, definition=json.dumps(definition))["stateMachineArn"]
+        started.append(sfn.start_execution(stateMachineArn=arn, name=f"{name}-1", input="{}")["executionArn"])
+
+    # When both run to their ends
+    assert [wait_for_execution(sfn, arn)["status"] for arn in started] == ["SUCCEEDED", "SUCCEEDED"]
+
+    # Then, taking turns, the short wait ended 30 s in, before the long one moved time to
+    # 240 s, as on AWS; first come, the long wait moved time while the other was busy, and
+    # the short one ended 30 s after that
+    if turns:
+        assert noted == [30] and emulation.clock.now() == START + 240
+    else:
+        assert noted == [270] and emulation.clock.now() == START + 270
 
 
 def test_a_lambda_that_outlives_its_emulated_aws_is_refused_what_it_asks_of_the_next(emulation: Emulation) -> None:

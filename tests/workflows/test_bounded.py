@@ -4,6 +4,7 @@ executed on moto: the schedule and preempt workflows and the reconcile function.
 from __future__ import annotations
 
 import json
+import threading
 
 from aws_faults import THROTTLING, answer_lost_after_applied, aws_says_no, error_response, is_lease_taking
 from emulation import P5, emulation
@@ -136,14 +137,15 @@ def test_a_busy_pool_continues_in_fresh_executions_and_no_history_grows_with_the
         asked = []
 
         # Given a pool where, during every plan, another decision asks the holder to plan again
-        lease_taken = []
+        # (a call's parameters and its answer are seen in the thread that makes it, while the
+        # intake's own calls may run in another)
+        lease_taken: dict[int, bool] = {}
 
         def note_lease_call(params, **_):
-            lease_taken[:] = [params.get("UpdateExpression", "").startswith("SET lease_owner")]
+            lease_taken[threading.get_ident()] = params.get("UpdateExpression", "").startswith("SET lease_owner")
 
         def someone_wants_a_plan(http_response, parsed, **_):
-            if lease_taken == [True] and "Error" not in parsed and len(asked) < plans_asked:
-                lease_taken[:] = []
+            if lease_taken.pop(threading.get_ident(), False) and "Error" not in parsed and len(asked) < plans_asked:
                 asked.append(True)
                 store.client.update_item(
                     TableName=store.table,

@@ -12,6 +12,13 @@ The emulated stack holds it while it delivers the events of one moment (a burst 
 submissions, runs that end together), so each workflow they start waits where AWS would let
 it wait, not in the middle of the burst.
 
+Workflows wait their turns (`take_turns`, which the emulated stack turns on): a Wait state
+or a Retry interval (`sleep`) moves time on only once every running workflow waits for time
+too, and the waits end in the order of their ends, as a discrete-event simulation orders
+them. Without it, the first workflow to reach its wait moved time for all: one that waited
+240 s while another was still busy made the other's 30 s wait, begun a moment later, end at
+270 s, and which came first depended on how the threads were scheduled.
+
 While a listener processes something that happened at an earlier simulated time than the
 new time (a checkpoint written at t=130 during an advance to t=3600), it runs that code inside
 `pinned(t)`: `now()` then returns `t` in that thread only, so S3 `LastModified` and anything
@@ -21,10 +28,15 @@ else reading the clock see the moment the thing happened.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 AdvanceListener = Callable[[float, float], None]
+# How often a sleeper looks again whether its turn has come (real seconds), and how long it
+# waits for the others to settle before it goes anyway (a thread blocked outside the clock).
+_TURN_POLL_S = 0.002
+_TURN_GIVE_UP_S = 10.0
 
 
 class SimClock:
@@ -36,8 +48,11 @@ class SimClock:
         self._listeners: list[AdvanceListener] = []
         self._pins = threading.local()
         self._holder: int | None = None  # the thread holding the clock (`held`)
-        self._parked = 0  # threads whose advance waits for the hold to end
+        self._parked = 0  # threads whose advance waits for the hold to end, or asleep
         self._released = threading.Condition(self._lock)
+        self._sleepers: list[float] = []  # the end of each `sleep` under way
+        self._aside = 0  # threads that wait for the others, not for time (`aside`)
+        self._settled: Callable[[int], bool] | None = None
 
     def now(self) -> float:
         pinned = getattr(self._pins, "stack", None)
@@ -58,6 +73,7 @@ class SimClock:
             self._now = float(t)
             for listener in list(self._listeners):
                 listener(old, self._now)
+            self._released.notify_all()  # sleepers look again
             return self._now
 
     def advance(self, seconds: float) -> float:
@@ -66,6 +82,63 @@ class SimClock:
             # The end is counted from now, even if the clock is held: a Wait state entered
             # during a hold ends `seconds` after it was entered, not after the hold.
             return self.advance_to(self._now + seconds)
+
+    def take_turns(self, settled: Callable[[int], bool] | None) -> None:
+        """Make `sleep` a discrete-event wait: a sleeper moves time on only once
+        `settled(sleeping)` says every thread that may still act is asleep (`sleeping` of them
+        are) and no sleeper ends earlier; the others wait for their turn. None: each sleep
+        moves time at once (the first to get there decides where time is)."""
+        with self._lock:
+            self._settled = settled
+            self._released.notify_all()
+
+    @contextmanager
+    def aside(self) -> Iterator[None]:
+        """The calling thread, one that would count as still acting (a workflow's), waits
+        for the others for the duration of the block, not for time: it does not hold up
+        their turns (`take_turns`)."""
+        with self._lock:
+            self._aside += 1
+            self._released.notify_all()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._aside -= 1
+
+    def sleep(self, seconds: float) -> float:
+        """Wait `seconds` of simulated time (a Wait state, a Retry interval), counted from now.
+
+        With `take_turns`, concurrent sleepers wake in the order of their ends, each once the
+        others have gone as far as they can: a workflow that waits 30 s while another waits
+        240 s acts at +30 s, before the other moves time to +240 s. Without it (or when the
+        others do not settle within `_TURN_GIVE_UP_S` real seconds), as `advance`."""
+        with self._lock:
+            end = self._now + seconds  # from now, even if the clock is held
+            if self._settled is None:
+                return self.advance_to(end)
+            me = threading.get_ident()
+            self._sleepers.append(end)
+            self._parked += 1
+            try:
+                give_up = time.monotonic() + _TURN_GIVE_UP_S
+                while True:
+                    if self._holder is not None and self._holder != me:
+                        self._released.wait()
+                        give_up = time.monotonic() + _TURN_GIVE_UP_S  # counted from the hold's end
+                        continue
+                    if end <= self._now:
+                        return self._now  # someone else moved time past it
+                    if end <= min(self._sleepers) and (
+                        self._settled is None or self._settled(len(self._sleepers) + self._aside) or time.monotonic() >= give_up
+                    ):
+                        break
+                    self._released.wait(_TURN_POLL_S)
+            finally:
+                self._parked -= 1
+                self._sleepers.remove(end)
+                self._released.notify_all()
+            return self.advance_to(end)
 
     def _wait_for_release(self) -> None:
         """Block (the lock held, released while waiting) while another thread holds the clock."""
@@ -77,7 +150,8 @@ class SimClock:
                 self._parked -= 1
 
     def parked(self) -> int:
-        """How many threads wait, in an advance, for the hold to end."""
+        """How many threads wait in the clock: in an advance, for the hold to end, or asleep
+        (`sleep`)."""
         with self._lock:
             return self._parked
 

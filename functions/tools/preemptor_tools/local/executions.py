@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from typing import Any
+
+from moto.stepfunctions.responses import get_backend as stepfunctions_backend
 
 _POLL_REAL_S = 0.01
 
@@ -29,3 +32,17 @@ def wait_for_execution(sfn: Any, execution_arn: str, timeout_s: float = 60.0) ->
                 f"{execution_arn} still RUNNING after {timeout_s:g} real seconds"
             )
         time.sleep(_POLL_REAL_S)
+
+
+def running_executions(account: str, region: str, machines: Collection[str] | None = None) -> list[str]:
+    """The executions moto is running (of the state machines `machines`, or of all), read from
+    its backend: a poll through boto3 every few milliseconds took the interpreter from the
+    execution threads it waits for."""
+    backend = stepfunctions_backend(account, region)  # the executing backend, as moto picks it
+    return [
+        e.execution_arn
+        for machine in list(backend.state_machines)
+        if machines is None or machine.arn in machines
+        for e in list(machine.executions)
+        if e.exec_status is None or e.exec_status.value == "RUNNING"  # None: created, not yet started
+    ]

@@ -11,6 +11,7 @@ cannot invoke Lambda targets). Nothing here is used on AWS.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import io
@@ -33,7 +34,6 @@ import boto3
 from moto import mock_aws
 from moto.dynamodb.models import dynamodb_backends
 from moto.events.models import EventPattern
-from moto.stepfunctions.responses import get_backend as stepfunctions_backend
 
 from preemptor import clock as clock_module
 from preemptor.adapters.store import item_to_record
@@ -41,7 +41,7 @@ from preemptor.core.jobs import JobRecord
 from preemptor.handlers import config_check, wiring
 from . import aws_calls, moto_patches
 from .clock import SimClock
-from .executions import ExecutionStillRunning
+from .executions import ExecutionStillRunning, running_executions
 from .hostile import HostileWorld
 from .state import DeployFailed
 
@@ -207,6 +207,9 @@ class EmulatedStack:
         except Exception:
             self.stop()  # as CloudFormation rolls back: nothing of the stack is left running
             raise
+        # Concurrent workflows wait their turns: each Wait or Retry interval ends in the order
+        # of their ends, once every running execution waits too (`SimClock.take_turns`).
+        self.clock.take_turns(lambda sleeping: len(self._running_executions()) <= sleeping)
         wiring.reset()
         self._quiet_function_logs()
         self._configure_function_metrics()
@@ -232,6 +235,7 @@ class EmulatedStack:
 
     def stop(self) -> None:
         try:
+            self.clock.take_turns(None)
             self._end_executions()
             if self.metrics is not None:
                 _capture_emf(None)
@@ -696,23 +700,15 @@ class EmulatedStack:
         """Wait until no workflow execution is running (executions run in moto's threads),
         `but` that one (the execution a caller runs in, e.g. a listener of its steps)."""
         deadline = time.monotonic() + timeout_s
-        while running := [arn for arn in self._running_executions() if arn != but]:
-            if time.monotonic() >= deadline:
-                raise ExecutionStillRunning(f"{running[0]} still RUNNING after {timeout_s:g} real seconds")
-            # Read from moto's backend, not through the API: a poll through boto3 every few
-            # milliseconds took the interpreter from the execution threads it waits for.
-            time.sleep(_DRAIN_POLL_S)
+        # `but`'s thread waits here for the others: it does not hold up their turns.
+        with self.clock.aside() if but is not None else contextlib.nullcontext():
+            while running := [arn for arn in self._running_executions() if arn != but]:
+                if time.monotonic() >= deadline:
+                    raise ExecutionStillRunning(f"{running[0]} still RUNNING after {timeout_s:g} real seconds")
+                time.sleep(_DRAIN_POLL_S)
 
     def _running_executions(self) -> list[str]:
-        ours = set(self.state_machines.values())
-        backend = stepfunctions_backend(ACCOUNT, self.region)  # the executing backend, as moto picks it
-        return [
-            e.execution_arn
-            for machine in list(backend.state_machines)
-            if machine.arn in ours
-            for e in list(machine.executions)
-            if e.exec_status is None or e.exec_status.value == "RUNNING"  # None: created, not yet started
-        ]
+        return running_executions(ACCOUNT, self.region, set(self.state_machines.values()))
 
     def executions(self, logical: str) -> list[dict]:
         sfn = self.client("stepfunctions")

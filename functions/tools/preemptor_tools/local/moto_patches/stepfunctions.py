@@ -224,7 +224,7 @@ def _own_clock(env: Any) -> SimClock:
 def _wait_interval(self: WaitFunction, env: Any, wait_seconds: int) -> None:
     clock = _own_clock(env)
     if wait_seconds > 0:
-        clock.advance(wait_seconds)
+        clock.sleep(wait_seconds)
 
 
 def _retrier_eval_body(self: RetrierDecl, env: Any) -> None:
@@ -242,7 +242,7 @@ class _SimTime:
     def sleep(self, seconds: float) -> None:
         env = getattr(_RETRYING, "env", None)
         clock = _own_clock(env) if env is not None else _STATE.require_clock()
-        clock.advance(seconds)
+        clock.sleep(seconds)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(_real_time, name)
