@@ -546,6 +546,45 @@ def test_an_hour_long_wait_advances_the_sim_clock_instead_of_sleeping(
     assert emulation.clock.now() == START + 3630
 
 
+def test_a_full_jitter_retry_waits_what_the_retry_itself_draws_the_same_on_every_replay(emulation: Emulation) -> None:
+    import hashlib
+
+    # Given a step that fails twice, retried 100 s and then 200 s later with full jitter
+    failures = iter([RuntimeError("first"), RuntimeError("second")])
+
+    def flaky(event: dict) -> dict:
+        error = next(failures, None)
+        if error is not None:
+            raise error
+        return event
+
+    definition = {
+        "StartAt": "Flaky",
+        "States": {
+            "Flaky": {
+                "Type": "Task",
+                "Resource": create_function(emulation, "flaky", flaky),
+                "Retry": [{"ErrorEquals": ["States.ALL"], "IntervalSeconds": 100, "BackoffRate": 2, "MaxAttempts": 2, "JitterStrategy": "FULL"}],
+                "End": True,
+            }
+        },
+    }
+
+    # When it runs
+    result = run_state_machine(emulation, "jittered", definition)
+
+    # Then each retry waited its interval scaled by a draw of the retry itself (execution,
+    # state, Map item, how many retries before), not by the process's random numbers: a
+    # replay of the story waits the same, whatever order its threads retry in
+    def draw(n: int) -> float:
+        digest = hashlib.sha256(f"{result['executionArn']}|Flaky|None|{n}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64
+
+    assert result["status"] == "SUCCEEDED"
+    assert emulation.clock.now() - START == pytest.approx(100 * draw(0) + 200 * draw(1))
+    assert emulation.clock.now() - START < 300
+
+
 @pytest.mark.parametrize("after", ["retry interval", "wait", "task"])
 def test_an_execution_that_outlives_its_emulated_aws_neither_moves_nor_acts_in_the_next(emulation: Emulation, after: str) -> None:
     # Given a workflow whose first Lambda step is still running when its emulated AWS gives way

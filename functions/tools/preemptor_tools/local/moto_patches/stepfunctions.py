@@ -12,6 +12,11 @@ Gaps filled, each by patching the hook moto itself provides:
   story, and carry out its next task there. It fails where it stands (`StaleExecution`; a
   task: States.Runtime, which no Catch routes on). `ExecutionWorker.start` records the clock
   in StartExecution's thread.
+- A Retry's `JitterStrategy: FULL` draws its interval from the process's `random`, so two
+  replays of one story waited differently and which draw a retry got depended on the order
+  threads happened to retry in. The draw is a hash of the retry itself (the execution, the
+  state, the Map item, and how many times that state of that item retried before), the
+  same on every replay and in any order (`JitterStrategyDecl._eval_body`).
 - `StateTaskService._normalise_parameters` / `_normalise_response` are no-ops in moto, so a
   `states:startExecution` task hands botocore `StateMachineArn` where it wants
   `stateMachineArn` and fails. They are filled in with moto's own `_to_boto_request` /
@@ -57,9 +62,11 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import hashlib
 import threading
 import time as _real_time
 import weakref
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -80,6 +87,7 @@ from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name
 from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import StatesErrorNameType
 from moto.stepfunctions.parser.asl.component.common.path import result_path
 from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
+from moto.stepfunctions.parser.asl.component.common.retry.jitter_strategy_decl import JitterStrategy, JitterStrategyDecl
 from moto.stepfunctions.parser.asl.component.common.retry.retrier_decl import RetrierDecl
 from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
 from moto.stepfunctions.parser.asl.component.eval_component import EvalComponent
@@ -117,6 +125,7 @@ def patch() -> None:
     replace(WaitFunction, "_wait_interval", _wait_interval)
     replace(retrier_decl, "time", _SimTime())
     replace(RetrierDecl, "_eval_body", _retrier_eval_body)
+    replace(JitterStrategyDecl, "_eval_body", _full_jitter)
     replace(StateTaskService, "_normalise_parameters", _normalise_parameters)
     replace(StateTaskService, "_normalise_response", _normalise_response)
     replace(StateTaskLambda, "_eval_execution", _lambda_eval_execution)
@@ -233,6 +242,29 @@ def _retrier_eval_body(self: RetrierDecl, env: Any) -> None:
         _ORIGINAL_RETRIER_EVAL(self, env)
     finally:
         _RETRYING.env = None
+
+
+# Each execution's retries so far, per (state, Map item): what a retry's jitter is drawn from.
+_JITTER_DRAWS: weakref.WeakKeyDictionary[Any, Counter] = weakref.WeakKeyDictionary()
+_JITTER_LOCK = threading.Lock()
+
+
+def _full_jitter(self: JitterStrategyDecl, env: Any) -> None:
+    """FULL jitter: the interval on the stack, scaled by a draw in [0, 1) that the retry
+    itself decides."""
+    if self.jitter_strategy == JitterStrategy.NONE:
+        return
+    interval = env.stack.pop()
+    data = env.states.context_object.context_object_data
+    map_data = data.get("Map") or {}
+    where = (data["State"]["Name"], (map_data.get("Item") or {}).get("Index"))
+    with _JITTER_LOCK:
+        draws = _JITTER_DRAWS.setdefault(env.event_manager, Counter())
+        n = draws[where]
+        draws[where] = n + 1
+    key = f"{data['Execution']['Id']}|{where[0]}|{where[1]}|{n}"
+    draw = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
+    env.stack.append(interval * draw)
 
 
 class _SimTime:
