@@ -75,6 +75,26 @@ def test_a_throttled_call_fails_with_its_services_own_throttling_error(
     getattr(client, operation)(**params)
 
 
+def test_each_function_spends_its_own_retry_quota_through_the_clients_they_share(env: Emulation, world: HostileWorld) -> None:
+    dynamodb = env.stack.deps().store.client  # one client, as every function's handler uses it here
+    # Given a function whose calls are throttled until botocore's retry quota for them is
+    # spent (500 tokens, 5 a retry: fifty calls of two retries each)
+    world.chaos = Chaos(seed=3, throttle_rate=ALWAYS)
+    retried = []
+    with HostileWorld.acting_as("preemptor-DrainedFunction"):
+        for _ in range(60):
+            with pytest.raises(ClientError) as raised:
+                dynamodb.list_tables()
+            retried.append(raised.value.response["ResponseMetadata"]["RetryAttempts"])
+    # Then its calls were retried, and then no more: the quota is a circuit breaker
+    assert retried[0] == 2 and retried[-1] == 0
+    # And another function's calls through the same client are still retried, as its own
+    # containers' clients would be on AWS
+    with HostileWorld.acting_as("preemptor-OtherFunction"), pytest.raises(ClientError) as raised:
+        dynamodb.list_tables()
+    assert raised.value.response["ResponseMetadata"]["RetryAttempts"] == 2
+
+
 def test_a_throttled_attempt_is_not_carried_out_and_botocore_sends_it_again(env: Emulation, world: HostileWorld) -> None:
     dynamodb = env.store.client  # the functions' client: botocore's standard retries, three attempts
     table = env.stack.deps().settings.jobs_table

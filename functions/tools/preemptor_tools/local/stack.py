@@ -39,7 +39,7 @@ from preemptor import clock as clock_module
 from preemptor.adapters.store import item_to_record
 from preemptor.core.jobs import JobRecord
 from preemptor.handlers import config_check, wiring
-from . import aws_calls, moto_patches
+from . import aws_calls, moto_patches, retry_quota
 from .clock import SimClock
 from .executions import ExecutionStillRunning, running_executions
 from .hostile import HostileWorld
@@ -194,6 +194,7 @@ class EmulatedStack:
         warnings.filterwarnings("ignore", message="No application metrics to publish")
         clock_module.use_clock(self.clock)
         moto_patches.install(self.clock, self._invoke_from_workflow, self._invoke_async)
+        retry_quota.install()  # each function spends its own retries, as its containers do
         # After the patches: the recorder wraps moto's Task states as patched.
         self.calls.install()
         if self.hostile is not None:
