@@ -20,6 +20,7 @@ from botocore.config import Config
 
 from ..adapters.alerts import Alerts
 from ..adapters.checkpoints import CheckpointStore
+from ..adapters.errors import THROTTLING_CODES
 from ..adapters.instances import InstanceResolver
 from ..adapters.runners import BatchRunner, Runner, SageMakerRunner
 from ..adapters.store import JobsStore
@@ -41,9 +42,6 @@ READ_TIMEOUT_S = 8
 CLIENT_CONFIG = Config(
     retries={"mode": "standard", "total_max_attempts": 3}, connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S
 )
-# The errors with which AWS refuses a request it did not carry out (a throttle): the one
-# answer after which a call that a resend could apply twice may be sent again.
-THROTTLED = frozenset({"TooManyRequestsException", "ThrottlingException", "Throttling", "RequestLimitExceeded", "SlowDown"})
 # botocore's standard mode waits at most min(2 ** (n - 1), 20) s after the n-th failed
 # attempt, and up to 5 s more where the answer asks for it (`x-amz-retry-after`).
 _MAX_BACKOFF_S, _RETRY_AFTER_MAX_S = 20.0, 5.0
@@ -56,7 +54,8 @@ def resent_only_when_throttled(client, operation: str):
     attempt may have done; a throttled attempt was refused, not carried out."""
 
     def needs_retry(response=None, caught_exception=None, **_):
-        throttled = caught_exception is None and response is not None and response[1].get("Error", {}).get("Code") in THROTTLED
+        code = response[1].get("Error", {}).get("Code") if caught_exception is None and response is not None else None
+        throttled = code in THROTTLING_CODES  # refused, not carried out: safe to send again
         return None if throttled else False  # None: the standard handler decides, and backs off
 
     service = client.meta.service_model.service_id.hyphenize()
