@@ -492,7 +492,11 @@ def test_ratios_compare_ours_with_every_baseline_of_the_same_run():
     "content, message",
     [
         pytest.param("job_id,submit_s,gpus\n", "missing column", id="missing-column"),
-        pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,x,1,1,t,50\n", ":2:", id="not-a-number"),
+        pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,x,1,1,t,50\n", ":2: submit_s must be a number, got 'x'", id="not-a-number"),
+        pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,0,1,two,t,50\n", ":2: gpus must be a whole number, got 'two'", id="gpus-not-a-whole-number"),
+        pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,0,1,1,t,high\n", ":2: priority must be a whole number, got 'high'", id="priority-a-word"),
+        pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,0,1\n", ":2: gpus is missing", id="short-row"),
+        pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,0,1,1,vision, research,50\n", ":2: 7 fields, the header has 6", id="unquoted-comma"),
         pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,-1,1,1,t,50\n", ":2: submit_s must be finite seconds in 0..3153600000, got '-1'", id="negative"),
         pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,nan,1,1,t,50\n", ":2: submit_s must be finite seconds in 0..3153600000, got 'nan'", id="nan-submission"),
         pytest.param("job_id,submit_s,duration_s,gpus,team,priority\na,0,1,1,t,50\nb,0,inf,1,t,50\n", ":3: duration_s must be finite", id="endless-job"),

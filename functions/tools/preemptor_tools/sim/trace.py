@@ -69,17 +69,26 @@ def load_trace(path: Path | str, *, start_s: float | None = None, end_s: float |
 
 
 def _parse_row(row: dict, path: Path, line: int) -> TraceJob:
-    try:
-        job = TraceJob(
-            job_id=row["job_id"].strip(),
-            submit_s=float(row["submit_s"]),
-            duration_s=float(row["duration_s"]),
-            gpus=int(row["gpus"]),
-            team=(row["team"] or "").strip(),
-            priority=int(row["priority"]),
-        )
-    except (TypeError, ValueError, AttributeError) as e:
-        raise TraceError(f"{path}:{line}: {e}") from e
+    if None in row:  # DictReader's key for the fields beyond the header's
+        raise TraceError(f"{path}:{line}: {len(row) - 1 + len(row[None])} fields, the header has {len(row) - 1}: a comma inside a field must be quoted")
+
+    def field(column: str, kind: type):
+        text = row[column]
+        if text is None:  # the row ends before this column
+            raise TraceError(f"{path}:{line}: {column} is missing (the row has fewer columns than the header)")
+        try:
+            return kind(text)
+        except ValueError:
+            raise TraceError(f"{path}:{line}: {column} must be {'a whole number' if kind is int else 'a number'}, got {text.strip()!r}") from None
+
+    job = TraceJob(
+        job_id=field("job_id", str).strip(),
+        submit_s=field("submit_s", float),
+        duration_s=field("duration_s", float),
+        gpus=field("gpus", int),
+        team=field("team", str).strip(),
+        priority=field("priority", int),
+    )
     if not job.job_id:
         raise TraceError(f"{path}:{line}: empty job_id")
     for column in ("submit_s", "duration_s"):
