@@ -266,11 +266,30 @@ def test_a_drained_pool_admits_nothing_until_undrained(capsys, local):
     assert view["run"] == "llm-pretrain-7b-r2"
 
 
+def test_the_operator_gives_a_job_another_priority_and_the_decision_log_tells_it(capsys, local):
+    # When the operator raises research's running medium job to high, with a note
+    code, result, err = cli(capsys, local, "priority", "tokenizer-ablation", "high", "--note", "demo tomorrow")
+    # Then it is high at once, a cycle of p5 started, and its decision log says who and why
+    assert code == 0, err
+    assert (result["changed"], result["from"], result["to"], result["state"]) == (True, 200, 500, "RUNNING")
+    assert result["schedule_execution"]
+    assert status(capsys, local, "tokenizer-ablation")["priority"] == 500
+    code, entries, _ = cli(capsys, local, "history", "tokenizer-ablation")
+    [line] = [e for e in entries if e["kind"] == "priority-changed"]
+    assert line["reason"] == "operator" and "demo tomorrow" in line["detail"]
+    # And a priority the stack does not know is refused in one line, exit 2, nothing changed
+    code, out, err = cli(capsys, local, "priority", "tokenizer-ablation", "urgent")
+    assert code == 2 and out is None
+    assert len(err.strip().splitlines()) == 1 and "bad-priority" in err
+    assert status(capsys, local, "tokenizer-ablation")["priority"] == 500
+
+
 # -- exit codes a script relies on -------------------------------------------------------------
 @pytest.mark.parametrize(
     "argv",
-    [["status", "nobody"], ["explain", "nobody"], ["cancel", "nobody"], ["history", "nobody"], ["drain", "nowhere"]],
-    ids=["status", "explain", "cancel", "history", "drain"],
+    [["status", "nobody"], ["explain", "nobody"], ["cancel", "nobody"], ["history", "nobody"], ["drain", "nowhere"],
+     ["priority", "nobody", "high"]],
+    ids=["status", "explain", "cancel", "history", "drain", "priority"],
 )
 def test_what_does_not_exist_exits_1(capsys, local, argv):
     code, out, err = cli(capsys, local, *argv)

@@ -21,6 +21,8 @@ each takes --json:
   preemptor history [JOB] [--limit N]                the decision log
   preemptor pools                                    capacity, used, borrowed, per team
   preemptor drain POOL [--note TEXT] | undrain POOL  admit nothing new, preempt nothing
+  preemptor priority JOB PRIORITY [--note TEXT]      the platform's call: another priority, within
+                                                     the team's ceiling (a cycle starts at once)
 
 Exit codes: 0 ok; 1 not found (job, pool, local stack); 2 bad input (a wrong file or option,
 a request the stack refuses); 3 AWS error (one line on stderr, never a traceback); 4 `--wait` timed
@@ -148,6 +150,14 @@ def _parser() -> argparse.ArgumentParser:
     undrain.add_argument("pool")
     _add_target_options(undrain)
 
+    priority = sub.add_parser(
+        "priority", help="give a job another priority (within its team's ceiling; a cycle of its pool starts at once)"
+    )
+    priority.add_argument("job")
+    priority.add_argument("priority", help="an integer 0..1000 or one of the stack's tier names")
+    priority.add_argument("--note", default="", help="why (in the decision log and the team's notice)")
+    _add_target_options(priority)
+
     redrive = sub.add_parser("redrive", help="hand the events of the dead-letter queue back to their functions")
     redrive.add_argument("--dry-run", action="store_true", help="only list what would be redriven; the queue is left as it is")
     redrive.add_argument("--limit", type=argtypes.positive_int, help="at most N messages")
@@ -207,6 +217,7 @@ def _dispatch(args) -> int:
         "pools": _pools,
         "drain": _drain,
         "undrain": _drain,
+        "priority": _priority,
         "redrive": _redrive,
         "local": _local,
     }
@@ -436,6 +447,21 @@ def _drain(args) -> int:
         print(f"pool {args.pool} drained: it admits nothing new and preempts nothing; running jobs go on")
     else:
         print(f"pool {args.pool} undrained: scheduling again" + (" (a cycle started)" if result["schedule_execution"] else ""))
+    return EXIT_OK
+
+
+def _priority(args) -> int:
+    from . import ops
+
+    result = ops.set_priority(_target(args), args.job, args.priority, args.note)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    elif not result["changed"]:
+        print(f"{args.job}: priority is {result['to']} already ({result['state']}): nothing changed")
+    else:
+        then = " (a cycle started)" if result["schedule_execution"] else ""
+        going_on = "; the stop already decided goes on" if result["state"] == "PREEMPTING" else ""
+        print(f"{args.job}: priority {result['from']} -> {result['to']} ({result['state']}){going_on}{then}")
     return EXIT_OK
 
 

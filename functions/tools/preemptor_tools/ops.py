@@ -1,5 +1,6 @@
 """What an operator asks of a Preemptor stack, deployed or local: the queue, a job's status,
-the decision log, the pools; and what an operator does: submit, cancel, drain, undrain.
+the decision log, the pools; and what an operator does: submit, cancel, drain, undrain, and
+give a job another priority.
 
 A `Target` is one stack: its outputs and parameters (CloudFormation `DescribeStacks` for a
 deployed stack, the state file for `preemptor local up`), a boto3 session (the usual
@@ -10,7 +11,9 @@ the functions use (`JobsStore`), every answer is a JSON-ready dict; `tables.py` 
 Submissions and cancels go where a team's go: the stack's submission bus, as
 `preemptor.<team>` events; the intake handles them as any other. Draining writes the flag on
 the pool's item in the jobs table, which every scheduling cycle of the pool reads first
-(`service.scheduling.plan_cycle`); undraining starts a cycle at once.
+(`service.scheduling.plan_cycle`); undraining starts a cycle at once. A job's priority is
+the platform's call: the operator sets it on the job's record (`set_priority`), within its
+team's ceiling, and a cycle of its pool starts at once.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from typing import Any, Callable
 from preemptor.adapters.store import JobsStore
 from preemptor.adapters.workflows import WorkflowStarter, execution_name
 from preemptor.config import Settings, first_problem
+from preemptor.adapters.store import LogLine
+from preemptor.core.errors import ConflictError, TransactionConflict
 from preemptor.core.jobs import JobRecord
-from preemptor.core.model import JobState
-from preemptor.core.requests import JobRequest, RequestRefused, admit_request
+from preemptor.core.model import JobState, Notice
+from preemptor.core.requests import JobRequest, RequestRefused, admit_request, resolve_priority
 from .local.state import FAKE_CREDENTIALS, LocalState
 
 # Where `submit --wait` stops waiting: the job runs, or has ended.
@@ -424,3 +429,59 @@ def set_drained(target: Target, pool: str, drained: bool, note: str = "") -> dic
         starter = WorkflowStarter(target.client("stepfunctions"), target.settings.workflow_arns)
         execution = starter.start("schedule", execution_name("undrain", pool, uuid.uuid4().hex[:12]), {"pool": pool})
     return {"pool": pool, "drained": drained, "at": now, "note": note or None, "schedule_execution": execution}
+
+
+def set_priority(target: Target, job: str, priority: str, note: str = "") -> dict:
+    """Give `job` another priority: an integer or one of the stack's tier names, at most its
+    team's ceiling (the stack's policy: raising the ceiling is a change of the policy, not of
+    one job). Pending, the job is ranked at it; running, it is judged at it as a victim, and
+    judges its own victims at it when it is relaunched. A stop already decided goes on.
+
+    Written with its decision-log line (`priority-changed`, with the note) and the team's
+    notice (published by reconcile within five minutes), conditional on the job as read:
+    if the controller changed it meanwhile, it is read again and judged again. A cycle of the
+    job's pool starts at once, as the change may admit or preempt."""
+    record = target.store.get(job)
+    if record is None:
+        raise NotFound(f"{job}: no such job")
+    policy = target.settings.policy
+    try:
+        value = resolve_priority(priority, policy.tiers)
+    except ValueError as e:
+        raise BadInput(f"bad-priority: {e}") from None
+    ceiling = policy.max_priority(record.team)
+    if value > ceiling:
+        raise BadInput(
+            f"above-team-ceiling: priority {value} is above the ceiling of team {record.team!r}, {ceiling} "
+            f"(its max_priority in the policy of stack {target.name})"
+        )
+    for _ in range(5):
+        if record.status.is_terminal:
+            raise BadInput(f"{job}: already ended ({record.status.value}): it has no priority to change")
+        was = record.priority
+        result = {"job": job, "from": was, "to": value, "state": record.status.value, "note": note or None}
+        if was == value:
+            return result | {"changed": False, "at": None, "schedule_execution": None}
+        now = target.now()
+        detail = f"priority {was} -> {value} ({policy.tier_of(value)}), set by the operator" + (f": {note}" if note else "")
+        if record.status is JobState.PREEMPTING:
+            detail += "; the stop already decided goes on"
+        line = LogLine(job, now, "priority-changed", "operator", detail, {"from": was, "to": value})
+        subject = f"Preemptor: job {job} now has priority {value} (was {was})"
+        message = {"pool": record.pool, "from": was, "to": value, "state": record.status.value, "note": note}
+        notice = Notice(record.pool, now, "priority-changed", job, record.team, subject, message)
+        try:
+            target.store.set_priority(record, value, line, notice)
+            break
+        except (ConflictError, TransactionConflict):
+            # The controller changed the job meanwhile (a cycle admitted it, a run ended...).
+            record = target.store.get(job)
+            if record is None:
+                raise NotFound(f"{job}: no such job") from None
+    else:
+        raise BadInput(f"{job}: it kept changing while its priority was set; nothing was changed: ask again")
+    execution = None
+    if target.settings.workflow_arns.get("schedule"):
+        starter = WorkflowStarter(target.client("stepfunctions"), target.settings.workflow_arns)
+        execution = starter.start("schedule", execution_name("priority", record.pool, uuid.uuid4().hex[:12]), {"pool": record.pool})
+    return result | {"changed": True, "at": now, "schedule_execution": execution}

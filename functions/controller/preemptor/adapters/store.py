@@ -921,6 +921,15 @@ class JobsStore:
             raise
         return True
 
+    def set_priority(self, record: JobRecord, priority: int, log: LogLine, notice: Notice | None = None) -> JobRecord:
+        """Give a job another priority (the operator's `preemptor priority`), with the
+        decision-log line that tells it and its team's notice, in one transaction conditional
+        on the job as `record` read it: its status, incarnation and version. A pending job's
+        index sort key moves with it. A cycle that planned the job at its old priority finds
+        its own write refused (the version moved) and judges again. Raises ConflictError when
+        the job moved meanwhile (anything but notes): re-read it and decide again."""
+        return self.transition(record, record.with_changes(priority=priority), (record.status,), log=log, notice=notice)
+
     def note_checkpoint(self, name: str, at: float) -> None:
         """Remember the newest checkpoint time seen (never moves backwards)."""
         condition = "attribute_exists(pk) AND (attribute_not_exists(last_checkpoint_at) OR last_checkpoint_at < :t)"

@@ -1,0 +1,164 @@
+"""`preemptor priority`: the operator gives a job another priority, on the emulated stack.
+
+A job's priority is the platform's call: a team chooses one at submission, within its ceiling,
+and from then on only the operator changes it (`ops.set_priority`): within the team's ceiling,
+told in the job's decision log and to its team, and planned at once (a cycle of its pool).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from emulation import emulation
+
+from preemptor.core.model import JobState
+from preemptor_tools import ops
+from preemptor_tools.local import server
+
+CEILINGS = {"teams": {"research": {"max_priority": "medium"}, "production": {}}}
+
+
+def _target(env) -> ops.Target:
+    stack = env.stack
+    return ops.Target(stack.stack_name, server.stack_outputs(stack), dict(stack.parameters), stack.session, clock=env.clock.now)
+
+
+def _set(env, job: str, priority: str, note: str = "") -> dict:
+    result = ops.set_priority(_target(env), job, priority, note)
+    env.stack.drain()
+    return result
+
+
+def _changes(env, job: str) -> list[dict]:
+    return [e for e in env.store.history(job) if e["kind"] == "priority-changed"]
+
+
+def _subscribe(env, team: str) -> str:
+    sqs, sns = env.stack.client("sqs"), env.stack.client("sns")
+    url = sqs.create_queue(QueueName=f"{team}-notices")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    sns.subscribe(
+        TopicArn=env.stack.resources["AlertsTopic"], Protocol="sqs", Endpoint=arn,
+        Attributes={"FilterPolicy": json.dumps({"team": [team]})},
+    )
+    return url
+
+
+def _received(env, url: str) -> list[dict]:
+    sqs = env.stack.client("sqs")
+    out = []
+    while messages := sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", []):
+        for m in messages:
+            envelope = json.loads(m["Body"])
+            kind = envelope["MessageAttributes"]["kind"]["Value"]
+            out.append({"kind": kind, "message": json.loads(envelope["Message"])})
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+    return out
+
+
+def test_a_waiting_job_raised_by_the_operator_preempts_at_once_and_its_team_is_told():
+    with emulation(policy=CEILINGS) as env:
+        production = _subscribe(env, "production")
+        # Given research's medium sweep holding the pool, and production's low job waiting
+        # behind it (it may not preempt a higher priority)
+        env.submit(name="sweep", team="research", priority="medium", pool="p5", instances=8, duration=7200, checkpoint_every=300)
+        env.advance(600)
+        env.submit(name="fix", team="production", priority="low", pool="p5", instances=8, duration=1200)
+        env.advance(300)
+        assert env.job("fix").status is JobState.PENDING and env.job("sweep").status is JobState.RUNNING
+        # When the operator makes it critical
+        result = _set(env, "fix", "critical", "incident 4711")
+        # Then it is critical at once, and a cycle of its pool started for it
+        assert (result["changed"], result["from"], result["to"], result["state"]) == (True, 50, 1000, "PENDING")
+        assert result["schedule_execution"]
+        assert env.job("fix").priority == 1000
+        # And it preempts the sweep and runs, without waiting for another event
+        env.advance(900)
+        assert env.job("fix").status is JobState.RUNNING
+        assert "preemption-started" in env.kinds("sweep") and env.job("sweep").preemptions == 1
+        # And its decision log tells who changed what, and why, once
+        [line] = _changes(env, "fix")
+        assert line["reason"] == "operator" and "priority 50 -> 1000 (critical)" in line["detail"] and "incident 4711" in line["detail"]
+        assert line["extra"] == {"from": 50, "to": 1000}
+        # And production is told, by reconcile, which publishes the notices their writers left
+        env.stack.invoke_lambda(env.stack.resources["ReconcileFunction"], {})
+        env.stack.drain()
+        [notice] = [n for n in _received(env, production) if n["kind"] == "priority-changed"]
+        assert (notice["message"]["from"], notice["message"]["to"], notice["message"]["note"]) == (50, 1000, "incident 4711")
+
+
+def test_a_running_job_raised_is_no_longer_a_victim_and_lowered_again_is_one():
+    with emulation(policy=CEILINGS) as env:
+        # Given research's low sweep running, raised by the operator to medium
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
+        env.advance(600)
+        assert _set(env, "sweep", "200")["state"] == "RUNNING"
+        # When production's medium job arrives in the full pool
+        env.submit(name="eval", team="production", priority="medium", pool="p5", instances=8, duration=1200)
+        env.advance(600)
+        # Then the sweep goes on: it is no longer below the newcomer
+        assert env.job("sweep").status is JobState.RUNNING and "preemption-started" not in env.kinds("sweep")
+        assert env.job("eval").status is JobState.PENDING
+        # When the operator lowers it again
+        _set(env, "sweep", "low", "eval first")
+        env.advance(900)
+        # Then the waiting job preempts it at once, and runs
+        assert env.job("eval").status is JobState.RUNNING
+        assert "preemption-started" in env.kinds("sweep")
+        assert [(c["extra"]["from"], c["extra"]["to"]) for c in _changes(env, "sweep")] == [(50, 200), (200, 50)]
+
+
+@pytest.mark.parametrize(
+    "job, priority, error, message",
+    [
+        pytest.param("sweep", "high", ops.BadInput, "above-team-ceiling: priority 500 is above the ceiling of team 'research', 200", id="above-ceiling"),
+        pytest.param("sweep", "urgent", ops.BadInput, "bad-priority: unknown priority tier 'urgent'", id="unknown-tier"),
+        pytest.param("sweep", "1001", ops.BadInput, "bad-priority: priority 1001 is out of range 0..1000", id="out-of-range"),
+        pytest.param("done", "low", ops.BadInput, "done: already ended (COMPLETED)", id="ended"),
+        pytest.param("nobody", "low", ops.NotFound, "nobody: no such job", id="unknown-job"),
+    ],
+)
+def test_what_the_operator_may_not_set_is_refused_and_nothing_is_written(job, priority, error, message):
+    with emulation(policy=CEILINGS) as env:
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=4, duration=7200)
+        env.submit(name="done", team="research", priority="low", pool="p5", instances=4, duration=60)
+        env.advance(600)
+        assert env.job("done").status is JobState.COMPLETED
+        schedules = len(env.executions("ScheduleStateMachine"))
+        with pytest.raises(error, match=re.escape(message)):
+            _set(env, job, priority)
+        assert env.job("sweep").priority == 50 and not _changes(env, "sweep") and not _changes(env, "done")
+        assert len(env.executions("ScheduleStateMachine")) == schedules
+
+
+def test_the_same_priority_again_changes_nothing():
+    with emulation(policy=CEILINGS) as env:
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=4, duration=7200)
+        result = _set(env, "sweep", "low")
+        assert (result["changed"], result["schedule_execution"]) == (False, None)
+        assert not _changes(env, "sweep")
+
+
+def test_a_job_the_controller_changed_since_it_was_read_is_read_again_and_changed_once(monkeypatch):
+    with emulation(policy=CEILINGS) as env:
+        # Given the operator's read of a job taken while it waited, and the job running since
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=600)
+        env.submit(name="next", team="research", priority="low", pool="p5", instances=8, duration=7200)
+        stale = env.job("next")
+        assert stale.status is JobState.PENDING
+        env.advance(900)
+        assert env.job("next").status is JobState.RUNNING
+        target = _target(env)
+        reads = iter([stale])
+        real_get = target.store.get
+        monkeypatch.setattr(target.store, "get", lambda name: next(reads, None) or real_get(name))
+        # When the operator sets its priority from the stale read
+        result = ops.set_priority(target, "next", "medium")
+        env.stack.drain()
+        # Then the write, refused for the stale read, was made on the fresh one, once
+        assert (result["changed"], result["to"], result["state"]) == (True, 200, "RUNNING")
+        fresh = env.job("next")
+        assert (fresh.priority, fresh.status, fresh.incarnation) == (200, JobState.RUNNING, 1)
+        assert len(_changes(env, "next")) == 1
