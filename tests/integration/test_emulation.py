@@ -1216,9 +1216,9 @@ def test_a_stopped_training_job_resumes_from_its_checkpoint_in_its_next_incarnat
     )
 
 
-def test_a_training_job_that_handles_sigterm_checkpoints_during_the_grace(emulation: Emulation) -> None:
+def test_a_training_job_that_handles_sigterm_checkpoints_during_the_grace_and_exits_once_written(emulation: Emulation) -> None:
     # Given a running job whose script checkpoints on SIGTERM (no periodic checkpoints)
-    emulation.fleet()
+    fleet = emulation.fleet()
     create_training_job(
         emulation,
         "train-a",
@@ -1227,12 +1227,38 @@ def test_a_training_job_that_handles_sigterm_checkpoints_during_the_grace(emulat
     )
     emulation.clock.advance(120 + 200)
 
-    # When it is stopped and the grace passes
+    # When it is stopped and its 60 s write is done
     emulation.client("sagemaker").stop_training_job(TrainingJobName="train-a")
-    emulation.clock.advance(120)
+    emulation.clock.advance(59)
+    still_stopping = emulation.client("sagemaker").describe_training_job(TrainingJobName="train-a")
+    emulation.clock.advance(1)
+    stopped = emulation.client("sagemaker").describe_training_job(TrainingJobName="train-a")
 
-    # Then it wrote one checkpoint 60 s into the grace
+    # Then it wrote one checkpoint 60 s into the grace, and exited then, as the training
+    # helper does, not at the end of the 120 s grace: its GPUs are free a minute sooner
     assert checkpoints(emulation, "jobs/a") == [("jobs/a/step-000000000260", START + 380)]
+    assert still_stopping["TrainingJobStatus"] == "Stopping"
+    assert (stopped["TrainingJobStatus"], stopped["TrainingEndTime"].timestamp()) == ("Stopped", START + 380)
+    assert fleet.running() == []
+
+
+def test_a_training_job_without_the_helper_works_through_the_grace_and_writes_nothing_on_sigterm(emulation: Emulation) -> None:
+    # Given a running job whose script does not checkpoint on SIGTERM
+    emulation.fleet()
+    create_training_job(emulation, "train-a", {"PREEMPTOR_SIM_DURATION_S": "1000"}, "jobs/a")
+    emulation.clock.advance(120 + 200)
+
+    # When it is stopped
+    emulation.client("sagemaker").stop_training_job(TrainingJobName="train-a")
+    emulation.clock.advance(119)
+    still_stopping = emulation.client("sagemaker").describe_training_job(TrainingJobName="train-a")
+    emulation.clock.advance(1)
+    stopped = emulation.client("sagemaker").describe_training_job(TrainingJobName="train-a")
+
+    # Then it is killed at the end of the grace, with no checkpoint
+    assert still_stopping["TrainingJobStatus"] == "Stopping"
+    assert (stopped["TrainingJobStatus"], stopped["TrainingEndTime"].timestamp()) == ("Stopped", START + 440)
+    assert checkpoints(emulation, "jobs/a") == []
 
 
 def test_a_training_job_stopped_before_it_started_stops_at_once(emulation: Emulation) -> None:
@@ -1311,6 +1337,33 @@ def test_a_terminated_batch_job_fails_after_the_grace_with_the_reason(emulation:
     assert event["detail"]["statusReason"] == "Preempted by train-critical"
     assert event["detail"]["tags"] == {"preemptor:team": "nlp"}
     assert event["detail"]["createdAt"] == int(START * 1000)
+
+
+def test_a_terminated_batch_job_whose_save_on_sigterm_outlasts_the_grace_is_killed_without_a_checkpoint(emulation: Emulation) -> None:
+    # Given a running Batch job that checkpoints on SIGTERM, in 60 s, and the 30 s grace
+    emulation.fleet()
+    queue, definition = batch_queue(emulation)
+    job_id = submit_batch_job(
+        emulation,
+        queue,
+        definition,
+        {
+            "PREEMPTOR_SIM_DURATION_S": "1000",
+            "PREEMPTOR_SIM_CHECKPOINT_ON_STOP": "true",
+            "PREEMPTOR_CHECKPOINT_S3_URI": f"s3://{BUCKET}/jobs/b",
+        },
+    )
+    emulation.clock.advance(30 + 150)
+
+    # When it is terminated
+    emulation.client("batch").terminate_job(jobId=job_id, reason="Preempted by train-critical")
+    emulation.clock.advance(60)
+
+    # Then it was killed at the end of the grace, its save cut short: no checkpoint (one
+    # without its manifest is never resumed from, as the training helper writes them)
+    failed = emulation.client("batch").describe_jobs(jobs=[job_id])["jobs"][0]
+    assert (failed["status"], failed["stoppedAt"]) == ("FAILED", int((START + 210) * 1000))
+    assert checkpoints(emulation, "jobs/b") == []
 
 
 def test_checkpoint_writes_are_announced_as_s3_object_created_events(emulation: Emulation) -> None:

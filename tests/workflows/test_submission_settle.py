@@ -177,7 +177,8 @@ def test_the_same_ends_planned_one_by_one_launch_small_jobs_only_to_preempt_them
         preempted = {e["job"] for e in env.store.all_history() if e["kind"] == "preemption-started"}
         assert preempted and preempted <= {f"small-{i}" for i in range(4)}
         assert _launches(env, "large") == [end]
-        assert all(len(_launches(env, job)) == 2 for job in preempted)
+        # (seen once to fail on a machine loaded four processes deep: the log says how)
+        assert all(len(_launches(env, job)) == 2 for job in preempted), {j: _history(env, j) for j in sorted(preempted)}
 
 
 def test_an_end_that_finds_the_window_started_with_another_wait_is_planned_by_it():

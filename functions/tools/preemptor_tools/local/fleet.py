@@ -25,9 +25,13 @@ Life of a job, all in simulated time:
   newer than the last checkpoint: a checkpoint `checkpoint_write_s` after the request (unless a
   periodic one got there first).
 - work done: SageMaker `Completed`; Batch `SUCCEEDED`.
-- StopTrainingJob / TerminateJob: the job keeps working for the grace period (SIGTERM to
-  SIGKILL), writes a checkpoint `checkpoint_write_s` into it if `checkpoint_on_stop`, then
-  ends `Stopped` / `FAILED` with the terminate reason. A job that has not started yet ends at once.
+- StopTrainingJob / TerminateJob: a job that runs the training helper (`checkpoint_on_stop`)
+  writes a checkpoint on SIGTERM and exits once it is written, `checkpoint_write_s` after the
+  signal, when that is within the service's grace (SageMaker 120 s, Batch 30 s by default);
+  any other job, and one whose save would not finish within the grace (cut short: no
+  manifest, no checkpoint), keeps working until the grace is out (SIGTERM to SIGKILL). Then
+  it ends `Stopped` / `FAILED` with the terminate reason. A job that has not started yet ends
+  at once.
 
 Every status change is sent to `emit` as an EventBridge event of the real shape. Events are
 queued when moto reports a change and delivered when the clock next advances (or on
@@ -444,8 +448,15 @@ class SimulatedFleet:
             self._schedule(now, job, "stopped")
             return
         grace = self._stop_grace_s[job.service]
-        if job.checkpoint_on_stop and job.bucket is not None:
-            self._schedule(now + min(self._checkpoint_write_s, grace), job, "stop_checkpoint")
+        if job.checkpoint_on_stop and job.bucket is not None and self._checkpoint_write_s <= grace:
+            # The training helper writes its checkpoint on SIGTERM and exits 0 once it is
+            # written: the service sees the container end before the grace is out.
+            self._schedule(now + self._checkpoint_write_s, job, "stop_checkpoint")
+            self._schedule(now + self._checkpoint_write_s, job, "stopped")
+            return
+        # Otherwise it works on until the grace is out and is killed: a save on SIGTERM that
+        # cannot finish within the grace is cut short, and one cut short has no manifest,
+        # so no checkpoint is written.
         self._schedule(now + grace, job, "stopped")
 
     def _schedule_work(self, job: _Job) -> None:
