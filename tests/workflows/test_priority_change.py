@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 from emulation import emulation
@@ -82,6 +83,10 @@ def test_a_waiting_job_raised_by_the_operator_preempts_at_once_and_its_team_is_t
         [line] = _changes(env, "fix")
         assert line["reason"] == "operator" and "priority 50 -> 1000 (critical)" in line["detail"] and "incident 4711" in line["detail"]
         assert line["extra"] == {"from": 50, "to": 1000}
+        # And explain tells it
+        answer = ops.explain(_target(env), "fix")
+        assert answer["priority_changes"] == [{"at": line["at"], "from": 50, "to": 1000, "detail": line["detail"]}]
+        assert f"priority changed at {time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(line['at']))}: {line['detail']}" in answer["text"]
         # And production is told, by reconcile, which publishes the notices their writers left
         env.stack.invoke_lambda(env.stack.resources["ReconcileFunction"], {})
         env.stack.drain()

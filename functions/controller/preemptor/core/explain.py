@@ -55,8 +55,19 @@ def explain_job(
     else:
         answer["status"] = "unknown" if not history else "not-in-snapshot"
     answer["preemptions"] = preemptions_from_history(history or [])
+    answer["priority_changes"] = priority_changes_from_history(history or [])
     answer["text"] = render(answer)
     return answer
+
+
+def priority_changes_from_history(history: Iterable[dict]) -> list[dict]:
+    """The operator's changes of the job's priority since its submission (`preemptor
+    priority`), oldest first: {"at", "from", "to", "detail"}."""
+    return [
+        {"at": e.get("at"), "from": (e.get("extra") or {}).get("from"), "to": (e.get("extra") or {}).get("to"), "detail": e.get("detail", "")}
+        for e in sorted(history, key=lambda e: (e.get("at", 0.0), e.get("sk", "")))
+        if e.get("kind") == "priority-changed"
+    ]
 
 
 def _pending(name: str, decision: Decision, snapshot: Snapshot, policy: Policy, now: float, lines) -> dict:
@@ -305,6 +316,8 @@ def render(answer: dict) -> str:
         out.append(f"{name}: not in the snapshot and no log")
     else:
         out.append(f"{name}: not pending or running")
+    for change in answer.get("priority_changes", []):
+        out.append(f"  priority changed at {_time(change['at'])}: {change['detail']}")
     for i, e in enumerate(answer.get("preemptions", []), start=1):
         age = "unknown" if e["checkpoint_age_s"] is None else f"{e['checkpoint_age_s']:.0f} s"
         lost = "" if e["lost_gpu_seconds"] is None else f", {e['lost_gpu_seconds']:.0f} GPU-seconds lost"
