@@ -1216,49 +1216,38 @@ def test_a_stopped_training_job_resumes_from_its_checkpoint_in_its_next_incarnat
     )
 
 
-def test_a_training_job_that_handles_sigterm_checkpoints_during_the_grace_and_exits_once_written(emulation: Emulation) -> None:
-    # Given a running job whose script checkpoints on SIGTERM (no periodic checkpoints)
+@pytest.mark.parametrize(
+    "on_stop, ends_after_s, written",
+    [
+        # the training helper's: a checkpoint 60 s into the grace, and the process exits then
+        pytest.param("true", 60, [("jobs/a/step-000000000260", START + 380)], id="saves-on-sigterm-and-exits"),
+        # any other script: it works on until it is killed at the end of the 120 s grace
+        pytest.param("false", 120, [], id="killed-at-the-end-of-the-grace"),
+    ],
+)
+def test_a_stopped_training_job_ends_when_its_sigterm_save_is_written_else_at_the_end_of_the_grace(
+    emulation: Emulation, on_stop: str, ends_after_s: float, written: list
+) -> None:
+    # Given a running job with no periodic checkpoints, 200 s into its work
     fleet = emulation.fleet()
     create_training_job(
-        emulation,
-        "train-a",
-        {"PREEMPTOR_SIM_DURATION_S": "1000", "PREEMPTOR_SIM_CHECKPOINT_ON_STOP": "true"},
-        "jobs/a",
+        emulation, "train-a", {"PREEMPTOR_SIM_DURATION_S": "1000", "PREEMPTOR_SIM_CHECKPOINT_ON_STOP": on_stop}, "jobs/a"
     )
-    emulation.clock.advance(120 + 200)
-
-    # When it is stopped and its 60 s write is done
-    emulation.client("sagemaker").stop_training_job(TrainingJobName="train-a")
-    emulation.clock.advance(59)
-    still_stopping = emulation.client("sagemaker").describe_training_job(TrainingJobName="train-a")
-    emulation.clock.advance(1)
-    stopped = emulation.client("sagemaker").describe_training_job(TrainingJobName="train-a")
-
-    # Then it wrote one checkpoint 60 s into the grace, and exited then, as the training
-    # helper does, not at the end of the 120 s grace: its GPUs are free a minute sooner
-    assert checkpoints(emulation, "jobs/a") == [("jobs/a/step-000000000260", START + 380)]
-    assert still_stopping["TrainingJobStatus"] == "Stopping"
-    assert (stopped["TrainingJobStatus"], stopped["TrainingEndTime"].timestamp()) == ("Stopped", START + 380)
-    assert fleet.running() == []
-
-
-def test_a_training_job_without_the_helper_works_through_the_grace_and_writes_nothing_on_sigterm(emulation: Emulation) -> None:
-    # Given a running job whose script does not checkpoint on SIGTERM
-    emulation.fleet()
-    create_training_job(emulation, "train-a", {"PREEMPTOR_SIM_DURATION_S": "1000"}, "jobs/a")
     emulation.clock.advance(120 + 200)
 
     # When it is stopped
     emulation.client("sagemaker").stop_training_job(TrainingJobName="train-a")
-    emulation.clock.advance(119)
+    emulation.clock.advance(ends_after_s - 1)
     still_stopping = emulation.client("sagemaker").describe_training_job(TrainingJobName="train-a")
     emulation.clock.advance(1)
     stopped = emulation.client("sagemaker").describe_training_job(TrainingJobName="train-a")
 
-    # Then it is killed at the end of the grace, with no checkpoint
+    # Then it ends then (a job saving on SIGTERM frees its GPUs a minute before the grace is
+    # out), with the checkpoint it wrote, if any
     assert still_stopping["TrainingJobStatus"] == "Stopping"
-    assert (stopped["TrainingJobStatus"], stopped["TrainingEndTime"].timestamp()) == ("Stopped", START + 440)
-    assert checkpoints(emulation, "jobs/a") == []
+    assert (stopped["TrainingJobStatus"], stopped["TrainingEndTime"].timestamp()) == ("Stopped", START + 320 + ends_after_s)
+    assert checkpoints(emulation, "jobs/a") == written
+    assert fleet.running() == []
 
 
 def test_a_training_job_stopped_before_it_started_stops_at_once(emulation: Emulation) -> None:
@@ -1292,20 +1281,17 @@ def submit_batch_job(env: Emulation, queue: str, definition: str, environment: d
     )["jobId"]
 
 
+def submit_batch_work(env: Emulation, **workload: str) -> str:
+    """A Batch job of 1000 s of work checkpointing to jobs/b (and `workload`) on a new queue."""
+    queue, definition = batch_queue(env)
+    environment = {"PREEMPTOR_SIM_DURATION_S": "1000", "PREEMPTOR_CHECKPOINT_S3_URI": f"s3://{BUCKET}/jobs/b", **workload}
+    return submit_batch_job(env, queue, definition, environment)
+
+
 def test_a_terminated_batch_job_fails_after_the_grace_with_the_reason(emulation: Emulation) -> None:
     # Given a running Batch job (30 s startup) that checkpoints every 100 s of work
     fleet = emulation.fleet()
-    queue, definition = batch_queue(emulation)
-    job_id = submit_batch_job(
-        emulation,
-        queue,
-        definition,
-        {
-            "PREEMPTOR_SIM_DURATION_S": "1000",
-            "PREEMPTOR_SIM_CHECKPOINT_EVERY_S": "100",
-            "PREEMPTOR_CHECKPOINT_S3_URI": f"s3://{BUCKET}/jobs/b",
-        },
-    )
+    job_id = submit_batch_work(emulation, PREEMPTOR_SIM_CHECKPOINT_EVERY_S="100")
     emulation.clock.advance(30 + 150)
     batch = emulation.client("batch")
 
@@ -1342,17 +1328,7 @@ def test_a_terminated_batch_job_fails_after_the_grace_with_the_reason(emulation:
 def test_a_terminated_batch_job_whose_save_on_sigterm_outlasts_the_grace_is_killed_without_a_checkpoint(emulation: Emulation) -> None:
     # Given a running Batch job that checkpoints on SIGTERM, in 60 s, and the 30 s grace
     emulation.fleet()
-    queue, definition = batch_queue(emulation)
-    job_id = submit_batch_job(
-        emulation,
-        queue,
-        definition,
-        {
-            "PREEMPTOR_SIM_DURATION_S": "1000",
-            "PREEMPTOR_SIM_CHECKPOINT_ON_STOP": "true",
-            "PREEMPTOR_CHECKPOINT_S3_URI": f"s3://{BUCKET}/jobs/b",
-        },
-    )
+    job_id = submit_batch_work(emulation, PREEMPTOR_SIM_CHECKPOINT_ON_STOP="true")
     emulation.clock.advance(30 + 150)
 
     # When it is terminated

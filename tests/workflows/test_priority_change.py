@@ -7,12 +7,12 @@ told in the job's decision log and to its team, and planned at once (a cycle of 
 
 from __future__ import annotations
 
-import json
 import re
 import time
 
 import pytest
 from emulation import emulation
+from notice_queues import received, subscribe
 
 from preemptor.core.model import JobState
 from preemptor_tools import ops
@@ -36,32 +36,9 @@ def _changes(env, job: str) -> list[dict]:
     return [e for e in env.store.history(job) if e["kind"] == "priority-changed"]
 
 
-def _subscribe(env, team: str) -> str:
-    sqs, sns = env.stack.client("sqs"), env.stack.client("sns")
-    url = sqs.create_queue(QueueName=f"{team}-notices")["QueueUrl"]
-    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    sns.subscribe(
-        TopicArn=env.stack.resources["AlertsTopic"], Protocol="sqs", Endpoint=arn,
-        Attributes={"FilterPolicy": json.dumps({"team": [team]})},
-    )
-    return url
-
-
-def _received(env, url: str) -> list[dict]:
-    sqs = env.stack.client("sqs")
-    out = []
-    while messages := sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", []):
-        for m in messages:
-            envelope = json.loads(m["Body"])
-            kind = envelope["MessageAttributes"]["kind"]["Value"]
-            out.append({"kind": kind, "message": json.loads(envelope["Message"])})
-            sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
-    return out
-
-
 def test_a_waiting_job_raised_by_the_operator_preempts_at_once_and_its_team_is_told():
     with emulation(policy=CEILINGS) as env:
-        production = _subscribe(env, "production")
+        production = subscribe(env, "production-notices", {"team": ["production"]})
         # Given research's medium sweep holding the pool, and production's low job waiting
         # behind it (it may not preempt a higher priority)
         env.submit(name="sweep", team="research", priority="medium", pool="p5", instances=8, duration=7200, checkpoint_every=300)
@@ -90,7 +67,7 @@ def test_a_waiting_job_raised_by_the_operator_preempts_at_once_and_its_team_is_t
         # And production is told, by reconcile, which publishes the notices their writers left
         env.stack.invoke_lambda(env.stack.resources["ReconcileFunction"], {})
         env.stack.drain()
-        [notice] = [n for n in _received(env, production) if n["kind"] == "priority-changed"]
+        [notice] = [n for n in received(env, production) if n["attributes"]["kind"] == "priority-changed"]
         assert (notice["message"]["from"], notice["message"]["to"], notice["message"]["note"]) == (50, 1000, "incident 4711")
 
 
