@@ -14,6 +14,7 @@ import pytest
 from emulation import emulation
 from notice_queues import received, subscribe
 
+from preemptor.core.errors import AccessDenied
 from preemptor.core.model import JobState
 from preemptor_tools import ops
 from preemptor_tools.local import server
@@ -144,3 +145,18 @@ def test_a_job_the_controller_changed_since_it_was_read_is_read_again_and_change
         fresh = env.job("next")
         assert (fresh.priority, fresh.status, fresh.incarnation) == (200, JobState.RUNNING, 1)
         assert len(_changes(env, "next")) == 1
+
+
+def test_a_cycle_aws_refuses_to_start_leaves_the_change_made_and_says_so(monkeypatch):
+    with emulation(policy=CEILINGS) as env:
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=4, duration=7200)
+
+        def refused(self, workflow, name, payload):
+            raise AccessDenied(f"StartExecution {workflow}: not authorized")
+
+        monkeypatch.setattr(ops.WorkflowStarter, "start", refused)
+        result = _set(env, "sweep", "medium")
+        # The priority is changed and told; the refusal is said, not raised
+        assert (result["changed"], result["schedule_execution"]) == (True, None)
+        assert result["cycle_error"] == "AccessDenied: StartExecution schedule: not authorized"
+        assert env.job("sweep").priority == 200 and len(_changes(env, "sweep")) == 1

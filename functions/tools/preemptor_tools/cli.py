@@ -460,6 +460,8 @@ def _priority(args) -> int:
         print(f"{args.job}: priority is {result['to']} already ({result['state']}): nothing changed")
     else:
         then = " (a cycle started)" if result["schedule_execution"] else ""
+        if result.get("cycle_error"):
+            then = f"; no cycle started ({result['cycle_error']}): the pool's next event or reconcile plans it"
         going_on = "; the stop already decided goes on" if result["state"] == "PREEMPTING" else ""
         print(f"{args.job}: priority {result['from']} -> {result['to']} ({result['state']}){going_on}{then}")
     return EXIT_OK

@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable
 
-from preemptor.adapters.store import JobsStore
+from botocore.exceptions import BotoCoreError
+
+from preemptor.adapters.store import JobsStore, LogLine
 from preemptor.adapters.workflows import WorkflowStarter, execution_name
 from preemptor.config import Settings, first_problem
-from preemptor.adapters.store import LogLine
-from preemptor.core.errors import ConflictError, TransactionConflict
+from preemptor.core.errors import ConflictError, PreemptorError, TransactionConflict
 from preemptor.core.jobs import JobRecord
 from preemptor.core.model import JobState, Notice
 from preemptor.core.requests import JobRequest, RequestRefused, admit_request, resolve_priority
@@ -440,7 +441,9 @@ def set_priority(target: Target, job: str, priority: str, note: str = "") -> dic
     Written with its decision-log line (`priority-changed`, with the note) and the team's
     notice (published by reconcile within five minutes), conditional on the job as read:
     if the controller changed it meanwhile, it is read again and judged again. A cycle of the
-    job's pool starts at once, as the change may admit or preempt."""
+    job's pool starts at once, as the change may admit or preempt; one AWS refused to start
+    is told in `cycle_error` (the change stands, and the pool's next event or reconcile's
+    cycle, every five minutes, plans it)."""
     record = target.store.get(job)
     if record is None:
         raise NotFound(f"{job}: no such job")
@@ -480,8 +483,13 @@ def set_priority(target: Target, job: str, priority: str, note: str = "") -> dic
                 raise NotFound(f"{job}: no such job") from None
     else:
         raise BadInput(f"{job}: it kept changing while its priority was set; nothing was changed: ask again")
-    execution = None
+    execution, cycle_error = None, None
     if target.settings.workflow_arns.get("schedule"):
         starter = WorkflowStarter(target.client("stepfunctions"), target.settings.workflow_arns)
-        execution = starter.start("schedule", execution_name("priority", record.pool, uuid.uuid4().hex[:12]), {"pool": record.pool})
-    return result | {"changed": True, "at": now, "schedule_execution": execution}
+        try:
+            execution = starter.start("schedule", execution_name("priority", record.pool, uuid.uuid4().hex[:12]), {"pool": record.pool})
+        except (PreemptorError, BotoCoreError) as e:
+            # The change is written: said, not raised (asked again, it would change nothing
+            # and start nothing); the pool's next event, or reconcile's cycle, plans it.
+            cycle_error = f"{type(e).__name__}: {e}"
+    return result | {"changed": True, "at": now, "schedule_execution": execution, "cycle_error": cycle_error}
