@@ -324,3 +324,19 @@ def test_tables_are_coloured_only_for_a_terminal_without_no_color():
         len(line.replace("\x1b[32m", "").replace("\x1b[0m", "").replace("\x1b[1m", "").replace("\x1b[1;31m", ""))
         for line in coloured.splitlines()[1:]
     ]
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["priority", "sweep", "high", "--note", "x" * 501], "priority: argument --note: must be at most 500 characters, got 501"),
+        (["priority", "sweep", "high", "--note", "two\nlines"], "priority: argument --note: must be one line of printable text"),
+        (["drain", "p5", "--note", "bell\a"], "drain: argument --note: must be one line of printable text"),
+    ],
+    ids=["priority-note-too-long", "priority-note-two-lines", "drain-note-control-character"],
+)
+def test_an_operator_note_that_would_not_fit_a_log_line_is_refused_before_any_aws_call(capsys, argv, expected):
+    # Given no stack at all: the note is refused before the CLI looks for one
+    assert main([*argv, "--stack", "nowhere"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("preemptor: ") and expected in line, line

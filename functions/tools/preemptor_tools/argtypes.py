@@ -1,4 +1,4 @@
-"""Types of the command line's numeric options.
+"""Types of the command line's numeric options, and of its free-text notes.
 
 A value out of range, NaN or an infinity is refused by argparse before anything runs, in
 the CLI's one line (`cli._Parser`): "preemptor: sim: argument --stop-grace-s: must be a
@@ -57,4 +57,17 @@ def interval(text: str) -> tuple[float, float]:
     return lo_s, hi_s
 
 
-__all__ = ["any_time", "fraction", "interval", "number", "port", "positive", "positive_int", "seconds"]
+NOTE_MAX = 500  # characters: a note rides in a decision-log line and a team's notice
+
+
+def note(text: str) -> str:
+    """An operator's note (`drain --note`, `priority --note`): one line of at most
+    `NOTE_MAX` characters, kept in the jobs table and, for a priority, in an SNS notice."""
+    if len(text) > NOTE_MAX:
+        raise argparse.ArgumentTypeError(f"must be at most {NOTE_MAX} characters, got {len(text)}")
+    if not text.isprintable():  # a newline, a control character
+        raise argparse.ArgumentTypeError("must be one line of printable text")
+    return text
+
+
+__all__ = ["any_time", "fraction", "interval", "note", "number", "port", "positive", "positive_int", "seconds"]

@@ -143,7 +143,7 @@ def _parser() -> argparse.ArgumentParser:
 
     drain = sub.add_parser("drain", help="a pool admits nothing new and preempts nothing (running jobs go on)")
     drain.add_argument("pool")
-    drain.add_argument("--note", default="", help="why (shown by queue, pools and explain)")
+    drain.add_argument("--note", type=argtypes.note, default="", help="why (shown by queue, pools and explain)")
     _add_target_options(drain)
 
     undrain = sub.add_parser("undrain", help="a drained pool schedules again (a cycle starts at once)")
@@ -155,7 +155,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     priority.add_argument("job")
     priority.add_argument("priority", help="an integer 0..1000 or one of the stack's tier names")
-    priority.add_argument("--note", default="", help="why (in the decision log and the team's notice)")
+    priority.add_argument("--note", type=argtypes.note, default="", help="why (in the decision log and the team's notice)")
     _add_target_options(priority)
 
     redrive = sub.add_parser("redrive", help="hand the events of the dead-letter queue back to their functions")
