@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import time
+from contextlib import contextmanager
 
 import pytest
 from emulation import emulation
@@ -17,6 +18,7 @@ from notice_queues import received, subscribe
 from preemptor.core.errors import AccessDenied
 from preemptor.core.model import JobState
 from preemptor_tools import ops
+from preemptor_tools.local import moto_patches
 from preemptor_tools.local import server
 
 CEILINGS = {"teams": {"research": {"max_priority": "medium"}, "production": {}}}
@@ -79,7 +81,7 @@ def test_a_running_job_raised_is_no_longer_a_victim_and_lowered_again_is_one():
         env.advance(600)
         assert _set(env, "sweep", "200")["state"] == "RUNNING"
         # When production's medium job arrives in the full pool
-        env.submit(name="eval", team="production", priority="medium", pool="p5", instances=8, duration=1200)
+        env.submit(name="eval", team="production", priority="medium", pool="p5", instances=4, duration=1200)
         env.advance(600)
         # Then the sweep goes on: it is no longer below the newcomer
         assert env.job("sweep").status is JobState.RUNNING and "preemption-started" not in env.kinds("sweep")
@@ -160,3 +162,103 @@ def test_a_cycle_aws_refuses_to_start_leaves_the_change_made_and_says_so(monkeyp
         assert (result["changed"], result["schedule_execution"]) == (True, None)
         assert result["cycle_error"] == "AccessDenied: StartExecution schedule: not authorized"
         assert env.job("sweep").priority == 200 and len(_changes(env, "sweep")) == 1
+
+
+@contextmanager
+def when_the_sweeps_preemption_returns_from(env, state: str, act):
+    """Call `act()` as the sweep's preemption workflow returns from `state`, and let what it
+    starts finish before the workflow goes on (its Wait states move the clock at once)."""
+    done: list[float] = []
+
+    def returned(execution_arn: str, name: str) -> None:
+        if name == state and not done and "sweep" in execution_arn:
+            done.append(env.clock.now())
+            act()
+            env.stack.drain(but=execution_arn)
+
+    unsubscribe = moto_patches.on_lambda_task_returned(returned)
+    try:
+        yield done
+    finally:
+        unsubscribe()
+
+
+def _sweep_then_eval(env, state: str, act) -> None:
+    """Research's low sweep holds the pool (a checkpoint every 2 hours, no training helper:
+    it cannot answer a request); after 30 minutes production's medium job of 32 GPUs preempts
+    it, and its preemption asks for a checkpoint and waits: 64 GPUs x 1800 s at risk outweigh
+    32 GPUs x 600 s (the longest wait) x 200/50. `act` runs as the preemption returns from
+    `state`."""
+    env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=14400, checkpoint_every=7200)
+    env.advance(1800)
+    with when_the_sweeps_preemption_returns_from(env, state, act) as done:
+        env.submit(name="eval", team="production", priority="medium", pool="p5", instances=4, duration=1200)
+    assert done, f"the sweep's preemption never returned from {state!r}"
+
+
+def test_a_victim_raised_while_its_preemption_waits_for_a_checkpoint_is_not_stopped():
+    with emulation(policy=CEILINGS) as env:
+        results = []
+        # Given the sweep chosen as eval's victim, its stop waiting for a checkpoint; When the
+        # operator raises it to eval's priority then
+        _sweep_then_eval(env, "Ask for a checkpoint", lambda: results.append(ops.set_priority(_target(env), "sweep", "medium", "results due today")))
+        # Then its preemption is called off at once: it runs on, at its new priority
+        [result] = results
+        assert (result["changed"], result["preemption_called_off"], result["state"]) == (True, True, "PREEMPTING")
+        env.advance(900)
+        sweep = env.job("sweep")
+        assert (sweep.status, sweep.priority, sweep.preempted_by, sweep.incarnation) == (JobState.RUNNING, 200, None, 1)
+        # And its preemption workflow, its wait over, sent no stop and ended well
+        assert "stop-requested" not in env.kinds("sweep") and "requeued" not in env.kinds("sweep")
+        assert {e["status"] for e in env.executions("PreemptStateMachine")} == {"SUCCEEDED"}
+        # And the new cycle judged again: eval may not preempt an equal priority of another
+        # team, so it waits; both logs tell why
+        assert env.job("eval").status is JobState.PENDING
+        [cancelled] = [e for e in env.store.history("sweep") if e["kind"] == "preemption-cancelled"]
+        assert cancelled["reason"] == "priority-raised"
+        assert "victim-spared" in env.kinds("eval")
+        [line] = _changes(env, "sweep")
+        assert "its preemption for eval is called off" in line["detail"] and "results due today" in line["detail"]
+
+
+def test_a_victim_raised_once_its_stop_was_sent_is_stopped_and_relaunched_at_its_new_priority():
+    with emulation(policy=CEILINGS) as env:
+        results = []
+        # Given the sweep's stop sent (its wait ran out); When the operator raises it then
+        _sweep_then_eval(env, "Stop the run", lambda: results.append(ops.set_priority(_target(env), "sweep", "medium")))
+        # Then the stop goes on: it is requeued, and waits at its new priority
+        [result] = results
+        assert (result["changed"], result["preemption_called_off"], result["state"]) == (True, False, "PREEMPTING")
+        assert "the stop already sent goes on" in _changes(env, "sweep")[0]["detail"]
+        env.advance(600)
+        sweep = env.job("sweep")
+        assert (sweep.incarnation, sweep.priority) == (2, 200) and "requeued" in env.kinds("sweep")
+        assert env.job("eval").status is JobState.RUNNING
+
+
+def test_a_release_decided_before_the_stop_was_claimed_is_refused_and_the_stop_goes_on(monkeypatch):
+    with emulation(policy=CEILINGS) as env:
+        results = []
+        target = _target(env)
+        real_get = target.store.get
+        stale = []
+
+        def raise_from_a_read_taken_before_the_stop() -> None:
+            reads = iter(stale)
+            monkeypatch.setattr(target.store, "get", lambda name: next(reads, None) or real_get(name))
+            results.append(ops.set_priority(target, "sweep", "medium"))
+
+        # Given the operator's read of the victim while it waited, and its stop claimed since
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=14400, checkpoint_every=7200)
+        env.advance(1800)
+        with when_the_sweeps_preemption_returns_from(env, "Ask for a checkpoint", lambda: stale.append(env.job("sweep"))):
+            with when_the_sweeps_preemption_returns_from(env, "Stop the run", raise_from_a_read_taken_before_the_stop):
+                env.submit(name="eval", team="production", priority="medium", pool="p5", instances=4, duration=1200)
+        # Then the release was refused (the claim moved the version): read again, only the
+        # priority changed, once, and the stop already on its way went on
+        [result] = results
+        assert stale[0].stop_signal_at is None
+        assert (result["changed"], result["preemption_called_off"]) == (True, False)
+        assert len(_changes(env, "sweep")) == 1 and "preemption-cancelled" not in env.kinds("sweep")
+        env.advance(600)
+        assert env.job("sweep").incarnation == 2 and env.job("eval").status is JobState.RUNNING

@@ -462,7 +462,10 @@ def _priority(args) -> int:
         then = " (a cycle started)" if result["schedule_execution"] else ""
         if result.get("cycle_error"):
             then = f"; no cycle started ({result['cycle_error']}): the pool's next event or reconcile plans it"
-        going_on = "; the stop already decided goes on" if result["state"] == "PREEMPTING" else ""
+        going_on = (
+            "; its preemption is called off, it runs on" if result.get("preemption_called_off")
+            else "; the stop already sent goes on" if result["state"] == "PREEMPTING" else ""
+        )
         print(f"{args.job}: priority {result['from']} -> {result['to']} ({result['state']}){going_on}{then}")
     return EXIT_OK
 

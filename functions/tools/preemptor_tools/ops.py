@@ -34,6 +34,7 @@ from preemptor.core.errors import ConflictError, PreemptorError, TransactionConf
 from preemptor.core.jobs import JobRecord
 from preemptor.core.model import JobState, Notice
 from preemptor.core.requests import JobRequest, RequestRefused, admit_request, resolve_priority
+from preemptor.service.actions import SPOT_INTERRUPTION
 from .local.state import FAKE_CREDENTIALS, LocalState
 
 # Where `submit --wait` stops waiting: the job runs, or has ended.
@@ -436,7 +437,10 @@ def set_priority(target: Target, job: str, priority: str, note: str = "") -> dic
     """Give `job` another priority: an integer or one of the stack's tier names, at most its
     team's ceiling (the stack's policy: raising the ceiling is a change of the policy, not of
     one job). Pending, the job is ranked at it; running, it is judged at it as a victim, and
-    judges its own victims at it when it is relaunched. A stop already decided goes on.
+    judges its own victims at it when it is relaunched. Raised while its preemption waits for
+    a checkpoint, the preemption is called off and the new cycle judges again (it may choose
+    the job again: a reclaim of borrowed quota does not look at priority); a stop already
+    sent goes on.
 
     Written with its decision-log line (`priority-changed`, with the note) and the team's
     notice (published by reconcile within five minutes), conditional on the job as read:
@@ -464,17 +468,24 @@ def set_priority(target: Target, job: str, priority: str, note: str = "") -> dic
         was = record.priority
         result = {"job": job, "from": was, "to": value, "state": record.status.value, "note": note or None}
         if was == value:
-            return result | {"changed": False, "at": None, "schedule_execution": None}
+            return result | {"changed": False, "at": None, "schedule_execution": None, "preemption_called_off": False}
         now = target.now()
+        release = _releasable(record) and value > was
         detail = f"priority {was} -> {value} ({policy.tier_of(value)}), set by the operator" + (f": {note}" if note else "")
-        if record.status is JobState.PREEMPTING:
-            detail += "; the stop already decided goes on"
+        if release:
+            detail += f"; its preemption for {record.preempted_by} is called off (no stop was sent): the pool is planned again"
+        elif record.status is JobState.PREEMPTING:
+            detail += "; the stop already sent goes on"
         line = LogLine(job, now, "priority-changed", "operator", detail, {"from": was, "to": value})
         subject = f"Preemptor: job {job} now has priority {value} (was {was})"
-        message = {"pool": record.pool, "from": was, "to": value, "state": record.status.value, "note": note}
+        message = {"pool": record.pool, "from": was, "to": value, "state": record.status.value, "note": note, "preemption_called_off": release}
         notice = Notice(record.pool, now, "priority-changed", job, record.team, subject, message)
         try:
-            target.store.set_priority(record, value, line, notice)
+            if release:
+                _release(target, record, value, now, line, notice)
+            else:
+                target.store.set_priority(record, value, line, notice)
+            result |= {"preemption_called_off": release}
             break
         except (ConflictError, TransactionConflict):
             # The controller changed the job meanwhile (a cycle admitted it, a run ended...).
@@ -493,3 +504,36 @@ def set_priority(target: Target, job: str, priority: str, note: str = "") -> dic
             # and start nothing); the pool's next event, or reconcile's cycle, plans it.
             cycle_error = f"{type(e).__name__}: {e}"
     return result | {"changed": True, "at": now, "schedule_execution": execution, "cycle_error": cycle_error}
+
+
+def _releasable(record: JobRecord) -> bool:
+    """A victim whose preemption may still be called off: being preempted (not stopped for a
+    spot interruption, whose instance goes away anyway, nor for a cancel), and no stop sent
+    for this preemption yet (`JobsStore.claim_stop` records it before it is sent)."""
+    return (
+        record.status is JobState.PREEMPTING
+        and record.preempted_by not in (None, SPOT_INTERRUPTION)
+        and not record.cancel_requested
+        and (record.stop_signal_at is None or record.stop_signal_at < (record.preempting_since or 0.0))
+    )
+
+
+def _release(target: Target, record: JobRecord, priority: int, now: float, line: LogLine, notice: Notice) -> None:
+    """Raise a victim that waits for its checkpoint and call its preemption off, in one
+    transaction conditional on the job as read: a stop claimed meanwhile (its workflow's stop
+    step) moves the version, so this write is refused and the caller reads the job again.
+    Its workflow's stop step then finds it running and sends nothing (`actions.stop`)."""
+    why = f"its priority was raised to {priority} by the operator"
+    lines = (
+        line,
+        LogLine(record.name, now, "preemption-cancelled", "priority-raised", f"{why}; left running"),
+        LogLine(
+            record.preempted_by, now, "victim-spared", "priority-raised",
+            f"{record.name} was not stopped ({why}); the pool is planned again", {"victim": record.name},
+        ),
+    )
+    new = record.with_changes(
+        priority=priority, status=JobState.RUNNING, preempted_by=None, preempting_since=None,
+        stop_signal_at=None, stop_at_once=False, stop_reason=None,
+    )
+    target.store.transition(record, new, (JobState.PREEMPTING,), log=lines, notice=notice)

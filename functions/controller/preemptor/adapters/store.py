@@ -930,6 +930,33 @@ class JobsStore:
         the job moved meanwhile (anything but notes): re-read it and decide again."""
         return self.transition(record, record.with_changes(priority=priority), (record.status,), log=log, notice=notice)
 
+    def claim_stop(self, record: JobRecord, at: float) -> bool:
+        """Record that this preemption's stop goes out now, before it is sent: the job still
+        PREEMPTING in its incarnation and no stop recorded since its preemption began. The
+        version moves, so a write decided on the job as read before (the operator's release
+        of a raised victim, `ops.set_priority`) is refused once the stop is on its way.
+        False when the condition does not hold: released, moved on, or claimed already."""
+        try:
+            self._call(
+                "update_item",
+                TableName=self.table,
+                Key=job_key(record.name),
+                UpdateExpression="SET stop_signal_at = :at, #ver = if_not_exists(#ver, :zero) + :one",
+                ConditionExpression="#st = :preempting AND #inc = :inc AND (attribute_not_exists(stop_signal_at) OR stop_signal_at < :since)",
+                ExpressionAttributeNames={"#st": "status", "#inc": "incarnation", "#ver": "version"},
+                ExpressionAttributeValues={
+                    ":at": _to_attr(at),
+                    ":preempting": {"S": JobState.PREEMPTING.value},
+                    ":inc": _to_attr(record.incarnation),
+                    ":since": _to_attr(record.preempting_since or 0.0),
+                    ":zero": _to_attr(0),
+                    ":one": _to_attr(1),
+                },
+            )
+        except ConflictError:
+            return False
+        return True
+
     def note_checkpoint(self, name: str, at: float) -> None:
         """Remember the newest checkpoint time seen (never moves backwards)."""
         condition = "attribute_exists(pk) AND (attribute_not_exists(last_checkpoint_at) OR last_checkpoint_at < :t)"

@@ -109,7 +109,7 @@ def check_checkpoint(
         # The one rule (core.progress): a relaunched run resumed from that checkpoint, so
         # only the work since the later of it and the run's start is at risk.
         fresh = is_fresh(newest, record.started_at, now, max_age_s)
-    if fresh:
+    if fresh and record.status is JobState.PREEMPTING:  # (released meanwhile: no stop to confirm it for)
         store.log(
             job, now, "checkpoint-confirmed", "fresh-checkpoint", f"newest checkpoint is {age:.0f} s old", checkpoint_age_s=age
         )
@@ -164,8 +164,27 @@ def _log_request(store: JobsStore, job: str, at: float, reason: str, marker: str
 def stop(*, store: JobsStore, runners: dict[str, Runner], job: str, incarnation: int, fresh: bool, now: float) -> dict:
     """Stop the run of a job being preempted (or cancelled). Stopping twice is harmless."""
     record = _current(store, job, incarnation)
-    if record is None or record.status not in (JobState.PREEMPTING, JobState.RUNNING) or not record.run_id:
+    if record is not None and record.status is JobState.RUNNING and not record.preempted_by:
+        # Released while it waited for its checkpoint (the operator raised its priority:
+        # `ops.set_priority`): no stop is sent; the pool is planned again.
+        return {"stopping": False, "reason": "released"}
+    if record is None or record.status is not JobState.PREEMPTING or not record.run_id:
         return {"stopping": False, "reason": "not-running"}
+    # The stop is recorded before it is sent (`claim_stop`): a release decided on the job as
+    # read before cannot land once the stop is on its way. A retried step (the first
+    # attempt's Lambda died after the claim) finds this preemption's claim and sends again,
+    # harmlessly; the signal's time, which decides whether a checkpoint came during the
+    # grace, stays the first.
+    signal_at = record.stop_signal_at
+    if signal_at is None or signal_at < (record.preempting_since or 0.0):
+        if not store.claim_stop(record, now):
+            current = _current(store, job, incarnation)
+            if current is not None and current.status is JobState.RUNNING and not current.preempted_by:
+                return {"stopping": False, "reason": "released"}
+            if current is None or current.status is not JobState.PREEMPTING or current.stop_signal_at is None:
+                return {"stopping": False, "reason": "not-running"}
+            record = current
+        signal_at = record.stop_signal_at if record.stop_signal_at and record.stop_signal_at >= (record.preempting_since or 0.0) else now
     why = f"preempted by {record.preempted_by}" if record.preempted_by else "cancelled"
     try:
         runners[record.service].stop(record.run_id, f"preemptor: {why}")
@@ -176,16 +195,12 @@ def stop(*, store: JobsStore, runners: dict[str, Runner], job: str, incarnation:
         # Raised for the workflow to give up loudly; reconcile repairs the preemption.
         store.log(job, now, "stop-refused", "access-denied", str(e))
         raise
-    if record.stop_signal_at is not None and record.stop_signal_at >= (record.preempting_since or 0.0):
-        # A retried step (the first attempt's Lambda died after this preemption's stop was
-        # recorded): the stop went out again, harmlessly; the signal's time, which decides
-        # whether a checkpoint came during the grace, stays the first.
-        return {"stopping": True, "again": True}
     detail = why + ("" if fresh else "; WITHOUT a fresh checkpoint: work since the last one is lost")
     # Why it goes now: its checkpoint is fresh; the plan said not to wait (issue 10); or the wait ran out.
     reason = "fresh-checkpoint" if fresh else "stop-at-once" if record.stop_at_once else "checkpoint-timeout"
-    store.log(job, now, "stop-requested", reason, detail)
-    learning.stop_sent(store, record, fresh, now)  # issue 10
+    # Once per preemption however often the step is retried (keyed by the claim's time).
+    store.log(job, signal_at, "stop-requested", reason, detail, once=f"stop#{record.incarnation}#{signal_at:.3f}")
+    learning.stop_sent(store, record, fresh, signal_at)  # issue 10
     return {"stopping": True}
 
 
@@ -405,7 +420,12 @@ def spare(*, store: JobsStore, policy: Policy, job: str, incarnation: int, now: 
     try:
         store.transition(
             record,
-            record.with_changes(status=JobState.RUNNING, preempted_by=None, preempting_since=None, spared_until=until),
+            # The stop it may have been claimed (a refused one) belongs to this preemption,
+            # which is over: a later one starts with no signal recorded.
+            record.with_changes(
+                status=JobState.RUNNING, preempted_by=None, preempting_since=None, spared_until=until,
+                stop_signal_at=None, stop_at_once=False, stop_reason=None,
+            ),
             expect=[JobState.PREEMPTING],
             log=tuple(lines),
         )
