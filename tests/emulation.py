@@ -11,6 +11,7 @@ from preemptor.config import PoolConfig
 from preemptor.core.jobs import JobRecord
 from preemptor_tools.local.clock import SimClock
 from preemptor_tools.local.demo import START
+from preemptor_tools.local import moto_patches
 from preemptor_tools.local.fleet import SimulatedFleet
 from preemptor_tools.local.scenario import ScenarioJob, local_pool, submission_event
 from preemptor_tools.local.stack import EmulatedStack, RoutedEvent
@@ -120,3 +121,24 @@ def batch_queues(env: Emulation, *queues: str) -> None:
     batch.register_job_definition(
         jobDefinitionName="g5-training", type="container", containerProperties={"image": "x", "vcpus": 1, "memory": 512}
     )
+
+
+@contextmanager
+def when_a_step_returns(env: Emulation, execution: str, state: str, act) -> Iterator[list[float]]:
+    """Call `act()` once, as an execution whose ARN contains `execution` returns from its
+    Lambda task `state`, and let the workflows it starts finish before that execution goes
+    on (its Wait states move the clock at once, so it would otherwise race through its
+    polls). Yields the list of the times `act` ran at."""
+    done: list[float] = []
+
+    def returned(execution_arn: str, name: str) -> None:
+        if name == state and not done and execution in execution_arn:
+            done.append(env.clock.now())
+            act()
+            env.stack.drain(but=execution_arn)
+
+    unsubscribe = moto_patches.on_lambda_task_returned(returned)
+    try:
+        yield done
+    finally:
+        unsubscribe()

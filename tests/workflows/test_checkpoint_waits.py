@@ -5,32 +5,15 @@ Executed on moto through the real state machines."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
-from emulation import emulation
+from emulation import emulation, when_a_step_returns
 
 from preemptor.core.model import JobState
-from preemptor_tools.local import moto_patches
 
 
-@contextmanager
 def while_the_sweep_waits(env, **job):
     """Submit `job` once the sweep's preemption workflow has asked for its checkpoint, and
-    let that submission's workflows finish before the preemption workflow goes on to wait
-    (its Wait states move the clock at once, so it would otherwise race through its polls)."""
-    arrived: list[float] = []
-
-    def returned(execution_arn: str, state: str) -> None:
-        if state == "Ask for a checkpoint" and not arrived and "sweep" in execution_arn:
-            arrived.append(env.clock.now())
-            env.submit_nowait(**job)
-            env.stack.drain(but=execution_arn)
-
-    unsubscribe = moto_patches.on_lambda_task_returned(returned)
-    try:
-        yield arrived
-    finally:
-        unsubscribe()
+    let that submission's workflows finish before the preemption workflow goes on to wait."""
+    return when_a_step_returns(env, "sweep", "Ask for a checkpoint", lambda: env.submit_nowait(**job))
 
 
 def _sweep_and_tuning(env) -> None:

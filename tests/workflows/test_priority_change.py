@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import re
 import time
-from contextlib import contextmanager
 
 import pytest
-from emulation import emulation
+from emulation import emulation, when_a_step_returns
 from notice_queues import received, subscribe
 
 from preemptor.core.errors import AccessDenied
 from preemptor.core.model import JobState
 from preemptor_tools import ops
-from preemptor_tools.local import moto_patches
 from preemptor_tools.local import server
 
 CEILINGS = {"teams": {"research": {"max_priority": "medium"}, "production": {}}}
@@ -164,23 +162,8 @@ def test_a_cycle_aws_refuses_to_start_leaves_the_change_made_and_says_so(monkeyp
         assert env.job("sweep").priority == 200 and len(_changes(env, "sweep")) == 1
 
 
-@contextmanager
 def when_the_sweeps_preemption_returns_from(env, state: str, act):
-    """Call `act()` as the sweep's preemption workflow returns from `state`, and let what it
-    starts finish before the workflow goes on (its Wait states move the clock at once)."""
-    done: list[float] = []
-
-    def returned(execution_arn: str, name: str) -> None:
-        if name == state and not done and "sweep" in execution_arn:
-            done.append(env.clock.now())
-            act()
-            env.stack.drain(but=execution_arn)
-
-    unsubscribe = moto_patches.on_lambda_task_returned(returned)
-    try:
-        yield done
-    finally:
-        unsubscribe()
+    return when_a_step_returns(env, "sweep", state, act)
 
 
 def _sweep_then_eval(env, state: str, act) -> None:
