@@ -16,6 +16,7 @@ from notice_queues import received, subscribe
 
 from preemptor.core.errors import AccessDenied
 from preemptor.core.model import JobState
+from preemptor.service import actions
 from preemptor_tools import ops
 from preemptor_tools.local import server
 
@@ -191,6 +192,9 @@ def test_a_victim_raised_while_its_preemption_waits_for_a_checkpoint_is_not_stop
         env.advance(900)
         sweep = env.job("sweep")
         assert (sweep.status, sweep.priority, sweep.preempted_by, sweep.incarnation) == (JobState.RUNNING, 200, None, 1)
+        # (protected for one checkpoint wait: no other preemption takes it while the called-off one's workflow waits)
+        [cancelled_at] = [e["at"] for e in env.store.history("sweep") if e["kind"] == "preemption-cancelled"]
+        assert sweep.spared_until == pytest.approx(cancelled_at + 600)
         # And its preemption workflow, its wait over, sent no stop and ended well
         assert "stop-requested" not in env.kinds("sweep") and "requeued" not in env.kinds("sweep")
         assert {e["status"] for e in env.executions("PreemptStateMachine")} == {"SUCCEEDED"}
@@ -245,3 +249,33 @@ def test_a_release_decided_before_the_stop_was_claimed_is_refused_and_the_stop_g
         assert len(_changes(env, "sweep")) == 1 and "preemption-cancelled" not in env.kinds("sweep")
         env.advance(600)
         assert env.job("sweep").incarnation == 2 and env.job("eval").status is JobState.RUNNING
+
+
+def test_the_stop_step_of_a_called_off_preemption_sends_nothing_though_another_preemption_chose_the_job_since(monkeypatch):
+    with emulation(policy=CEILINGS) as env:
+        answers = []
+
+        def released_then_chosen_again_under_a_stop_step() -> None:
+            # Given the stop step's read of the sweep in its first preemption
+            old = env.job("sweep")
+            # and, before it records its stop: the operator's release, then another
+            # preemption's mark (as if no protection held it)
+            ops.set_priority(_target(env), "sweep", "medium")
+            current = env.job("sweep")
+            env.store.transition(
+                current, current.with_changes(status=JobState.PREEMPTING, preempted_by="other", preempting_since=env.clock.now() + 1),
+                [JobState.RUNNING],
+            )
+            reads = iter([old])
+            real = actions._current
+            monkeypatch.setattr(actions, "_current", lambda store, job, inc: next(reads, None) or real(store, job, inc))
+            # When that stop step goes on
+            answers.append(actions.stop(store=env.store, runners=env.stack.deps().runners, job="sweep", incarnation=1, fresh=False, now=env.clock.now()))
+            monkeypatch.setattr(actions, "_current", real)
+            sweep = env.job("sweep")
+            run = env.stack.client("sagemaker").describe_training_job(TrainingJobName=sweep.run_name)
+            answers.append((sweep.status, sweep.preempted_by, sweep.stop_signal_at, run["TrainingJobStatus"]))
+
+        _sweep_then_eval(env, "Ask for a checkpoint", released_then_chosen_again_under_a_stop_step)
+        # Then it sends nothing and records nothing: the stop is the other preemption's to send
+        assert answers == [{"stopping": False, "reason": "released"}, (JobState.PREEMPTING, "other", None, "InProgress")]

@@ -438,9 +438,8 @@ def set_priority(target: Target, job: str, priority: str, note: str = "") -> dic
     team's ceiling (the stack's policy: raising the ceiling is a change of the policy, not of
     one job). Pending, the job is ranked at it; running, it is judged at it as a victim, and
     judges its own victims at it when it is relaunched. Raised while its preemption waits for
-    a checkpoint, the preemption is called off and the new cycle judges again (it may choose
-    the job again: a reclaim of borrowed quota does not look at priority); a stop already
-    sent goes on.
+    a checkpoint, the preemption is called off, the job is protected for one checkpoint wait
+    (`_release`), and the new cycle judges again; a stop already sent goes on.
 
     Written with its decision-log line (`priority-changed`, with the note) and the team's
     notice (published by reconcile within five minutes), conditional on the job as read:
@@ -522,18 +521,23 @@ def _release(target: Target, record: JobRecord, priority: int, now: float, line:
     """Raise a victim that waits for its checkpoint and call its preemption off, in one
     transaction conditional on the job as read: a stop claimed meanwhile (its workflow's stop
     step) moves the version, so this write is refused and the caller reads the job again.
-    Its workflow's stop step then finds it running and sends nothing (`actions.stop`)."""
+    Its workflow's stop step then finds it running and sends nothing (`actions.stop`).
+
+    It is protected for one checkpoint wait, as a victim spared after a checkpoint timeout
+    is: no other preemption chooses it while the called-off one's workflow still waits (its
+    wait began before this release), so that workflow's stop step can only find it released."""
+    until = now + target.settings.policy.for_pool(record.pool).checkpoint_wait_max_s
     why = f"its priority was raised to {priority} by the operator"
     lines = (
         line,
-        LogLine(record.name, now, "preemption-cancelled", "priority-raised", f"{why}; left running"),
+        LogLine(record.name, now, "preemption-cancelled", "priority-raised", f"{why}; left running, protected for {until - now:.0f} s"),
         LogLine(
             record.preempted_by, now, "victim-spared", "priority-raised",
             f"{record.name} was not stopped ({why}); the pool is planned again", {"victim": record.name},
         ),
     )
     new = record.with_changes(
-        priority=priority, status=JobState.RUNNING, preempted_by=None, preempting_since=None,
+        priority=priority, status=JobState.RUNNING, preempted_by=None, preempting_since=None, spared_until=until,
         stop_signal_at=None, stop_at_once=False, stop_reason=None,
     )
     target.store.transition(record, new, (JobState.PREEMPTING,), log=lines, notice=notice)

@@ -932,26 +932,34 @@ class JobsStore:
 
     def claim_stop(self, record: JobRecord, at: float) -> bool:
         """Record that this preemption's stop goes out now, before it is sent: the job still
-        PREEMPTING in its incarnation and no stop recorded since its preemption began. The
-        version moves, so a write decided on the job as read before (the operator's release
-        of a raised victim, `ops.set_priority`) is refused once the stop is on its way.
-        False when the condition does not hold: released, moved on, or claimed already."""
+        PREEMPTING in its incarnation, in the preemption `record` read (`preempting_since`),
+        and no stop recorded since it began. The version moves, so a write decided on the job
+        as read before (the operator's release of a raised victim, `ops.set_priority`) is
+        refused once the stop is on its way. False when the condition does not hold:
+        released (and perhaps chosen again since, by another preemption), moved on, or
+        claimed already."""
+        since = record.preempting_since
+        values = {
+            ":at": _to_attr(at),
+            ":preempting": {"S": JobState.PREEMPTING.value},
+            ":inc": _to_attr(record.incarnation),
+            ":zero": _to_attr(0),
+            ":one": _to_attr(1),
+        }
+        if since is None:  # a record written before `preempting_since` existed
+            this_preemption = "attribute_not_exists(preempting_since) AND attribute_not_exists(stop_signal_at)"
+        else:
+            this_preemption = "preempting_since = :since AND (attribute_not_exists(stop_signal_at) OR stop_signal_at < :since)"
+            values[":since"] = _to_attr(since)
         try:
             self._call(
                 "update_item",
                 TableName=self.table,
                 Key=job_key(record.name),
                 UpdateExpression="SET stop_signal_at = :at, #ver = if_not_exists(#ver, :zero) + :one",
-                ConditionExpression="#st = :preempting AND #inc = :inc AND (attribute_not_exists(stop_signal_at) OR stop_signal_at < :since)",
+                ConditionExpression=f"#st = :preempting AND #inc = :inc AND {this_preemption}",
                 ExpressionAttributeNames={"#st": "status", "#inc": "incarnation", "#ver": "version"},
-                ExpressionAttributeValues={
-                    ":at": _to_attr(at),
-                    ":preempting": {"S": JobState.PREEMPTING.value},
-                    ":inc": _to_attr(record.incarnation),
-                    ":since": _to_attr(record.preempting_since or 0.0),
-                    ":zero": _to_attr(0),
-                    ":one": _to_attr(1),
-                },
+                ExpressionAttributeValues=values,
             )
         except ConflictError:
             return False

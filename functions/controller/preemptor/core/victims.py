@@ -97,7 +97,7 @@ def protector(knobs: PoolPolicy, now: float) -> Callable[[RunningJob], Eligibili
             return Eligibility(None, Reason.STARVATION_GUARANTEE, "admitted after starving: runs to completion")
         if v.spared_until is not None and now < v.spared_until:
             return Eligibility(
-                None, Reason.RECENTLY_SPARED, f"spared after a checkpoint timeout, until {v.spared_until - now:.0f} s from now"
+                None, Reason.RECENTLY_SPARED, f"spared from its last preemption (a checkpoint timeout, a refused stop or a raised priority), until {v.spared_until - now:.0f} s from now"
             )
         if max_preemptions is not None and v.preemptions >= max_preemptions:
             return Eligibility(None, Reason.MAX_PREEMPTIONS_PROTECTED, f"preempted {v.preemptions} times (max_preemptions {max_preemptions})")

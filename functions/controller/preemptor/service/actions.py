@@ -161,6 +161,11 @@ def _log_request(store: JobsStore, job: str, at: float, reason: str, marker: str
     store.log(job, at, "checkpoint-requested", reason, f"marker written at {marker}", once=once)
 
 
+def _stop_recorded(record: JobRecord) -> bool:
+    """A stop is recorded for the job's current preemption (`JobsStore.claim_stop`)."""
+    return record.stop_signal_at is not None and record.stop_signal_at >= (record.preempting_since or 0.0)
+
+
 def stop(*, store: JobsStore, runners: dict[str, Runner], job: str, incarnation: int, fresh: bool, now: float) -> dict:
     """Stop the run of a job being preempted (or cancelled). Stopping twice is harmless."""
     record = _current(store, job, incarnation)
@@ -175,16 +180,19 @@ def stop(*, store: JobsStore, runners: dict[str, Runner], job: str, incarnation:
     # attempt's Lambda died after the claim) finds this preemption's claim and sends again,
     # harmlessly; the signal's time, which decides whether a checkpoint came during the
     # grace, stays the first.
-    signal_at = record.stop_signal_at
-    if signal_at is None or signal_at < (record.preempting_since or 0.0):
-        if not store.claim_stop(record, now):
-            current = _current(store, job, incarnation)
-            if current is not None and current.status is JobState.RUNNING and not current.preempted_by:
-                return {"stopping": False, "reason": "released"}
-            if current is None or current.status is not JobState.PREEMPTING or current.stop_signal_at is None:
-                return {"stopping": False, "reason": "not-running"}
-            record = current
-        signal_at = record.stop_signal_at if record.stop_signal_at and record.stop_signal_at >= (record.preempting_since or 0.0) else now
+    if _stop_recorded(record):
+        signal_at = record.stop_signal_at
+    elif store.claim_stop(record, now):
+        signal_at = now
+    else:
+        current = _current(store, job, incarnation)
+        if current is not None and current.status in (JobState.RUNNING, JobState.PREEMPTING) and current.preempting_since != record.preempting_since:
+            # Released, and perhaps chosen again since by another preemption, whose own
+            # workflow stops it: this one is over.
+            return {"stopping": False, "reason": "released"}
+        if current is None or current.status is not JobState.PREEMPTING or not _stop_recorded(current):
+            return {"stopping": False, "reason": "not-running"}
+        record, signal_at = current, current.stop_signal_at  # an earlier attempt's claim
     why = f"preempted by {record.preempted_by}" if record.preempted_by else "cancelled"
     try:
         runners[record.service].stop(record.run_id, f"preemptor: {why}")
