@@ -198,6 +198,21 @@ def test_ours_spare_on_timeout_leaves_the_victim_running_then_retries():
     assert job(result, "production").wait_s == pytest.approx(720.0)
 
 
+def test_ours_spared_victim_leaves_the_budget_as_the_controllers_does():
+    # Given the same, with a budget of one preemption per hour
+    spare = preemptor_policy(
+        Policy(on_checkpoint_timeout="spare", checkpoint_wait={"priority_weighted": False}, budget={"window_s": 3600, "max_preemptions": 1})
+    )
+    result = replay(
+        "mission.csv", "preemptor", gpus=8, cooperative_fraction=0.0, checkpoint_interval_s=(3600.0, 3600.0), sim_policy=spare
+    )
+    # Then the preemption given up at 3520 stopped nothing and left the budget: the retry
+    # at once is within it, and production waits no longer than without a budget
+    assert result.counters["victims_spared"] == 1
+    assert job(result, "experiment").preemptions == 1
+    assert job(result, "production").wait_s == pytest.approx(720.0)
+
+
 def test_a_victim_that_ends_before_its_checkpoint_simply_finishes(tmp_path):
     # Given an experiment that ends at 2950, 30 s after the critical job arrives
     trace = tmp_path / "t.csv"

@@ -279,3 +279,79 @@ def test_the_stop_step_of_a_called_off_preemption_sends_nothing_though_another_p
         _sweep_then_eval(env, "Ask for a checkpoint", released_then_chosen_again_under_a_stop_step)
         # Then it sends nothing and records nothing: the stop is the other preemption's to send
         assert answers == [{"stopping": False, "reason": "released"}, (JobState.PREEMPTING, "other", None, "InProgress")]
+
+
+def test_a_called_off_preemption_ends_at_its_next_check_and_never_acts_for_the_preemption_that_chose_the_job_since():
+    with emulation(policy=CEILINGS) as env:
+        chosen_again = []
+
+        def released_then_chosen_again() -> None:
+            # The operator calls the sweep's preemption off; then another preemption marks it
+            # (as if no protection held it) before the first one's workflow checks again
+            ops.set_priority(_target(env), "sweep", "medium")
+            current = env.job("sweep")
+            since = env.clock.now() + 1
+            env.store.transition(
+                current, current.with_changes(status=JobState.PREEMPTING, preempted_by="other", preempting_since=since), [JobState.RUNNING]
+            )
+            chosen_again.append(since)
+
+        # Given the sweep's preemption waiting for a checkpoint, released and chosen again meanwhile
+        _sweep_then_eval(env, "Ask for a checkpoint", released_then_chosen_again)
+        env.advance(900)
+        # Then the first preemption's workflow ended at its next check, called off: no stop,
+        # no confirmation of a checkpoint for the other preemption
+        [first] = env.executions("PreemptStateMachine")
+        states = env.states_visited(first["executionArn"])
+        assert first["status"] == "SUCCEEDED" and states[-3:] == ["Called off", "Schedule the pool", "Done"]
+        assert "Stop the run" not in states and states.count("Check the checkpoint again") == 1
+        sweep = env.job("sweep")
+        assert (sweep.status, sweep.preempted_by, sweep.incarnation) == (JobState.PREEMPTING, "other", 1)
+        assert sweep.preempting_since == chosen_again[0]
+        run = env.stack.client("sagemaker").describe_training_job(TrainingJobName=sweep.run_name)
+        assert (sweep.stop_signal_at, run["TrainingJobStatus"]) == (None, "InProgress")
+        assert not {"stop-requested", "checkpoint-confirmed"} & set(env.kinds("sweep"))
+        # And a late step of the first preemption (a retry, a slow Lambda) neither stops nor
+        # spares the job in the other one
+        control = env.stack.resources["JobControlFunction"]
+        old = {"job": "sweep", "incarnation": 1, "since": _first_mark(env)}
+        assert env.stack.invoke_lambda(control, {"action": "stop", "fresh": False, **old}) == {"stopping": False, "reason": "released"}
+        assert env.stack.invoke_lambda(control, {"action": "spare", **old}) == {"spared": False}
+        run = env.stack.client("sagemaker").describe_training_job(TrainingJobName=sweep.run_name)
+        assert env.job("sweep") == sweep and run["TrainingJobStatus"] == "InProgress"
+        assert [e["reason"] for e in env.store.history("sweep") if e["kind"] == "preemption-cancelled"] == ["priority-raised"]
+
+
+def _first_mark(env) -> float:
+    """When the sweep was first marked as a victim (its first preemption's identity)."""
+    return next(e["at"] for e in env.store.history("sweep") if e["kind"] == "preemption-started")
+
+
+def test_a_called_off_preemption_leaves_the_budget_so_its_preemptor_may_take_another_victim():
+    policy = {**CEILINGS, "budget": {"window_s": 3600, "max_preemptions": 1}}
+    with emulation(policy=policy) as env:
+        # Given two low research jobs of 32 GPUs sharing the pool, an hour's work at risk
+        # each, and a budget of one preemption per hour
+        for name in ("alpha", "beta"):
+            env.submit(name=name, team="research", priority="low", pool="p5", instances=4, duration=14400, checkpoint_every=7200)
+        env.advance(3600)
+        raised = []
+
+        def raise_the_victim() -> None:
+            [victim] = [j for j in ("alpha", "beta") if env.job(j).status is JobState.PREEMPTING]
+            raised.append(victim)
+            ops.set_priority(_target(env), victim, "medium")
+
+        # When production's medium job preempts one of them, and the operator raises that
+        # one while its preemption waits for a checkpoint
+        with when_a_step_returns(env, "preempt", "Ask for a checkpoint", raise_the_victim) as done:
+            env.submit(name="eval", team="production", priority="medium", pool="p5", instances=4, duration=1200)
+        assert done
+        env.advance(1800)
+        # Then the called-off preemption stopped nothing and left the budget: the next cycle
+        # preempted the other job within the same hour, and the budget counts that one only
+        [other] = {"alpha", "beta"} - set(raised)
+        assert (env.job(raised[0]).status, env.job(raised[0]).preemptions) == (JobState.RUNNING, 0)
+        assert env.job(other).preemptions == 1 and "launched" in env.kinds("eval")
+        assert "preemption-budget-exhausted" not in [e["reason"] for e in env.store.history("eval")]
+        assert [p.victim for p in env.store.preemptions_since("p5", env.clock.now() - 3600)] == [other]

@@ -156,6 +156,8 @@ def test_checkpoint_timeout_spares_the_victim_when_policy_says_so():
         assert env.job("prod").status is JobState.PENDING
         assert env.job("sweep").spared_until > env.clock.now()
         assert "preemption-cancelled" in env.kinds("sweep")
+        # And the preemption given up stopped nothing: the pool's budget no longer counts it
+        assert env.store.preemptions_since("p5", 0.0) == []
         # When the protection has run out and the scheduled reconcile starts the next cycle
         env.advance(60)
         env.stack.invoke_lambda("preemptor-ReconcileFunction", {})
@@ -164,6 +166,7 @@ def test_checkpoint_timeout_spares_the_victim_when_policy_says_so():
         sweep = env.job("sweep")
         assert sweep.preemptions == 1 and sweep.stops_without_fresh_checkpoint == 0
         assert env.job("prod").status is JobState.RUNNING
+        assert [p.victim for p in env.store.preemptions_since("p5", 0.0)] == ["sweep"]
 
 
 def test_two_concurrent_cycles_never_oversubscribe_the_pool():

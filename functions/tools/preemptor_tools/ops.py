@@ -540,4 +540,4 @@ def _release(target: Target, record: JobRecord, priority: int, now: float, line:
         priority=priority, status=JobState.RUNNING, preempted_by=None, preempting_since=None, spared_until=until,
         stop_signal_at=None, stop_at_once=False, stop_reason=None,
     )
-    target.store.transition(record, new, (JobState.PREEMPTING,), log=lines, notice=notice)
+    target.store.transition(record, new, (JobState.PREEMPTING,), log=lines, notice=notice, called_off=True)

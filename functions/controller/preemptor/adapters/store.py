@@ -167,6 +167,11 @@ def replace_version(record: JobRecord, version: int) -> JobRecord:
     return record.with_changes(version=version)
 
 
+def _preemption_key(pool: str, at: float, victim: str) -> dict:
+    """The key of a victim's preemption in its pool's budget window: its mark's time and name."""
+    return {"pk": {"S": f"POOL#{pool}"}, "sk": {"S": f"PREEMPT#{at:017.3f}#{victim}"}}
+
+
 def _preemption_item(p: PastPreemption) -> dict:
     """A preemption in its pool's budget window; it expires (TTL) once no window can reach it."""
     return _marshal(
@@ -714,6 +719,7 @@ class JobsStore:
         lease_owner: str | None = None,
         log: LogLine | tuple[LogLine, ...] = (),
         preemption: PastPreemption | None = None,
+        called_off: bool = False,
         ended_run: EndedRun | None = None,
         notice: Notice | None = None,
         reserved_by: str | None = None,
@@ -731,15 +737,17 @@ class JobsStore:
         `log`: the decision-log lines that tell the change (the job's, and its preemptor's),
         written with it. `preemption`: a victim's mark is counted in its pool's preemption
         budget in the same transaction (counted after it, a function that died in between left
-        the budget short of a preemption it had made). `ended_run`: the run's end is recorded
-        for its team's usage in the same transaction, and folded by `fold_ended_run` (folded
-        after the change, a function that died in between lost it: its retry finds the end
-        written). `notice`: the team's notice of the change, kept until it is published
-        (`notice_sent`; reconcile publishes what its writer did not). `reserved_by`: the
-        scheduling cycle admitting the job or marking it as a victim (its mark): recorded under
-        the pool in the same transaction, for the cycle to read back (`cycle_reservations`). A
-        transaction DynamoDB keeps cancelling for concurrent ones raises the retryable
-        TransactionConflict.
+        the budget short of a preemption it had made). `called_off`: `record`'s preemption ends
+        without a stop (called off, or given up with no stop taking effect): it leaves the
+        budget in the same transaction, having stopped nothing and lost nothing. `ended_run`:
+        the run's end is recorded for its team's usage in the same transaction, and folded by
+        `fold_ended_run` (folded after the change, a function that died in between lost it:
+        its retry finds the end written). `notice`: the team's notice of the change, kept until
+        it is published (`notice_sent`; reconcile publishes what its writer did not).
+        `reserved_by`: the scheduling cycle admitting the job or marking it as a victim (its
+        mark): recorded under the pool in the same transaction, for the cycle to read back
+        (`cycle_reservations`). A transaction DynamoDB keeps cancelling for concurrent ones
+        raises the retryable TransactionConflict.
         """
         expect = tuple(expect)
         for _ in range(3):
@@ -748,6 +756,9 @@ class JobsStore:
                 items.append(self._log_put(line))
             if preemption is not None:
                 items.append({"Put": {"TableName": self.table, "Item": _preemption_item(preemption)}})
+            if called_off and record.preempting_since is not None:
+                key = _preemption_key(record.pool, record.preempting_since, record.name)
+                items.append({"Delete": {"TableName": self.table, "Key": key}})
             if ended_run is not None:
                 items.append({"Put": {"TableName": self.table, "Item": _ended_run_item(ended_run)}})
             if notice is not None:

@@ -15,13 +15,19 @@ from .wiring import deps
 @metrics.log_metrics
 @step_input(CheckpointStep)
 def handler(step: CheckCheckpoint | RequestCheckpoint | NoteCheckpoint, context: LambdaContext) -> dict:
-    """Input {"action": "check", "job", "newer_than"?}, {"action": "request", "job", "reason"?,
-    "execution"?} or {"action": "note", "job"}."""
+    """Input {"action": "check", "job", "newer_than"?, "since"?}, {"action": "request", "job",
+    "reason"?, "execution"?} or {"action": "note", "job"}."""
     d = deps()
     now = clock.CLOCK.now()
     if isinstance(step, CheckCheckpoint):
         result = actions.check_checkpoint(
-            store=d.store, checkpoints=d.checkpoints, policy=d.settings.policy, job=step.job, now=now, newer_than=step.newer_than
+            store=d.store,
+            checkpoints=d.checkpoints,
+            policy=d.settings.policy,
+            job=step.job,
+            now=now,
+            newer_than=step.newer_than,
+            since=step.since,
         )
     elif isinstance(step, NoteCheckpoint):
         result = actions.note_newest_checkpoint(store=d.store, checkpoints=d.checkpoints, job=step.job, now=now)

@@ -40,10 +40,11 @@ def handler(step, context: LambdaContext) -> dict:
             if result.get("pool"):
                 emit("LaunchesGivenUp", 1, Pool=result["pool"])
             return result
-        case Stop(fresh=fresh):
-            if not fresh:
+        case Stop(fresh=fresh, since=since):
+            result = actions.stop(**common, runners=d.runners, fresh=fresh, now=now, since=since)
+            if result.get("stopping") and not fresh:
                 metrics.add_metric(name="StopsWithoutFreshCheckpoint", unit=MetricUnit.Count, value=1)
-            return actions.stop(**common, runners=d.runners, fresh=fresh, now=now)
+            return result
         case RunState():
             return actions.run_state(**common, runners=d.runners)
         case Requeue(fresh=fresh, phase=phase):
@@ -53,8 +54,8 @@ def handler(step, context: LambdaContext) -> dict:
             return _with_schedule(result, step, d.settings.settle_s)
         case Interrupt(reason=reason, execution=execution):
             return actions.interrupt(**common, reason=reason, now=now, execution=execution)
-        case Spare(why=why):
-            return actions.spare(**common, policy=d.settings.policy, why=why, now=now)
+        case Spare(why=why, since=since):
+            return actions.spare(**common, policy=d.settings.policy, why=why, now=now, since=since)
         case Finish(outcome=outcome, reason=reason):
             result = actions.finish(**common, policy=d.settings.policy, outcome=outcome, reason=reason, now=now, alerts=d.alerts)
             if result.get("reason") == "no-capacity":

@@ -43,9 +43,17 @@ class GiveUpLaunch(_JobStep):
     error: Reason
 
 
+# The preemption a step acts for: the time its victim was marked (`preempting_since`), which
+# the plan step hands on with the victim. A victim released and chosen again since is in
+# another preemption: a step of the earlier one neither stops nor spares it. None: a
+# workflow that names none (a spot interruption's, which is not called off).
+Since = Annotated[float, Field(ge=0)]
+
+
 class Stop(_JobStep):
     action: Literal["stop"]
     fresh: bool = True
+    since: Since | None = None
 
 
 class RunState(_JobStep):
@@ -69,6 +77,7 @@ class Spare(_JobStep):
     # Why the preemption is given up: no fresh checkpoint in time (the policy says spare),
     # or the stop was refused (IAM: the controller may not stop this run).
     why: Literal["checkpoint-timeout", "stop-refused"] = "checkpoint-timeout"
+    since: Since | None = None
 
 
 class Finish(_JobStep):
@@ -87,6 +96,7 @@ class CheckCheckpoint(_Step):
     action: Literal["check"]
     job: Name
     newer_than: float | None = None  # a spot interruption: only a checkpoint after it counts
+    since: Since | None = None  # the preemption it checks for (`Stop.since`)
 
 
 class RequestCheckpoint(_Step):

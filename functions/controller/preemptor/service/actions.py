@@ -81,12 +81,23 @@ def note_newest_checkpoint(*, store: JobsStore, checkpoints: CheckpointStore, jo
 
 
 def check_checkpoint(
-    *, store: JobsStore, checkpoints: CheckpointStore, policy: Policy, job: str, now: float, newer_than: float | None = None
+    *,
+    store: JobsStore,
+    checkpoints: CheckpointStore,
+    policy: Policy,
+    job: str,
+    now: float,
+    newer_than: float | None = None,
+    since: float | None = None,
 ) -> dict:
     """Is the newest checkpoint of `job` younger than the policy's limit? With `newer_than`
     (a spot interruption: the instance goes away anyway), only a checkpoint written after
-    that time counts."""
+    that time counts. With `since` (the preemption checked for): a job no longer in it
+    answers `released` (its preemption was called off or given up: its workflow waits no
+    more, stops nothing and plans the pool)."""
     record = store.require(job)
+    if _other_preemption(record, since):
+        return {"fresh": False, "age_s": None, "last_checkpoint_at": None, "released": True}
     max_age_s = policy.for_pool(record.pool).checkpoint_max_age_s
     at_once = newer_than is None and record.stop_at_once  # the plan said not to wait (issue 10)
     try:
@@ -166,10 +177,27 @@ def _stop_recorded(record: JobRecord) -> bool:
     return record.stop_signal_at is not None and record.stop_signal_at >= (record.preempting_since or 0.0)
 
 
-def stop(*, store: JobsStore, runners: dict[str, Runner], job: str, incarnation: int, fresh: bool, now: float) -> dict:
-    """Stop the run of a job being preempted (or cancelled). Stopping twice is harmless."""
+def _other_preemption(record: JobRecord | None, since: float | None) -> bool:
+    """The job, running or being preempted, is not in the preemption marked at `since` (the
+    step's own, handed on by the plan step): that one was called off (`ops.set_priority`) or
+    given up (`spare`), and the job was perhaps chosen again since by another, whose own
+    workflow acts on it. None: the step names no preemption."""
+    return (
+        since is not None
+        and record is not None
+        and record.status in (JobState.RUNNING, JobState.PREEMPTING)
+        and record.preempting_since != since
+    )
+
+
+def stop(
+    *, store: JobsStore, runners: dict[str, Runner], job: str, incarnation: int, fresh: bool, now: float, since: float | None = None
+) -> dict:
+    """Stop the run of a job being preempted (or cancelled). Stopping twice is harmless.
+    `since`: the preemption the step stops for (its mark's time); a job no longer in it is
+    not stopped (`_other_preemption`)."""
     record = _current(store, job, incarnation)
-    if record is not None and record.status is JobState.RUNNING and not record.preempted_by:
+    if _other_preemption(record, since) or (record is not None and record.status is JobState.RUNNING and not record.preempted_by):
         # Released while it waited for its checkpoint (the operator raised its priority:
         # `ops.set_priority`): no stop is sent; the pool is planned again.
         return {"stopping": False, "reason": "released"}
@@ -406,7 +434,9 @@ def _log_interruption(store: JobsStore, job: str, at: float, reason: str, execut
     store.log(job, at, "interruption", reason, "checkpoint requested; will stop and requeue", once=once)
 
 
-def spare(*, store: JobsStore, policy: Policy, job: str, incarnation: int, now: float, why: str = "checkpoint-timeout") -> dict:
+def spare(
+    *, store: JobsStore, policy: Policy, job: str, incarnation: int, now: float, why: str = "checkpoint-timeout", since: float | None = None
+) -> dict:
     """Give up a preemption: the victim could not checkpoint in time and the policy says
     spare (`checkpoint-timeout`), or its stop was refused (`stop-refused`: IAM lets the
     controller stop only the runs it launched, and a denial is not retried).
@@ -414,9 +444,10 @@ def spare(*, store: JobsStore, policy: Policy, job: str, incarnation: int, now: 
     The victim goes back to RUNNING, protected for one more checkpoint wait, so the next
     cycles do not pick it again at once (by then the checkpoint it was asked for has
     usually been written); its preemptor is planned again and may choose another victim.
+    `since`: the preemption given up (its mark's time); a job in another is left alone.
     """
     record = _current(store, job, incarnation)
-    if record is None or record.status is not JobState.PREEMPTING:
+    if record is None or record.status is not JobState.PREEMPTING or _other_preemption(record, since):
         return {"spared": False}
     until = now + policy.for_pool(record.pool).checkpoint_wait_max_s
     what = "no fresh checkpoint in time" if why == "checkpoint-timeout" else "its stop was refused"
@@ -436,6 +467,7 @@ def spare(*, store: JobsStore, policy: Policy, job: str, incarnation: int, now: 
             ),
             expect=[JobState.PREEMPTING],
             log=tuple(lines),
+            called_off=True,  # it stopped nothing: out of the preemption budget
         )
     except ConflictError:
         return {"spared": False}

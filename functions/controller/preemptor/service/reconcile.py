@@ -434,7 +434,13 @@ def _start_orphaned_preemption(store: JobsStore, workflows: WorkflowStarter, set
     else:
         return None
     payload = {
-        "victim": {"job": record.name, "incarnation": record.incarnation, "preemptor": record.preempted_by, "reason": "preemption"},
+        "victim": {
+            "job": record.name,
+            "incarnation": record.incarnation,
+            "preemptor": record.preempted_by,
+            "reason": "preemption",
+            "since": record.preempting_since,  # which preemption its steps act for (`actions.stop`)
+        },
         "settings": settings.policy.workflow_settings(record.pool),
         "pool": record.pool,
         "then": then,

@@ -319,6 +319,7 @@ def _victim_item(victim: JobRecord, preemptor: str, marked_at: float, lost_gpu_s
         "gpus": victim.gpus,
         "execution": execution,
         "then": then,
+        "since": marked_at,  # which preemption its workflow's steps act for (`actions.stop`)
     }
     if lost_gpu_seconds is not None:
         item["lost_gpu_seconds"] = round(lost_gpu_seconds, 3)

@@ -423,7 +423,16 @@ class Simulator:
                 job.awaits = False
                 job.running_view = None
                 self.counters["victims_spared"] += 1
+                self._forget_preemption(job)
                 self._dirty = True
+
+    def _forget_preemption(self, job: _Job) -> None:
+        """A spared victim stopped nothing: its preemption leaves the budget's window, as
+        the controller deletes its record (`JobsStore.transition`, `called_off`)."""
+        for i in range(len(self._history) - 1, -1, -1):
+            if self._history[i].victim == job.name:
+                del self._history[i]
+                return
 
     # ------------------------------------------------------------------ queue
 
