@@ -284,12 +284,28 @@ def test_the_operator_gives_a_job_another_priority_and_the_decision_log_tells_it
     assert status(capsys, local, "tokenizer-ablation")["priority"] == 500
 
 
+def test_a_team_lowers_its_own_job_and_may_not_raise_it(capsys, local):
+    # When research lowers its job (raised to high by the operator above) to low, as its team
+    code, result, err = cli(capsys, local, "lower", "tokenizer-ablation", "low", "--note", "after the demo")
+    assert code == 0 and result["event_id"] and (result["from"], result["to"]) == (500, 50), err
+    # Then the intake lowers it, and the decision log says the team did, and why
+    eventually(lambda: status(capsys, local, "tokenizer-ablation")["priority"] == 50, "tokenizer-ablation lowered")
+    code, entries, _ = cli(capsys, local, "history", "tokenizer-ablation")
+    line = [e for e in entries if e["kind"] == "priority-changed"][-1]
+    assert line["reason"] == "team" and "after the demo" in line["detail"]
+    # And raising it back is refused in one line, exit 2, before any event is sent
+    code, out, err = cli(capsys, local, "lower", "tokenizer-ablation", "high")
+    assert code == 2 and out is None
+    assert len(err.strip().splitlines()) == 1 and "not-a-lowering" in err
+    assert status(capsys, local, "tokenizer-ablation")["priority"] == 50
+
+
 # -- exit codes a script relies on -------------------------------------------------------------
 @pytest.mark.parametrize(
     "argv",
     [["status", "nobody"], ["explain", "nobody"], ["cancel", "nobody"], ["history", "nobody"], ["drain", "nowhere"],
-     ["priority", "nobody", "high"]],
-    ids=["status", "explain", "cancel", "history", "drain", "priority"],
+     ["priority", "nobody", "high"], ["lower", "nobody", "low"]],
+    ids=["status", "explain", "cancel", "history", "drain", "priority", "lower"],
 )
 def test_what_does_not_exist_exits_1(capsys, local, argv):
     code, out, err = cli(capsys, local, *argv)

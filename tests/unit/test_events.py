@@ -27,6 +27,7 @@ from preemptor.core.events import (
     Ignored,
     InstanceScheduledChange,
     JobCancelled,
+    JobPriorityLowered,
     JobSubmitted,
     RebalanceRecommendation,
     SpotInterruptionWarning,
@@ -39,7 +40,7 @@ from preemptor.core.events import (
 )
 from preemptor.core.errors import PreemptorError
 from preemptor.core.policy import DEFAULT_TIERS, Policy
-from preemptor.core.requests import resolve_priority
+from preemptor.core.requests import Refusal, resolve_priority
 
 from eventfiles import all_event_files, load_raw, relative_name
 
@@ -78,6 +79,7 @@ REBALANCE_NTH_AZ_ARN = (
 SUBMITTED_SAGEMAKER = "preemptor/job-submitted-sagemaker.json"
 SUBMITTED_BATCH = "preemptor/job-submitted-batch.json"
 CANCELLED = "preemptor/job-cancelled.json"
+LOWERED = "preemptor/job-priority-lowered.json"
 
 # What every file in events/ must parse to: a domain event class, or the reason code of
 # the EventRejected it must raise. A new sample without a row fails
@@ -124,6 +126,7 @@ EXPECTED: dict[str, type | str] = {
     "other/powertools__cloudWatchAlarmEventSingleMetric.json": "missing-field",
     # Ours
     CANCELLED: JobCancelled,
+    LOWERED: JobPriorityLowered,
     SUBMITTED_BATCH: JobSubmitted,
     SUBMITTED_SAGEMAKER: JobSubmitted,
     # SageMaker
@@ -835,6 +838,42 @@ def test_bad_job_cancellation_is_rejected(detail, reason):
     assert rejection(event).reason == reason
 
 
+def _lowered(detail: dict[str, Any]) -> dict[str, Any]:
+    event = sample(LOWERED)
+    event["detail"] = detail
+    return event
+
+
+def test_job_priority_lowered_sample():
+    # Given our lowering event, by tier name with a note / When it is parsed
+    event = parse_event(load_raw(LOWERED))
+    # Then the tier is resolved, and the team is the source's
+    assert (event.name, event.team, event.priority) == ("llm-pretrain-7b", "research", 50)
+    assert event.note == "the paper deadline moved to next month"
+    assert parse_event(_lowered({"name": "sweep-7", "priority": 120})).priority == 120
+
+
+@pytest.mark.parametrize(
+    ("detail", "reason"),
+    [
+        pytest.param({"priority": "low"}, "missing-field", id="no-name"),
+        pytest.param({"name": "sweep-7"}, "missing-field", id="no-priority"),
+        pytest.param({"name": "sweep-7", "priority": "lowest"}, "bad-value", id="unknown-tier"),
+        pytest.param({"name": "sweep-7", "priority": 1001}, "bad-value", id="out-of-range"),
+        pytest.param({"name": "sweep-7", "priority": True}, "bad-value", id="boolean"),
+        pytest.param({"name": "bad name!", "priority": 50}, "bad-value", id="invalid-name"),
+        pytest.param({"name": "sweep-7", "priority": 50, "pool": "p5"}, "bad-value", id="unexpected-key"),
+        pytest.param({"name": "sweep-7", "priority": 50, "note": "two\nlines"}, "bad-value", id="multi-line-note"),
+        pytest.param({"name": "sweep-7", "priority": 50, "note": "x" * 501}, "bad-value", id="long-note"),
+        pytest.param({"name": "sweep-7", "priority": 50, "note": 7}, "bad-value", id="note-not-text"),
+        pytest.param({"name": "sweep-7", "priority": 50, "team": "vision"}, Refusal.TEAM_MISMATCH.value, id="another-team"),
+    ],
+)
+def test_bad_job_priority_lowering_is_rejected(detail, reason):
+    # Given a team's lowering with a bad detail / When it is parsed / Then it is rejected, with why
+    assert rejection(_lowered(detail)).reason == reason
+
+
 # ----------------------------------------------------------------------- priorities
 
 
@@ -985,6 +1024,7 @@ _SOURCES_AND_TYPES = [
     ("preemptor", "Job Submitted"),
     ("preemptor.research", "Job Submitted"),
     ("preemptor.research", "Job Cancelled"),
+    ("preemptor.research", "Job Priority Lowered"),
     ("preemptor.research", "Job Paused"),
     ("aws.health", "AWS Health Event"),
 ]
@@ -1000,7 +1040,7 @@ _DETAIL_KEYS = [
     # EC2
     "instance-id", "instance_id", "instance-action",
     # ours
-    "name", "team", "priority", "pool", "service", "gpus", "instances", "request",
+    "name", "team", "priority", "note", "pool", "service", "gpus", "instances", "request",
     "checkpoint_s3_uri", "sla_s", "labels", "AlgorithmSpecification", "RoleArn",
     "OutputDataConfig", "StoppingCondition", "jobDefinition",
 ]

@@ -541,8 +541,9 @@ def test_a_teams_principal_may_submit_under_its_own_team_only(stack):
     def allowed(requests, team):
         return all(policies.decide("TeamSubmitPolicy", r).allowed for r in _as_team(requests, team))
 
-    # Given a principal of team nlp: it may submit and cancel as nlp
+    # Given a principal of team nlp: it may submit, cancel and lower its jobs as nlp
     assert allowed(put("preemptor.nlp"), "nlp") and allowed(put("preemptor.nlp", "Job Cancelled"), "nlp")
+    assert allowed(put("preemptor.nlp", "Job Priority Lowered"), "nlp")
     # but not as another team, not another kind of event, not on another bus, and not untagged
     assert not allowed(put("preemptor.vision"), "nlp")
     assert not allowed(put("preemptor.nlp", "Job Succeeded"), "nlp")

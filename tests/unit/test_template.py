@@ -70,7 +70,7 @@ INTAKE_RULES = {
         "detail-type": ["AWS Health Event"],
         "detail": {"service": ["EC2"], "eventTypeCategory": ["scheduledChange"]},
     },
-    "PreemptorJobEvents": {"source": [{"prefix": "preemptor."}], "detail-type": ["Job Submitted", "Job Cancelled"]},
+    "PreemptorJobEvents": {"source": [{"prefix": "preemptor."}], "detail-type": ["Job Submitted", "Job Cancelled", "Job Priority Lowered"]},
     "CheckpointObjectCreated": {
         "source": ["aws.s3"],
         "detail-type": ["Object Created"],

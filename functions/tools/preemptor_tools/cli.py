@@ -158,6 +158,12 @@ def _parser() -> argparse.ArgumentParser:
     priority.add_argument("--note", type=argtypes.note, default="", help="why (in the decision log and the team's notice)")
     _add_target_options(priority)
 
+    lower = sub.add_parser("lower", help="lower a job's priority as its team (a Job Priority Lowered event; never raises)")
+    lower.add_argument("job")
+    lower.add_argument("priority", help="an integer 0..1000 or one of the stack's tier names, below the job's")
+    lower.add_argument("--note", type=argtypes.note, default="", help="why (in the decision log and the team's notice)")
+    _add_target_options(lower)
+
     redrive = sub.add_parser("redrive", help="hand the events of the dead-letter queue back to their functions")
     redrive.add_argument("--dry-run", action="store_true", help="only list what would be redriven; the queue is left as it is")
     redrive.add_argument("--limit", type=argtypes.positive_int, help="at most N messages")
@@ -218,6 +224,7 @@ def _dispatch(args) -> int:
         "drain": _drain,
         "undrain": _drain,
         "priority": _priority,
+        "lower": _lower,
         "redrive": _redrive,
         "local": _local,
     }
@@ -467,6 +474,19 @@ def _priority(args) -> int:
             else "; the stop already sent goes on" if result["state"] == "PREEMPTING" else ""
         )
         print(f"{args.job}: priority {result['from']} -> {result['to']} ({result['state']}){going_on}{then}")
+    return EXIT_OK
+
+
+def _lower(args) -> int:
+    from . import ops
+
+    result = ops.lower(_target(args), args.job, args.priority, args.note)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    elif result["event_id"] is None:
+        print(f"{args.job}: priority is {result['to']} already ({result['state']}): nothing sent")
+    else:
+        print(f"{args.job}: lowering {result['from']} -> {result['to']} sent as team event {result['event_id']} ({result['state']})")
     return EXIT_OK
 
 

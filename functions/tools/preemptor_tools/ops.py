@@ -385,6 +385,33 @@ def cancel(target: Target, job: str) -> dict:
     return {"job": job, "state": record.status.value, "event_id": event_id, "note": "cancel requested"}
 
 
+def lower(target: Target, job: str, priority: str, note: str = "") -> dict:
+    """Lower `job`'s priority as its team (a "Job Priority Lowered" event): a team may lower
+    its own jobs, never raise them (`preemptor priority` is the operator's). Checked here
+    first, so a mistake is said at once rather than found in the intake's log; the intake
+    checks again, on the job as it is then, and writes the change (`priority-changed`,
+    reason `team`), and a cycle of the pool plans it."""
+    record = target.store.get(job)
+    if record is None:
+        raise NotFound(f"{job}: no such job")
+    try:
+        value = resolve_priority(priority, target.settings.policy.tiers)
+    except ValueError as e:
+        raise BadInput(f"bad-priority: {e}") from None
+    if record.status.is_terminal:
+        raise BadInput(f"{job}: already ended ({record.status.value}): it has no priority to change")
+    result = {"job": job, "from": record.priority, "to": value, "state": record.status.value, "note": note or None}
+    if value == record.priority:
+        return result | {"event_id": None}
+    if value > record.priority:
+        raise BadInput(
+            f"not-a-lowering: {job} has priority {record.priority}; its team may only lower it, and {value} is higher "
+            "(raising is the operator's: preemptor priority)"
+        )
+    detail = {"name": job, "priority": value} | ({"note": note} if note else {})
+    return result | {"event_id": put_event(target, record.team, "Job Priority Lowered", json.dumps(detail))}
+
+
 def wait_for(
     target: Target,
     job: str,

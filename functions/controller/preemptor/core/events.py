@@ -4,7 +4,8 @@
 the raw JSON text (or the dict Lambda already decoded) and returns one of:
 
 * a domain event (`TrainingJobStateChanged`, `BatchJobStateChanged`,
-  `SpotInterruptionWarning`, `RebalanceRecommendation`, `JobSubmitted`, `JobCancelled`),
+  `SpotInterruptionWarning`, `RebalanceRecommendation`, `JobSubmitted`, `JobCancelled`,
+  `JobPriorityLowered`),
 * `Ignored` for a well-formed event the controller does not act on,
 
 or raises `EventRejected` with a short machine-readable reason. Nothing else escapes:
@@ -14,10 +15,11 @@ The parser is deliberately lenient where AWS's own samples disagree with each ot
 (time formats, where the EC2 instance id lives) and strict where a wrong guess would
 make the scheduler act wrongly (job status values, our own job requests).
 
-Our own events ("Job Submitted", "Job Cancelled") come from a team: their source is
-`preemptor.<team>`, and a team's principals may put events on the stack's bus only under
-their own source (the `events:source` IAM condition, README). So the team is read from the
-source, never from the detail: a detail whose `team` names another team is rejected.
+Our own events ("Job Submitted", "Job Cancelled", "Job Priority Lowered") come from a team:
+their source is `preemptor.<team>`, and a team's principals may put events on the stack's
+bus only under their own source (the `events:source` IAM condition, README). So the team is
+read from the source, never from the detail: a detail whose `team` names another team is
+rejected.
 
 Pure: stdlib, pydantic and the rest of `core` only.
 """
@@ -242,6 +244,16 @@ class JobCancelled(_Event):
     team: str
 
 
+class JobPriorityLowered(_Event):
+    """A team (`team`, from the source) lowered one of its jobs' priority (our own event):
+    a team may only lower it; raising a job is the platform's (`preemptor priority`)."""
+
+    name: str
+    team: str
+    priority: int
+    note: str
+
+
 @dataclass(frozen=True, slots=True)
 class AdoptionTags:
     """What the tags of a run launched outside the controller claim about it.
@@ -277,6 +289,7 @@ DomainEvent = (
     | AlarmStateChanged
     | JobSubmitted
     | JobCancelled
+    | JobPriorityLowered
     | Ignored
 )
 
@@ -859,10 +872,37 @@ def _job_cancelled(
     return JobCancelled(**envelope.common(), name=name, team=team)
 
 
+NOTE_MAX = 500  # characters of a team's note on its change (it rides in a log line and a notice)
+
+
+def _job_priority_lowered(
+    envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int], team: str
+) -> JobPriorityLowered:
+    unexpected = sorted(str(key) for key in envelope.detail if key not in ("name", "team", "priority", "note"))
+    if unexpected:
+        raise EventRejected("bad-value", f"detail: unexpected keys {', '.join(unexpected)}")
+    name = detail.required_str("name")
+    try:
+        validate_job_name(name)
+    except ValueError as error:
+        raise EventRejected("bad-value", f"detail.name: {error}") from error
+    if "priority" not in envelope.detail:
+        raise EventRejected("missing-field", "detail.priority is missing")
+    try:
+        priority = resolve_priority(envelope.detail["priority"], tiers)
+    except ValueError as error:
+        raise EventRejected("bad-value", f"detail.priority: {error}") from error
+    note = envelope.detail.get("note", "")
+    if not isinstance(note, str) or len(note) > NOTE_MAX or not note.isprintable():
+        raise EventRejected("bad-value", f"detail.note must be one line of printable text of at most {NOTE_MAX} characters")
+    return JobPriorityLowered(**envelope.common(), name=name, team=team, priority=priority, note=note)
+
+
 # Our own events, by detail-type under any `preemptor.<team>` source; they get the team.
 _OWN_PARSERS: Mapping[str, Callable[[_Envelope, _Fields, Mapping[str, int], str], DomainEvent]] = {
     "Job Submitted": _job_submitted,
     "Job Cancelled": _job_cancelled,
+    "Job Priority Lowered": _job_priority_lowered,
 }
 
 # Every parser takes the tiers so the table stays uniform; none of AWS's events use them.

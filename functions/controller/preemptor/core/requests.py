@@ -247,7 +247,8 @@ class JobRequest(BaseModel):
 
 
 class Refusal(StrEnum):
-    """Why a well-formed submission, cancel or adoption is refused (logged, counted, returned)."""
+    """Why a well-formed submission, cancel, priority change or adoption is refused (logged,
+    counted, returned)."""
 
     TEAM_MISMATCH = "team-mismatch"  # the detail names a team other than the sender's source
     UNKNOWN_TEAM = "unknown-team"  # `teams` is configured and does not list the team
@@ -256,7 +257,8 @@ class Refusal(StrEnum):
     SET_BY_POOL = "set-by-pool"  # the request sets what the pool or the controller decides
     NOT_ALLOWED = "not-allowed"  # a field, job definition or image the pool does not allow
     BAD_DEMAND = "bad-demand"  # GPUs or instances misstated, another pool's instance type
-    NOT_YOUR_JOB = "not-your-job"  # a cancel from another team
+    NOT_YOUR_JOB = "not-your-job"  # a cancel or a priority change from another team
+    NOT_A_LOWERING = "not-a-lowering"  # a team's priority change that does not lower: raising is the platform's
     BAD_TAG = "bad-tag"  # an adoption tag that is malformed or out of bounds
 
 

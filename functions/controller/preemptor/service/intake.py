@@ -7,7 +7,7 @@ matched to a job and incarnation; an event about an older incarnation is stale a
 It is also the trust boundary. A submission or a cancel acts for the team of its source
 (`preemptor.<team>`): the team must be configured (when `teams` is), the priority within its
 ceiling, and the service call is built from the pool's allow-list (`core.requests.
-admit_request`); a cancel stops only the team's own jobs. A run launched outside the
+admit_request`); a cancel stops, and a priority change lowers, only the team's own jobs. A run launched outside the
 controller is adopted only if its tags are well-formed and within the same bounds, and is a
 victim only if the controller may stop it. Every refusal is a "rejected" result whose reason
 starts with a stable code (a `Refusal`), which the handler logs and counts.
@@ -27,9 +27,9 @@ from ..adapters.store import JobsStore, LogLine
 from ..adapters.workflows import WorkflowStarter, execution_name, settled_schedule
 from ..config import Settings
 from ..core import events as ev
-from ..core.errors import CheckpointLocationUnavailable, ConflictError, PreemptorError
+from ..core.errors import CheckpointLocationUnavailable, ConflictError, PreemptorError, TransactionConflict
 from ..core.jobs import JobRecord
-from ..core.model import JobState
+from ..core.model import JobState, Notice
 from ..core.requests import Refusal, RequestRefused, admit_request
 from ..core.s3uri import S3Uri
 from . import actions, escalation
@@ -115,6 +115,8 @@ class Intake:
             return self._submitted(event, now)
         if isinstance(event, ev.JobCancelled):
             return self._cancelled(event, now)
+        if isinstance(event, ev.JobPriorityLowered):
+            return self._priority_lowered(event, now)
         if isinstance(event, ev.TrainingJobStateChanged):
             return self._run_changed(
                 event, "sagemaker", event.training_job_name, event.status, SAGEMAKER_OUTCOMES, now
@@ -265,6 +267,48 @@ class Intake:
         # PREEMPTING (stopped, never relaunched): `actions.cancel`.
         result = actions.cancel(store=self.store, runners=self.runners, job=record.name, now=now)
         return IntakeResult(result["outcome"], result["reason"], event.name)
+
+    def _priority_lowered(self, event: "ev.JobPriorityLowered", now: float) -> IntakeResult:
+        """A team lowers one of its own jobs' priority (Slurm's `nice` for owners): a sweep
+        that is no longer urgent makes way, and may become a victim of the team's other work.
+        Lowering only: a higher priority is the platform's to give (`preemptor priority`),
+        as a submission's is bounded by the team's ceiling. Written as the operator's change
+        is (`JobsStore.set_priority`: the `priority-changed` line and the team's notice, in
+        one transaction conditional on the job as read; read again if the controller
+        changed it meanwhile), then a cycle of its pool plans it. A job being stopped goes
+        on being stopped."""
+        for _ in range(3):
+            record = self.store.get(event.name)
+            if record is None:
+                return IntakeResult("ignored", f"unknown job {event.name}", event.name)
+            if record.team != event.team:
+                return self._refuse(
+                    Refusal.NOT_YOUR_JOB, f"job {event.name} belongs to team {record.team!r}, not {event.team!r}", event.name
+                )
+            if record.status.is_terminal:
+                return IntakeResult("ignored", f"job {event.name} already ended ({record.status.value})", event.name)
+            was, value = record.priority, event.priority
+            if value == was:
+                return IntakeResult("ignored", f"job {event.name} already has priority {value}", event.name)
+            if value > was:
+                return self._refuse(
+                    Refusal.NOT_A_LOWERING,
+                    f"team {event.team!r} may only lower job {event.name}'s priority ({was} -> {value}); "
+                    "raising it is the platform's (preemptor priority)",
+                    event.name,
+                )
+            tier = self.settings.policy.tier_of(value)
+            detail = f"priority {was} -> {value} ({tier}), lowered by team {event.team}" + (f": {event.note}" if event.note else "")
+            line = LogLine(record.name, now, "priority-changed", "team", detail, {"from": was, "to": value})
+            subject = f"Preemptor: job {record.name} now has priority {value} (was {was})"
+            message = {"pool": record.pool, "from": was, "to": value, "state": record.status.value, "note": event.note, "by": "team"}
+            notice = Notice(record.pool, now, "priority-changed", record.name, record.team, subject, message)
+            try:
+                self.store.set_priority(record, value, line, notice)
+            except ConflictError:
+                continue  # the controller changed it meanwhile: read again, judge again
+            return self._settled(record.pool, event.event_id, "accepted", f"priority {was} -> {value}", record.name, now)
+        raise TransactionConflict(f"job {event.name} kept changing while its priority was lowered")
 
     # -- SageMaker and Batch runs --------------------------------------------------------
     def _run_changed(self, event, service: str, run_id: str, status: str, outcomes: dict, now: float) -> IntakeResult:

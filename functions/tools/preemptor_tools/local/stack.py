@@ -528,7 +528,7 @@ class EmulatedStack:
 
     @property
     def submission_bus(self) -> str:
-        """The stack's own event bus, where teams put "Job Submitted" and "Job Cancelled"."""
+        """The stack's own event bus, where teams put "Job Submitted", "Job Cancelled" and "Job Priority Lowered"."""
         return self.resources["SubmissionBus"]
 
     def sender_bus(self, event: dict) -> str:

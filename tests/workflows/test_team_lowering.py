@@ -1,0 +1,114 @@
+"""A team lowers one of its own jobs' priority ("Job Priority Lowered"), on the emulated stack.
+
+The platform decides priority: a team submits within its ceiling, and only the operator
+raises a job afterwards (`preemptor priority`). Lowering is the team's own: a sweep that is
+no longer urgent makes way for the team's other work, as Slurm's `nice` lets an owner do.
+The intake takes the team from the event's source and refuses a raise, another team's job,
+and a malformed detail; whatever it refuses, it writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from emulation import emulation
+from iam_policy import StackPolicies
+from notice_queues import received, subscribe
+
+from preemptor.core.model import JobState
+from preemptor_tools import ops
+from preemptor_tools.local import server
+
+
+def _target(env) -> ops.Target:
+    stack = env.stack
+    return ops.Target(stack.stack_name, server.stack_outputs(stack), dict(stack.parameters), stack.session, clock=env.clock.now)
+
+
+def _lowering(env, team: str, detail: dict) -> dict:
+    """The team's event, put on the submission bus as its principals put it; the intake's answer."""
+    event = {
+        "version": "0",
+        "id": str(uuid.uuid4()),
+        "detail-type": "Job Priority Lowered",
+        "source": f"preemptor.{team}",
+        "account": "123456789012",
+        "time": "2026-12-06T12:00:00Z",
+        "region": env.stack.region,
+        "resources": [],
+        "detail": detail,
+    }
+    [result] = env.put(json.loads(json.dumps(event))).results
+    return result
+
+
+def test_a_team_lowers_its_running_sweep_and_its_own_waiting_job_preempts_it():
+    with emulation() as env:
+        research = subscribe(env, "research-notices", {"team": ["research"]})
+        # Given research's high sweep holding the pool, and research's medium eval waiting
+        # behind it (a job never preempts a higher priority)
+        env.submit(name="sweep", team="research", priority="high", pool="p5", instances=8, duration=14400, checkpoint_every=300)
+        env.advance(600)
+        env.submit(name="eval", team="research", priority="medium", pool="p5", instances=8, duration=1200)
+        env.advance(300)
+        assert env.job("eval").status is JobState.PENDING and env.job("sweep").status is JobState.RUNNING
+        # When research lowers the sweep to low, saying why
+        result = _lowering(env, "research", {"name": "sweep", "priority": "low", "note": "the paper deadline moved"})
+        assert (result["outcome"], result["reason"]) == ("accepted", "priority 500 -> 50") and result["workflow"]
+        # Then the sweep is low at once, and its decision log says who lowered it and why
+        assert env.job("sweep").priority == 50
+        [line] = [e for e in env.store.history("sweep") if e["kind"] == "priority-changed"]
+        assert line["reason"] == "team" and "500 -> 50 (low), lowered by team research" in line["detail"]
+        assert "the paper deadline moved" in line["detail"] and line["extra"] == {"from": 500, "to": 50}
+        # And a cycle of the pool planned it: eval preempts the sweep and runs
+        env.advance(900)
+        assert "launched" in env.kinds("eval") and env.job("sweep").preemptions == 1
+        # And research is told (reconcile publishes the notices their writers left)
+        env.stack.invoke_lambda(env.stack.resources["ReconcileFunction"], {})
+        env.stack.drain()
+        [notice] = [n for n in received(env, research) if n["attributes"]["kind"] == "priority-changed"]
+        assert (notice["message"]["from"], notice["message"]["to"], notice["message"]["by"]) == (500, 50, "team")
+        # And every call the stack made for it was one its functions' roles may make
+        assert StackPolicies.of(env.stack).denials(env.stack.calls.calls) == []
+
+
+def test_what_a_team_may_not_change_is_refused_with_a_reason_and_nothing_is_written():
+    with emulation() as env:
+        # Given research's medium job running
+        env.submit(name="sweep", team="research", priority="medium", pool="p5", instances=4, duration=14400)
+        env.advance(300)
+        before, cycles = env.job("sweep"), len(env.executions("ScheduleStateMachine"))
+        # When research asks for a higher priority, then vision lowers research's job
+        raised = _lowering(env, "research", {"name": "sweep", "priority": "critical"})
+        foreign = _lowering(env, "vision", {"name": "sweep", "priority": "low"})
+        # Then both are refused, each with its stable code and the why
+        assert raised["outcome"] == "rejected" and raised["reason"].startswith("not-a-lowering: ")
+        assert "raising it is the platform's" in raised["reason"]
+        assert foreign["outcome"] == "rejected" and foreign["reason"] == "not-your-job: job sweep belongs to team 'research', not 'vision'"
+        # And a malformed detail is refused by the parser: the team is the source's, not the detail's
+        spoofed = _lowering(env, "vision", {"name": "sweep", "priority": "low", "team": "research"})
+        assert spoofed["outcome"] == "rejected" and spoofed["reason"].startswith("team-mismatch")
+        # And a lowering to the priority it has, or of a job that does not exist, changes nothing
+        assert _lowering(env, "research", {"name": "sweep", "priority": 200})["outcome"] == "ignored"
+        assert _lowering(env, "research", {"name": "nobody", "priority": 0})["outcome"] == "ignored"
+        # And nothing was written, and no cycle started
+        assert env.job("sweep") == before and "priority-changed" not in env.kinds("sweep")
+        assert len(env.executions("ScheduleStateMachine")) == cycles
+
+
+def test_the_cli_says_what_it_will_not_send_in_one_line_before_any_event():
+    with emulation() as env:
+        env.submit(name="sweep", team="research", priority="medium", pool="p5", instances=4, duration=14400)
+        target = _target(env)
+        for priority, code in (("high", "not-a-lowering"), ("lowest", "bad-priority")):
+            try:
+                ops.lower(target, "sweep", priority)
+            except ops.BadInput as e:
+                assert str(e).startswith(f"{code}: "), e
+            else:
+                raise AssertionError(f"lowering to {priority} was sent")
+        assert ops.lower(target, "sweep", "medium") == {
+            "job": "sweep", "from": 200, "to": 200, "state": "RUNNING", "note": None, "event_id": None,
+        }
+        assert "priority-changed" not in env.kinds("sweep")
