@@ -309,3 +309,34 @@ def test_a_victim_marked_by_a_step_that_lost_its_answer_is_counted_once_in_the_b
         # not after it, where the failed attempt never got to)
         [counted] = deps.store.preemptions_since("p5", now - 3600)
         assert (counted.victim, counted.gpus, counted.at) == ("sweep", 64, now)
+
+
+def test_a_preemption_started_without_the_victims_mark_time_still_stops_and_requeues_it():
+    # An execution of an earlier schedule definition, in flight while the stack is updated,
+    # starts the preemption without `since`: it names no preemption, and its steps act on
+    # the job as they read it, as they did before
+    import json
+
+    with emulation() as env:
+        # Given a low job marked as a victim by a cycle whose own workflow never started
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
+        env.advance(600)
+        _held_back(env)
+        env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1800)
+        env.store.set_drained("p5", False, env.clock.now())
+        deps = env.stack.deps()
+        cycle = scheduling.plan_cycle(store=deps.store, settings=deps.settings, pool_name="p5", owner="old", now=env.clock.now())
+        [item] = cycle.to_dict()["preemptions"]
+        # When its preemption is started as an earlier definition of the schedule workflow did
+        victim = {"job": item["job"], "incarnation": item["incarnation"], "preemptor": item["preemptor"], "reason": "preemption"}
+        payload = {"victim": victim, "settings": deps.settings.policy.workflow_settings("p5"), "pool": "p5", "then": item["then"]}
+        sfn = env.stack.client("stepfunctions")
+        arn = env.stack.resources["PreemptStateMachine"]
+        run = sfn.start_execution(stateMachineArn=arn, name=item["execution"], input=json.dumps(payload))
+        env.stack.drain()
+        env.advance(600)
+        # Then it confirms the checkpoint, stops and requeues the sweep, and prod runs
+        assert sfn.describe_execution(executionArn=run["executionArn"])["status"] == "SUCCEEDED"
+        assert env.states_visited(run["executionArn"])[:2] == ["Does it name its preemption?", "Name no preemption"]
+        assert env.job("sweep").preemptions == 1 and "requeued" in env.kinds("sweep")
+        assert "launched" in env.kinds("prod")
