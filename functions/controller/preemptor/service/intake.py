@@ -275,8 +275,8 @@ class Intake:
         as a submission's is bounded by the team's ceiling. Written as the operator's change
         is (`JobsStore.set_priority`: the `priority-changed` line and the team's notice, in
         one transaction conditional on the job as read; read again if the controller
-        changed it meanwhile), then a cycle of its pool plans it. A job being stopped goes
-        on being stopped."""
+        changed it meanwhile); the notice is published at once, and a cycle of its pool
+        plans the change. A job being stopped goes on being stopped."""
         for _ in range(3):
             record = self.store.get(event.name)
             if record is None:
@@ -307,6 +307,7 @@ class Intake:
                 self.store.set_priority(record, value, line, notice)
             except ConflictError:
                 continue  # the controller changed it meanwhile: read again, judge again
+            actions.announce(self.store, self.alerts, notice)  # one SNS refused: reconcile publishes it
             return self._settled(record.pool, event.event_id, "accepted", f"priority {was} -> {value}", record.name, now)
         raise TransactionConflict(f"job {event.name} kept changing while its priority was lowered")
 
