@@ -4,12 +4,12 @@ Events arrive at least once and in any order. Each one is parsed (malformed or u
 events are rejected or ignored with a reason, never raised), deduplicated by its id, and
 matched to a job and incarnation; an event about an older incarnation is stale and ignored.
 
-It is also the trust boundary. A submission or a cancel acts for the team of its source
-(`preemptor.<team>`): the team must be configured (when `teams` is), the priority within its
-ceiling, and the service call is built from the pool's allow-list (`core.requests.
-admit_request`); a cancel stops, and a priority change lowers, only the team's own jobs. A run launched outside the
-controller is adopted only if its tags are well-formed and within the same bounds, and is a
-victim only if the controller may stop it. Every refusal is a "rejected" result whose reason
+It is also the trust boundary. A submission, a cancel or a lowering acts for the team of its
+source (`preemptor.<team>`): the team must be configured (when `teams` is), the priority
+within its ceiling, and the service call is built from the pool's allow-list
+(`core.requests.admit_request`); a cancel stops, and a lowering lowers (never raises), only
+the team's own jobs. A run launched outside the controller is adopted only if its tags are
+well-formed and within the same bounds, and is a victim only if the controller may stop it. Every refusal is a "rejected" result whose reason
 starts with a stable code (a `Refusal`), which the handler logs and counts.
 """
 
