@@ -35,6 +35,14 @@ class Emulation:
     def elapsed(self) -> float:
         return self.clock.now() - START
 
+    def operator(self):
+        """What the CLI's commands act on (`preemptor_tools.ops.Target`): this stack, on its clock."""
+        from preemptor_tools import ops
+        from preemptor_tools.local import server
+
+        stack = self.stack
+        return ops.Target(stack.stack_name, server.stack_outputs(stack), dict(stack.parameters), stack.session, clock=self.clock.now)
+
     def submit(self, **job) -> dict:
         """Submit a job (ScenarioJob fields; submit_at defaults to now) through the bus."""
         routed = self.submit_nowait(**job)

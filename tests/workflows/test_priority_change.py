@@ -18,18 +18,12 @@ from preemptor.core.errors import AccessDenied
 from preemptor.core.model import JobState
 from preemptor.service import actions
 from preemptor_tools import ops
-from preemptor_tools.local import server
 
 CEILINGS = {"teams": {"research": {"max_priority": "medium"}, "production": {}}}
 
 
-def _target(env) -> ops.Target:
-    stack = env.stack
-    return ops.Target(stack.stack_name, server.stack_outputs(stack), dict(stack.parameters), stack.session, clock=env.clock.now)
-
-
 def _set(env, job: str, priority: str, note: str = "") -> dict:
-    result = ops.set_priority(_target(env), job, priority, note)
+    result = ops.set_priority(env.operator(), job, priority, note)
     env.stack.drain()
     return result
 
@@ -63,7 +57,7 @@ def test_a_waiting_job_raised_by_the_operator_preempts_at_once_and_its_team_is_t
         assert line["reason"] == "operator" and "priority 50 -> 1000 (critical)" in line["detail"] and "incident 4711" in line["detail"]
         assert line["extra"] == {"from": 50, "to": 1000}
         # And explain tells it
-        answer = ops.explain(_target(env), "fix")
+        answer = ops.explain(env.operator(), "fix")
         assert answer["priority_changes"] == [{"at": line["at"], "from": 50, "to": 1000, "detail": line["detail"]}]
         assert f"priority changed at {time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(line['at']))}: {line['detail']}" in answer["text"]
         # And production is told, by reconcile, which publishes the notices their writers left
@@ -134,7 +128,7 @@ def test_a_job_the_controller_changed_since_it_was_read_is_read_again_and_change
         assert stale.status is JobState.PENDING
         env.advance(900)
         assert env.job("next").status is JobState.RUNNING
-        target = _target(env)
+        target = env.operator()
         reads = iter([stale])
         real_get = target.store.get
         monkeypatch.setattr(target.store, "get", lambda name: next(reads, None) or real_get(name))
@@ -185,7 +179,7 @@ def test_a_victim_raised_while_its_preemption_waits_for_a_checkpoint_is_not_stop
         results = []
         # Given the sweep chosen as eval's victim, its stop waiting for a checkpoint; When the
         # operator raises it to eval's priority then
-        _sweep_then_eval(env, "Ask for a checkpoint", lambda: results.append(ops.set_priority(_target(env), "sweep", "medium", "results due today")))
+        _sweep_then_eval(env, "Ask for a checkpoint", lambda: results.append(ops.set_priority(env.operator(), "sweep", "medium", "results due today")))
         # Then its preemption is called off at once: it runs on, at its new priority
         [result] = results
         assert (result["changed"], result["preemption_called_off"], result["state"]) == (True, True, "PREEMPTING")
@@ -212,7 +206,7 @@ def test_a_victim_raised_once_its_stop_was_sent_is_stopped_and_relaunched_at_its
     with emulation(policy=CEILINGS) as env:
         results = []
         # Given the sweep's stop sent (its wait ran out); When the operator raises it then
-        _sweep_then_eval(env, "Stop the run", lambda: results.append(ops.set_priority(_target(env), "sweep", "medium")))
+        _sweep_then_eval(env, "Stop the run", lambda: results.append(ops.set_priority(env.operator(), "sweep", "medium")))
         # Then the stop goes on: it is requeued, and waits at its new priority
         [result] = results
         assert (result["changed"], result["preemption_called_off"], result["state"]) == (True, False, "PREEMPTING")
@@ -226,7 +220,7 @@ def test_a_victim_raised_once_its_stop_was_sent_is_stopped_and_relaunched_at_its
 def test_a_release_decided_before_the_stop_was_claimed_is_refused_and_the_stop_goes_on(monkeypatch):
     with emulation(policy=CEILINGS) as env:
         results = []
-        target = _target(env)
+        target = env.operator()
         real_get = target.store.get
         stale = []
 
@@ -260,7 +254,7 @@ def test_the_stop_step_of_a_called_off_preemption_sends_nothing_though_another_p
             old = env.job("sweep")
             # and, before it records its stop: the operator's release, then another
             # preemption's mark (as if no protection held it)
-            ops.set_priority(_target(env), "sweep", "medium")
+            ops.set_priority(env.operator(), "sweep", "medium")
             current = env.job("sweep")
             env.store.transition(
                 current, current.with_changes(status=JobState.PREEMPTING, preempted_by="other", preempting_since=env.clock.now() + 1),
@@ -288,7 +282,7 @@ def test_a_called_off_preemption_ends_at_its_next_check_and_never_acts_for_the_p
         def released_then_chosen_again() -> None:
             # The operator calls the sweep's preemption off; then another preemption marks it
             # (as if no protection held it) before the first one's workflow checks again
-            ops.set_priority(_target(env), "sweep", "medium")
+            ops.set_priority(env.operator(), "sweep", "medium")
             current = env.job("sweep")
             since = env.clock.now() + 1
             env.store.transition(
@@ -340,7 +334,7 @@ def test_a_called_off_preemption_leaves_the_budget_so_its_preemptor_may_take_ano
         def raise_the_victim() -> None:
             [victim] = [j for j in ("alpha", "beta") if env.job(j).status is JobState.PREEMPTING]
             raised.append(victim)
-            ops.set_priority(_target(env), victim, "medium")
+            ops.set_priority(env.operator(), victim, "medium")
 
         # When production's medium job preempts one of them, and the operator raises that
         # one while its preemption waits for a checkpoint

@@ -3,6 +3,8 @@ victim (statemachines/preempt.asl.json) executed on moto."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from botocore.exceptions import ReadTimeoutError
 
@@ -240,6 +242,16 @@ def _held_back(env) -> None:
     env.store.set_drained("p5", True, env.clock.now())
 
 
+def _sweep_then_prod_held_back(env) -> None:
+    """A low sweep holding the whole pool (a checkpoint every 5 minutes), and a critical job
+    waiting for it that no cycle has planned yet: the test's cycle is the one that plans."""
+    env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
+    env.advance(600)
+    _held_back(env)
+    env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1800)
+    env.store.set_drained("p5", False, env.clock.now())
+
+
 @pytest.mark.parametrize("interference", ["released", "taken"])
 def test_a_cycle_that_lost_its_lease_admits_nothing(interference):
     with emulation() as env:
@@ -271,11 +283,7 @@ def test_a_cycle_that_lost_its_lease_admits_nothing(interference):
 def test_a_cycle_that_lost_its_lease_marks_no_victim(interference):
     with emulation() as env:
         # Given a low job holding the whole pool and a critical job waiting for it
-        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
-        env.advance(600)
-        _held_back(env)
-        env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1800)
-        env.store.set_drained("p5", False, env.clock.now())
+        _sweep_then_prod_held_back(env)
         # When a cycle that chose the sweep as its victim loses the lease before marking it
         result, writes = _stale_cycle(env, interference)
         # Then the sweep is not marked: nobody would stop it for a cycle no longer planning
@@ -290,11 +298,7 @@ def test_a_cycle_that_lost_its_lease_marks_no_victim(interference):
 def test_a_victim_marked_by_a_step_that_lost_its_answer_is_counted_once_in_the_budget():
     with emulation(policy={"budget": {"window_s": 3600, "max_preemptions": 4}}) as env:
         # Given a low job holding the whole pool and a critical job waiting for it
-        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
-        env.advance(600)
-        _held_back(env)
-        env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1800)
-        env.store.set_drained("p5", False, env.clock.now())
+        _sweep_then_prod_held_back(env)
         deps, owner, now = env.stack.deps(), "schedule-p5-lost", env.clock.now()
         # When the plan step's mark of the sweep is written and its answer lost (the step
         # fails there, as a function killed right after the write would), and the step is retried
@@ -315,15 +319,9 @@ def test_a_preemption_started_without_the_victims_mark_time_still_stops_and_requ
     # An execution of an earlier schedule definition, in flight while the stack is updated,
     # starts the preemption without `since`: it names no preemption, and its steps act on
     # the job as they read it, as they did before
-    import json
-
     with emulation() as env:
         # Given a low job marked as a victim by a cycle whose own workflow never started
-        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
-        env.advance(600)
-        _held_back(env)
-        env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1800)
-        env.store.set_drained("p5", False, env.clock.now())
+        _sweep_then_prod_held_back(env)
         deps = env.stack.deps()
         cycle = scheduling.plan_cycle(store=deps.store, settings=deps.settings, pool_name="p5", owner="old", now=env.clock.now())
         [item] = cycle.to_dict()["preemptions"]

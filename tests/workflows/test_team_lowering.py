@@ -18,12 +18,6 @@ from notice_queues import received, subscribe
 
 from preemptor.core.model import JobState
 from preemptor_tools import ops
-from preemptor_tools.local import server
-
-
-def _target(env) -> ops.Target:
-    stack = env.stack
-    return ops.Target(stack.stack_name, server.stack_outputs(stack), dict(stack.parameters), stack.session, clock=env.clock.now)
 
 
 def _lowering(env, team: str, detail: dict) -> dict:
@@ -98,7 +92,7 @@ def test_what_a_team_may_not_change_is_refused_with_a_reason_and_nothing_is_writ
 def test_the_cli_says_what_it_will_not_send_in_one_line_before_any_event():
     with emulation() as env:
         env.submit(name="sweep", team="research", priority="medium", pool="p5", instances=4, duration=14400)
-        target = _target(env)
+        target = env.operator()
         for priority, code in (("high", "not-a-lowering"), ("lowest", "bad-priority")):
             try:
                 ops.lower(target, "sweep", priority)

@@ -858,10 +858,10 @@ def _job_submitted(
     return JobSubmitted(**envelope.common(), request=request)
 
 
-def _job_cancelled(
-    envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int], team: str
-) -> JobCancelled:
-    unexpected = sorted(str(key) for key in envelope.detail if key not in ("name", "team"))
+def _named_job(envelope: _Envelope, detail: _Fields, keys: tuple[str, ...]) -> str:
+    """The job a team's event about one of its jobs names (`detail.name`); `keys` are the
+    detail's keys besides `name` and `team`, any other is refused."""
+    unexpected = sorted(str(key) for key in envelope.detail if key not in ("name", "team", *keys))
     if unexpected:
         raise EventRejected("bad-value", f"detail: unexpected keys {', '.join(unexpected)}")
     name = detail.required_str("name")
@@ -869,7 +869,13 @@ def _job_cancelled(
         validate_job_name(name)
     except ValueError as error:
         raise EventRejected("bad-value", f"detail.name: {error}") from error
-    return JobCancelled(**envelope.common(), name=name, team=team)
+    return name
+
+
+def _job_cancelled(
+    envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int], team: str
+) -> JobCancelled:
+    return JobCancelled(**envelope.common(), name=_named_job(envelope, detail, ()), team=team)
 
 
 NOTE_MAX = 500  # characters of a team's note on its change (it rides in a log line and a notice)
@@ -878,14 +884,7 @@ NOTE_MAX = 500  # characters of a team's note on its change (it rides in a log l
 def _job_priority_lowered(
     envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int], team: str
 ) -> JobPriorityLowered:
-    unexpected = sorted(str(key) for key in envelope.detail if key not in ("name", "team", "priority", "note"))
-    if unexpected:
-        raise EventRejected("bad-value", f"detail: unexpected keys {', '.join(unexpected)}")
-    name = detail.required_str("name")
-    try:
-        validate_job_name(name)
-    except ValueError as error:
-        raise EventRejected("bad-value", f"detail.name: {error}") from error
+    name = _named_job(envelope, detail, ("priority", "note"))
     if "priority" not in envelope.detail:
         raise EventRejected("missing-field", "detail.priority is missing")
     try:

@@ -255,7 +255,9 @@ class Intake:
         line = LogLine(record.name, now, "checkpoint-location-lost", reason, f"{why}: no longer trusted as this run's")
         self.store.transition(record, record.with_changes(checkpoint_s3_uri="", last_checkpoint_at=None), [record.status], log=line)
 
-    def _cancelled(self, event: "ev.JobCancelled", now: float) -> IntakeResult:
+    def _teams_job(self, event: "ev.JobCancelled | ev.JobPriorityLowered") -> JobRecord | IntakeResult:
+        """The job a team's event names, or the answer when there is none: ignored when
+        unknown, refused when another team's (`not-your-job`)."""
         record = self.store.get(event.name)
         if record is None:
             return IntakeResult("ignored", f"unknown job {event.name}", event.name)
@@ -263,6 +265,12 @@ class Intake:
             return self._refuse(
                 Refusal.NOT_YOUR_JOB, f"job {event.name} belongs to team {record.team!r}, not {event.team!r}", event.name
             )
+        return record
+
+    def _cancelled(self, event: "ev.JobCancelled", now: float) -> IntakeResult:
+        record = self._teams_job(event)
+        if isinstance(record, IntakeResult):
+            return record
         # Honoured in every state: PENDING, ADMITTED (never launched), RUNNING and
         # PREEMPTING (stopped, never relaunched): `actions.cancel`.
         result = actions.cancel(store=self.store, runners=self.runners, job=record.name, now=now)
@@ -278,13 +286,9 @@ class Intake:
         changed it meanwhile); the notice is published at once, and a cycle of its pool
         plans the change. A job being stopped goes on being stopped."""
         for _ in range(3):
-            record = self.store.get(event.name)
-            if record is None:
-                return IntakeResult("ignored", f"unknown job {event.name}", event.name)
-            if record.team != event.team:
-                return self._refuse(
-                    Refusal.NOT_YOUR_JOB, f"job {event.name} belongs to team {record.team!r}, not {event.team!r}", event.name
-                )
+            record = self._teams_job(event)
+            if isinstance(record, IntakeResult):
+                return record
             if record.status.is_terminal:
                 return IntakeResult("ignored", f"job {event.name} already ended ({record.status.value})", event.name)
             was, value = record.priority, event.priority
