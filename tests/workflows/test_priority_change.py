@@ -276,7 +276,8 @@ def test_the_stop_step_of_a_called_off_preemption_sends_nothing_though_another_p
 
 
 def test_a_called_off_preemption_ends_at_its_next_check_and_never_acts_for_the_preemption_that_chose_the_job_since():
-    with emulation(policy=CEILINGS) as env:
+    emitted: list[dict] = []
+    with emulation(policy=CEILINGS, metrics=emitted) as env:
         chosen_again = []
 
         def released_then_chosen_again() -> None:
@@ -313,6 +314,8 @@ def test_a_called_off_preemption_ends_at_its_next_check_and_never_acts_for_the_p
         assert env.stack.invoke_lambda(control, {"action": "spare", **old}) == {"spared": False}
         run = env.stack.client("sagemaker").describe_training_job(TrainingJobName=sweep.run_name)
         assert env.job("sweep") == sweep and run["TrainingJobStatus"] == "InProgress"
+        # (and a stop not sent is not counted as one without a fresh checkpoint: the alarm's metric)
+        assert not [d for d in emitted if "StopsWithoutFreshCheckpoint" in d]
         assert [e["reason"] for e in env.store.history("sweep") if e["kind"] == "preemption-cancelled"] == ["priority-raised"]
 
 
