@@ -321,3 +321,23 @@ def test_a_likely_victim_is_asked_for_a_checkpoint_ahead_and_the_pool_is_planned
     [p] = result.report["preemption_details"]
     assert p["fresh_checkpoint"] and p["lost_gpu_seconds"] <= (delay - 60 + 120 + 2) * 64
     assert violations(result, scenario) == []
+
+
+def test_a_team_lowers_its_own_sweep_for_its_eval_and_nobody_else_may():
+    run = replay("team-lowering")
+    scenario = Scenario.load(SCENARIOS / "team-lowering.yaml")
+    # Then the other team's lowering and the team's raise were refused, each with its code
+    refused = [t.why for t in run.result.timeline if t.what == "Priority Lowered" and "rejected" in t.why]
+    assert len(refused) == 2
+    assert "not-your-job: job sweep belongs to team 'research', not 'vision'" in refused[0]
+    assert "not-a-lowering" in refused[1]
+    # And the team's own lowering is the one change in the sweep's log, by the team, with its note
+    [change] = [e for e in run.history if e["kind"] == "priority-changed"]
+    assert (change["job"], change["reason"], change["extra"]) == ("sweep", "team", {"from": 500, "to": 50})
+    assert "the eval comes first" in change["detail"]
+    # And the eval then preempted the sweep (it could not before: the sweep was high), which
+    # resumed from its checkpoint; both completed
+    [p] = run.result.report["preemption_details"]
+    assert (p["victim"], p["preemptor"]) == ("sweep", "eval") and p["checkpoint_confirmed_before_stop"]
+    assert all(j["state"] == "Completed" for j in run.result.report["jobs"])
+    assert violations(run.result, scenario) == []

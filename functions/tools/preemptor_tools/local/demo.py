@@ -22,7 +22,8 @@ from .clock import SimClock
 from .fleet import FleetStop, SimulatedFleet
 from .hostile import HostileWorld, StopAttempt
 from .scenario import (
-    DEFAULT_SCENARIO, ROLE_ARN, CapacityError, Chaos, Scenario, StoppedByHand, local_pool, submission_event, team_launch_request,
+    DEFAULT_SCENARIO, ROLE_ARN, CapacityError, Chaos, Scenario, StoppedByHand, local_pool, lowering_event, submission_event,
+    team_launch_request,
 )
 from preemptor.service.scheduling import explain as explaining
 from .stack import EmulatedStack, RoutedEvent
@@ -172,6 +173,8 @@ def _replay(
     bucket = stack.parameters["CheckpointBucketName"]
     submissions = sorted(scenario.jobs, key=lambda j: (j.submit_at, j.name))
     interruptions = sorted(scenario.interruptions, key=lambda i: (i.at, i.job))
+    lowerings = sorted(scenario.lowerings, key=lambda lw: (lw.at, lw.job))
+    teams = {j.name: j.team for j in scenario.jobs}
     by_hand = sorted((f for f in scenario.faults if isinstance(f, StoppedByHand)), key=lambda f: (f.at, f.job))
     horizon = scenario.horizon or (
         max(j.submit_at for j in scenario.jobs) + 3 * sum(j.duration for j in scenario.jobs) + 3600
@@ -210,6 +213,15 @@ def _replay(
             result.timeline.append(TimelineEntry(elapsed, "workload", fault.job, "stopped by hand", why))
             stack.pump(on_event)
             changed = True
+        while lowerings and lowerings[0].at <= elapsed:
+            lowering = lowerings.pop(0)
+            team = lowering.team or teams[lowering.job]
+            result.timeline.append(
+                TimelineEntry(elapsed, "workload", lowering.job, f"lowered by {team}", f"to {lowering.priority}: {lowering.note or 'no note'}")
+            )
+            stack.emit(lowering_event(lowering, team, clock.now(), stack.region))
+            stack.pump(on_event)
+            changed = True
         while interruptions and interruptions[0].at <= elapsed:
             cut = interruptions.pop(0)
             record = store.get(cut.job)
@@ -225,7 +237,7 @@ def _replay(
         if elapsed >= horizon:
             return
         target = clock.now() + tick_s
-        for upcoming in (submissions[:1], interruptions[:1], by_hand[:1]):
+        for upcoming in (submissions[:1], interruptions[:1], by_hand[:1], lowerings[:1]):
             if upcoming:
                 target = min(target, START + getattr(upcoming[0], "submit_at", getattr(upcoming[0], "at", 0)))
         clock.advance_to(target)
@@ -293,6 +305,8 @@ def _event_entry(routed: RoutedEvent, at: float) -> TimelineEntry | None:
     outcome = routed.results[0] if routed.results else {"outcome": "unrouted", "reason": "no rule matched"}
     if event.get("detail-type") == "Job Submitted":
         return TimelineEntry(at, "aws", detail.get("name", "?"), "Job Submitted", f"intake: {outcome['outcome']}")
+    if event.get("detail-type") == "Job Priority Lowered":
+        return TimelineEntry(at, "aws", detail.get("name", "?"), "Priority Lowered", f"intake: {outcome['outcome']} ({outcome['reason']})")
     if event.get("source") == "aws.sagemaker":
         name, status = detail.get("TrainingJobName", "?"), detail.get("TrainingJobStatus")
         secondary = detail.get("SecondaryStatus")

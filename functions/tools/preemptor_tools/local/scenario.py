@@ -70,6 +70,20 @@ class SpotInterruption(BaseModel):
     job: str
 
 
+class Lowering(BaseModel):
+    """At `at`, a team puts a "Job Priority Lowered" event for `job` (`team`: the sending
+    team, by default the job's own; another one is refused, as is a priority that does not
+    lower the job's)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    at: float = Field(ge=0)
+    job: str
+    priority: int | str
+    note: str = ""
+    team: str | None = None
+
+
 class Chaos(BaseModel):
     """How hostile the emulated AWS is (see `hostile.py`): rates in [0, 1), and the seed every
     draw comes from, so a scenario replays the same way each time."""
@@ -161,6 +175,7 @@ class Scenario(BaseModel):
     pools: list[PoolConfig]
     jobs: list[ScenarioJob]
     interruptions: list[SpotInterruption] = Field(default_factory=list)
+    lowerings: list[Lowering] = Field(default_factory=list)
     chaos: Chaos | None = None
     faults: list[Fault] = Field(default_factory=list)
     policy: dict[str, Any] = Field(default_factory=dict)
@@ -208,6 +223,9 @@ class Scenario(BaseModel):
             job = by_name.get(cut.job)
             if job is None or pools[job.pool].service != "batch":
                 raise ValueError(f"interruption at {cut.at}: {cut.job!r} is not a job of a Batch pool")
+        for lowering in self.lowerings:
+            if lowering.job not in by_name:
+                raise ValueError(f"lowering at {lowering.at}: unknown job {lowering.job!r}")
         for fault in self.faults:
             job_name = getattr(fault, "job", None)
             if job_name is not None and job_name not in by_name:
@@ -259,6 +277,22 @@ def local_pool(pool: PoolConfig) -> PoolConfig:
             "job_definitions": pool.job_definitions or (JobDefinition(name=f"{pool.name}-training"),),
         }
     )
+
+
+def lowering_event(lowering: Lowering, team: str, at: float, region: str) -> dict:
+    """The "Job Priority Lowered" event `team` puts on the stack's bus (`preemptor lower`)."""
+    detail = {"name": lowering.job, "priority": lowering.priority} | ({"note": lowering.note} if lowering.note else {})
+    return {
+        "version": "0",
+        "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"preemptor-scenario/lower/{lowering.job}/{lowering.at}/{team}")),
+        "detail-type": "Job Priority Lowered",
+        "source": f"preemptor.{team}",
+        "account": ACCOUNT,
+        "time": dt.datetime.fromtimestamp(at, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "region": region,
+        "resources": [],
+        "detail": detail,
+    }
 
 
 def submission_event(job: ScenarioJob, pool: PoolConfig, bucket: str, at: float, region: str) -> dict:
