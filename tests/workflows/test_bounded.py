@@ -8,9 +8,10 @@ import threading
 
 from aws_faults import THROTTLING, answer_lost_after_applied, aws_says_no, error_response, is_lease_taking
 from emulation import P5, emulation
+from notice_queues import received, subscribe
 
 from preemptor.core.jobs import JobRecord
-from preemptor.core.model import JobState
+from preemptor.core.model import EndedRun, JobState, Notice
 from preemptor.service.reconcile import STUCK_ADMISSION_S, UNKNOWN_RUN_GRACE_S, preemption_deadline_s
 from preemptor.service.scheduling import MAX_CYCLES
 from preemptor_tools.local.executions import wait_for_execution
@@ -542,6 +543,29 @@ def test_a_job_whose_pool_left_the_configuration_stays_pending_with_the_reason_l
         assert env.job("old").status is JobState.PENDING
         assert env.kinds("old").count("pool-not-configured") == 1
         assert json.loads(env.store.pool("retired")["last_waits"])[0]["reason"] == "pool-not-configured"
+
+
+def test_what_the_last_jobs_of_a_removed_pool_left_behind_is_still_folded_and_published():
+    with emulation() as env:
+        research = subscribe(env, "research-notices", {"team": ["research"]})
+        # Given a pool that left the configuration while a job ran there: its run ended,
+        # and its writer recorded the end and the team's notice but died before publishing it
+        env.store.register_pool("retired")
+        env.store.put_new(_pending_record("old", gpus=8, pool="retired"))
+        record = env.job("old")
+        now = env.clock.now()
+        ended = EndedRun("retired", "research", "old", 1, 8, now - 3600, now)
+        notice = Notice("retired", now, "failed", "old", "research", "Preemptor: job old failed", {"pool": "retired"})
+        env.store.transition(record, record.with_changes(status=JobState.FAILED), [JobState.PENDING], ended_run=ended, notice=notice)
+        # When reconcile runs, once the notice is past the grace its writer had to publish it
+        env.clock.advance_to(now + 120)
+        repairs = _reconcile(env)["repairs"]
+        # Then the team is told, once, and the run's end is folded into the team's usage
+        assert {"pool": "retired", "repair": "notice-published", "job": "old", "kind": "failed"} in repairs
+        assert [n["attributes"]["kind"] for n in received(env, research)] == ["failed"]
+        assert env.store.notices("retired") == [] and env.store.ended_runs("retired") == []
+        [usage] = env.store.team_usage("retired", 86_400.0)
+        assert usage.team == "research" and usage.gpu_seconds > 0
 
 
 def _extra_training_job(env, name: str, tags: dict[str, str]) -> None:

@@ -96,6 +96,10 @@ def reconcile(
     try:
         for name in sorted(store.known_pools() - configured):
             repairs += _keep_waiting_for_a_removed_pool(store, settings, name, now)
+            # What the pool's last jobs left to be done after them still is: the ends of
+            # their runs are folded, the notices their writers did not publish published.
+            _fold_ended_runs(store, settings, name)
+            repairs += _publish_notices(store, alerts, name, now)
     except Exception as error:  # noqa: BLE001 - retried at the next run
         errors.append({"pool": "*", "part": "removed-pools", "error": type(error).__name__, "detail": str(error)[:500]})
     return {"repairs": repairs, "errors": errors, "oldest_wait_s": oldest}
