@@ -24,7 +24,7 @@ import boto3
 import pytest
 
 from preemptor_tools.cli import main
-from preemptor_tools.local.state import LocalStackError, LocalState, stop
+from preemptor_tools.local.state import FAKE_CREDENTIALS, LocalStackError, LocalState, stop
 from preemptor_tools.paths import REPO_ROOT
 
 pytestmark = pytest.mark.xdist_group("local_stack")
@@ -298,6 +298,33 @@ def test_a_team_lowers_its_own_job_and_may_not_raise_it(capsys, local):
     assert code == 2 and out is None
     assert len(err.strip().splitlines()) == 1 and "not-a-lowering" in err
     assert status(capsys, local, "tokenizer-ablation")["priority"] == 50
+
+
+def test_a_team_with_only_the_bus_lowers_and_cancels_its_job(capsys, local, monkeypatch):
+    # Given a principal that may only put its team's events on the bus (TeamSubmitPolicy):
+    # no stack outputs, no table, just the bus's name (its SDK pointed at the local stack)
+    state = json.loads(local.state_file.read_text())
+    monkeypatch.setenv("AWS_ENDPOINT_URL", state["endpoint_url"])
+    monkeypatch.setenv("AWS_DEFAULT_REGION", state["region"])
+    for key, value in FAKE_CREDENTIALS.items():
+        monkeypatch.setenv(key.upper(), value)
+    bus = state["outputs"]["SubmissionBusName"]
+    base = ["--bus", bus, "--team", "research", "--json"]
+    # When research lowers its job, then cancels it, through the bus alone
+    capsys.readouterr()
+    code = main(["lower", "tokenizer-ablation", "0", "--note", "not needed", *base])
+    out, err = capsys.readouterr()
+    assert code == 0 and json.loads(out)["event_id"], err
+    # Then the intake applied it, as the team's
+    eventually(lambda: status(capsys, local, "tokenizer-ablation")["priority"] == 0, "tokenizer-ablation lowered to 0")
+    assert main(["cancel", "tokenizer-ablation", *base]) == 0
+    eventually(lambda: status(capsys, local, "tokenizer-ablation")["state"] == "CANCELLED", "tokenizer-ablation cancelled")
+    # And the bus path asks for what it needs, in one line, exit 2
+    capsys.readouterr()
+    assert main(["lower", "tokenizer-ablation", "0", "--bus", bus]) == 2
+    assert main(["cancel", "tokenizer-ablation", "--team", "research"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "--bus needs --team" in err[0] and "--team goes with --bus" in err[1]
 
 
 # -- exit codes a script relies on -------------------------------------------------------------

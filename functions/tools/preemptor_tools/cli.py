@@ -123,6 +123,7 @@ def _parser() -> argparse.ArgumentParser:
 
     cancel = sub.add_parser("cancel", help="cancel a job (a Job Cancelled event from its team)")
     cancel.add_argument("job")
+    _add_team_bus_options(cancel)
     _add_target_options(cancel)
     _add_wait_options(cancel, "until the job has ended")
 
@@ -162,6 +163,7 @@ def _parser() -> argparse.ArgumentParser:
     lower.add_argument("job")
     lower.add_argument("priority", help="an integer 0..1000 or one of the stack's tier names, below the job's")
     lower.add_argument("--note", type=argtypes.note, default="", help="why (in the decision log and the team's notice)")
+    _add_team_bus_options(lower)
     _add_target_options(lower)
 
     redrive = sub.add_parser("redrive", help="hand the events of the dead-letter queue back to their functions")
@@ -240,6 +242,22 @@ def _add_target_options(parser: argparse.ArgumentParser, group=None) -> None:
     parser.add_argument("--region", help="AWS region (default: the usual settings)")
     parser.add_argument("--state-file", type=Path, help="with --local: the local stack's state file")
     parser.add_argument("--json", action="store_true", help="print the answer as JSON")
+
+
+def _add_team_bus_options(parser: argparse.ArgumentParser) -> None:
+    """A team's own way to send its event: with only the bus's name and its team, which is
+    all a principal holding the stack's TeamSubmitPolicy may use (no stack or table read)."""
+    parser.add_argument("--bus", help="put the team's event on this bus by name, unchecked: the intake judges it (needs --team)")
+    parser.add_argument("--team", type=_team_name, help="with --bus: the job's team, the event's source preemptor.<team>")
+
+
+def _team_name(text: str) -> str:
+    from preemptor.core.policy import validate_team_name
+
+    try:
+        return validate_team_name(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _add_wait_options(parser: argparse.ArgumentParser, until: str) -> None:
@@ -356,26 +374,64 @@ def _submit(args) -> int:
 
 def _submit_to_bus(request, bus: str) -> int:
     """A bus named by hand (no stack read, no checks against its configuration)."""
+    event_id = _put_team_event(bus, request.team, "Job Submitted", request.model_dump_json(exclude_none=True))
+    if event_id is None:
+        return 1
+    print(f"submitted {request.name}: event {event_id}")
+    return 0
+
+
+def _put_team_event(bus: str, team: str, detail_type: str, detail_json: str, args=None) -> str | None:
+    """Put `team`'s event on a bus named by hand; its event id, or None (the refused entry
+    printed on stderr)."""
     import boto3
 
     entry = {
         # The team is who sends: the bus lets a principal put only its own team's source.
-        "Source": f"preemptor.{request.team}",
-        "DetailType": "Job Submitted",
-        "Detail": request.model_dump_json(exclude_none=True),
+        "Source": f"preemptor.{team}",
+        "DetailType": detail_type,
+        "Detail": detail_json,
         "EventBusName": bus,
     }
-    out = boto3.client("events").put_events(Entries=[entry])
+    session = boto3.session.Session(profile_name=getattr(args, "profile", None), region_name=getattr(args, "region", None))
+    out = session.client("events").put_events(Entries=[entry])
     if out.get("FailedEntryCount"):
         print(json.dumps(out["Entries"], indent=2), file=sys.stderr)
-        return 1
-    print(f"submitted {request.name}: event {out['Entries'][0]['EventId']}")
-    return 0
+        return None
+    return out["Entries"][0]["EventId"]
+
+
+def _to_team_bus(args, detail_type: str, detail: dict) -> int | None:
+    """`--bus` without `--stack`/`--local`: the team's event, unchecked (the intake judges it,
+    and the job's decision log and the team's notices tell what came of it). None when the
+    command goes to a stack instead."""
+    from . import ops
+
+    if args.team and not args.bus:
+        raise ops.BadInput("--team goes with --bus: with a stack, the job's team is read from the job")
+    if not args.bus:
+        return None
+    if args.stack or args.local:
+        raise ops.BadInput("--bus goes without --stack and --local: with a stack, the event goes on its own bus")
+    if not args.team:
+        raise ops.BadInput("--bus needs --team: the job's team, the event's source")
+    event_id = _put_team_event(args.bus, args.team, detail_type, json.dumps(detail), args)
+    if event_id is None:
+        return EXIT_AWS
+    result = {"job": args.job, "team": args.team, "bus": args.bus, "event_id": event_id}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"{args.job}: {detail_type} sent as team {args.team} on {args.bus}: event {event_id} (the intake judges it)")
+    return EXIT_OK
 
 
 def _cancel(args) -> int:
     from . import ops
 
+    sent = _to_team_bus(args, "Job Cancelled", {"name": args.job})
+    if sent is not None:
+        return sent
     target = _target(args)
     result = ops.cancel(target, args.job)
     _say(args, f"{result['job']}: {result['note']} (was {result['state']})")
@@ -480,6 +536,10 @@ def _priority(args) -> int:
 def _lower(args) -> int:
     from . import ops
 
+    detail = {"name": args.job, "priority": int(args.priority) if args.priority.strip().isdigit() else args.priority}
+    sent = _to_team_bus(args, "Job Priority Lowered", detail | ({"note": args.note} if args.note else {}))
+    if sent is not None:
+        return sent
     result = ops.lower(_target(args), args.job, args.priority, args.note)
     if args.json:
         print(json.dumps(result, indent=2, default=str))
