@@ -359,7 +359,7 @@ def _submit(args) -> int:
 
     request = load(args.file, "job request", JobRequest.model_validate)
     if args.bus and not (args.stack or args.local):
-        return _submit_to_bus(request, args.bus)
+        return _submit_to_bus(request, args.bus, args)
     target = _target(args)
     if args.bus:
         target.outputs = {**target.outputs, "SubmissionBusName": args.bus}
@@ -372,9 +372,9 @@ def _submit(args) -> int:
     return _wait_outcome(args, result)
 
 
-def _submit_to_bus(request, bus: str) -> int:
+def _submit_to_bus(request, bus: str, args) -> int:
     """A bus named by hand (no stack read, no checks against its configuration)."""
-    event_id = _put_team_event(bus, request.team, "Job Submitted", request.model_dump_json(exclude_none=True))
+    event_id = _put_team_event(bus, request.team, "Job Submitted", request.model_dump_json(exclude_none=True), args)
     if event_id is None:
         return 1
     print(f"submitted {request.name}: event {event_id}")
