@@ -323,8 +323,9 @@ def test_a_team_with_only_the_bus_lowers_and_cancels_its_job(capsys, local, monk
     capsys.readouterr()
     assert main(["lower", "tokenizer-ablation", "0", "--bus", bus]) == 2
     assert main(["cancel", "tokenizer-ablation", "--team", "research"]) == 2
+    assert main(["cancel", "tokenizer-ablation", "--bus", bus, "--team", "research", "--wait"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and "--bus needs --team" in err[0] and "--team goes with --bus" in err[1]
+    assert len(err) == 3 and "--bus needs --team" in err[0] and "--team goes with --bus" in err[1] and "--wait" in err[2]
 
 
 # -- exit codes a script relies on -------------------------------------------------------------

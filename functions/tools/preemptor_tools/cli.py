@@ -415,6 +415,8 @@ def _to_team_bus(args, detail_type: str, detail: dict) -> int | None:
         raise ops.BadInput("--bus goes without --stack and --local: with a stack, the event goes on its own bus")
     if not args.team:
         raise ops.BadInput("--bus needs --team: the job's team, the event's source")
+    if getattr(args, "wait", False):
+        raise ops.BadInput("--wait follows the job in the stack's table: not with --bus")
     event_id = _put_team_event(args.bus, args.team, detail_type, json.dumps(detail), args)
     if event_id is None:
         return EXIT_AWS
