@@ -16,6 +16,7 @@ from emulation import emulation
 from iam_policy import StackPolicies
 from notice_queues import received, subscribe
 
+from preemptor.adapters.store import LogLine
 from preemptor.core.model import JobState
 from preemptor_tools import ops
 
@@ -104,3 +105,21 @@ def test_the_cli_says_what_it_will_not_send_in_one_line_before_any_event():
             "job": "sweep", "from": 200, "to": 200, "state": "RUNNING", "note": None, "event_id": None,
         }
         assert "priority-changed" not in env.kinds("sweep")
+
+
+def test_a_lowered_job_loses_the_escalation_it_was_given_at_its_former_priority():
+    with emulation() as env:
+        # Given production's critical job waiting behind an equal one, escalated by the wait alarm
+        env.submit(name="incident", team="production", priority="critical", pool="p5", instances=8, duration=14400)
+        env.submit(name="backfill", team="production", priority="critical", pool="p5", instances=8, duration=600)
+        env.advance(900)
+        line = LogLine("backfill", env.clock.now(), "escalated", "wait-alarm", "waited 15 min (over 10)")
+        assert env.store.escalate("backfill", env.clock.now(), line) and env.job("backfill").escalated_at is not None
+        # When production lowers it to low: it is no longer urgent
+        result = _lowering(env, "production", {"name": "backfill", "priority": "low"})
+        assert result["outcome"] == "accepted"
+        # Then its escalation is withdrawn with it (granted for the wait at critical), and said so
+        backfill = env.job("backfill")
+        assert (backfill.priority, backfill.escalated_at, backfill.status) == (50, None, JobState.PENDING)
+        [change] = [e for e in env.store.history("backfill") if e["kind"] == "priority-changed"]
+        assert change["detail"].endswith("; its escalation is withdrawn")

@@ -498,6 +498,8 @@ def set_priority(target: Target, job: str, priority: str, note: str = "") -> dic
         now = target.now()
         release = _releasable(record) and value > was
         detail = f"priority {was} -> {value} ({policy.tier_of(value)}), set by the operator" + (f": {note}" if note else "")
+        if value < was and record.escalated_at is not None:
+            detail += "; its escalation is withdrawn"
         if release:
             detail += f"; its preemption for {record.preempted_by} is called off (no stop was sent): the pool is planned again"
         elif record.status is JobState.PREEMPTING:

@@ -938,8 +938,14 @@ class JobsStore:
         on the job as `record` read it: its status, incarnation and version. A pending job's
         index sort key moves with it. A cycle that planned the job at its old priority finds
         its own write refused (the version moved) and judges again. Raises ConflictError when
-        the job moved meanwhile (anything but notes): re-read it and decide again."""
-        return self.transition(record, record.with_changes(priority=priority), (record.status,), log=log, notice=notice)
+        the job moved meanwhile (anything but notes): re-read it and decide again.
+
+        A lowered job loses its escalation (`escalated_at`): it was granted for the wait at
+        its former priority; the wait alarm escalates it again if its new tier is watched and
+        its wait warrants it."""
+        escalated_at = None if priority < record.priority else record.escalated_at
+        new = record.with_changes(priority=priority, escalated_at=escalated_at)
+        return self.transition(record, new, (record.status,), log=log, notice=notice)
 
     def claim_stop(self, record: JobRecord, at: float) -> bool:
         """Record that this preemption's stop goes out now, before it is sent: the job still

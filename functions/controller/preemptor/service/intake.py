@@ -303,6 +303,8 @@ class Intake:
                 )
             tier = self.settings.policy.tier_of(value)
             detail = f"priority {was} -> {value} ({tier}), lowered by team {event.team}" + (f": {event.note}" if event.note else "")
+            if record.escalated_at is not None:
+                detail += "; its escalation is withdrawn"
             line = LogLine(record.name, now, "priority-changed", "team", detail, {"from": was, "to": value})
             subject = f"Preemptor: job {record.name} now has priority {value} (was {was})"
             message = {"pool": record.pool, "from": was, "to": value, "state": record.status.value, "note": event.note, "by": "team"}
