@@ -48,7 +48,11 @@ def test_the_operators_commands_need_only_what_the_operator_policy_grants():
         used = {r.action for c in mine for r in c.requests}
         assert used == {
             "dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "states:StartExecution",
+            "sns:Publish", "kms:GenerateDataKey", "kms:Decrypt",
         }
+        # And research was told of the change by the operator's command, not left for reconcile
+        [(notice, sent)] = [(n, sent) for n, sent in env.store.notices("p5") if n.kind == "priority-changed"]
+        assert notice.job == "sweep" and sent
 
 
 def test_the_operator_policy_changes_jobs_and_pools_only():

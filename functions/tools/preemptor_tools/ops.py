@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from botocore.exceptions import BotoCoreError
 
+from preemptor.adapters.alerts import Alerts
 from preemptor.adapters.store import JobsStore, LogLine
 from preemptor.adapters.workflows import WorkflowStarter, execution_name
 from preemptor.config import Settings, first_problem
@@ -34,7 +35,7 @@ from preemptor.core.errors import ConflictError, PreemptorError, TransactionConf
 from preemptor.core.jobs import JobRecord
 from preemptor.core.model import JobState, Notice
 from preemptor.core.requests import JobRequest, RequestRefused, admit_request, resolve_priority
-from preemptor.service.actions import SPOT_INTERRUPTION
+from preemptor.service.actions import SPOT_INTERRUPTION, announce
 from .local.state import FAKE_CREDENTIALS, LocalState
 
 # Where `submit --wait` stops waiting: the job runs, or has ended.
@@ -469,7 +470,7 @@ def set_priority(target: Target, job: str, priority: str, note: str = "") -> dic
     (`_release`), and the new cycle judges again; a stop already sent goes on.
 
     Written with its decision-log line (`priority-changed`, with the note) and the team's
-    notice (published by reconcile within five minutes), conditional on the job as read:
+    notice (published at once, else by reconcile), conditional on the job as read:
     if the controller changed it meanwhile, it is read again and judged again. A cycle of the
     job's pool starts at once, as the change may admit or preempt; one AWS refused to start
     is told in `cycle_error` (the change stands, and the pool's next event or reconcile's
@@ -522,6 +523,7 @@ def set_priority(target: Target, job: str, priority: str, note: str = "") -> dic
                 raise NotFound(f"{job}: no such job") from None
     else:
         raise BadInput(f"{job}: it kept changing while its priority was set; nothing was changed: ask again")
+    _tell_team(target, notice)
     execution, cycle_error = None, None
     if target.settings.workflow_arns.get("schedule"):
         starter = WorkflowStarter(target.client("stepfunctions"), target.settings.workflow_arns)
@@ -532,6 +534,16 @@ def set_priority(target: Target, job: str, priority: str, note: str = "") -> dic
             # and start nothing); the pool's next event, or reconcile's cycle, plans it.
             cycle_error = f"{type(e).__name__}: {e}"
     return result | {"changed": True, "at": now, "schedule_execution": execution, "cycle_error": cycle_error}
+
+
+def _tell_team(target: Target, notice: Notice) -> None:
+    """Publish the team's notice of the operator's change now, on the stack's alerts topic
+    (`ControlOperatorPolicy` grants it), and mark it sent. Refused (an operator without the
+    grant, SNS throttling), or a stack without the topic's output, it stays in the table and
+    reconcile publishes it within its next runs."""
+    topic = target.outputs.get("AlertsTopicArn")
+    if topic:
+        announce(target.store, Alerts(target.client("sns"), topic), notice)
 
 
 def _releasable(record: JobRecord) -> bool:
