@@ -279,13 +279,13 @@ def local_pool(pool: PoolConfig) -> PoolConfig:
     )
 
 
-def lowering_event(lowering: Lowering, team: str, at: float, region: str) -> dict:
-    """The "Job Priority Lowered" event `team` puts on the stack's bus (`preemptor lower`)."""
-    detail = {"name": lowering.job, "priority": lowering.priority} | ({"note": lowering.note} if lowering.note else {})
+def team_event(detail_type: str, team: str, key: str, at: float, region: str, detail: dict) -> dict:
+    """An event `team` puts on the stack's bus, as EventBridge delivers it; its id is drawn
+    from `key`, so a scenario replays under the same ids."""
     return {
         "version": "0",
-        "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"preemptor-scenario/lower/{lowering.job}/{lowering.at}/{team}")),
-        "detail-type": "Job Priority Lowered",
+        "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"preemptor-scenario/{key}")),
+        "detail-type": detail_type,
         "source": f"preemptor.{team}",
         "account": ACCOUNT,
         "time": dt.datetime.fromtimestamp(at, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -293,6 +293,12 @@ def lowering_event(lowering: Lowering, team: str, at: float, region: str) -> dic
         "resources": [],
         "detail": detail,
     }
+
+
+def lowering_event(lowering: Lowering, team: str, at: float, region: str) -> dict:
+    """The "Job Priority Lowered" event `team` puts on the stack's bus (`preemptor lower`)."""
+    detail = {"name": lowering.job, "priority": lowering.priority} | ({"note": lowering.note} if lowering.note else {})
+    return team_event("Job Priority Lowered", team, f"lower/{lowering.job}/{lowering.at}/{team}", at, region, detail)
 
 
 def submission_event(job: ScenarioJob, pool: PoolConfig, bucket: str, at: float, region: str) -> dict:
@@ -327,16 +333,13 @@ def submission_event(job: ScenarioJob, pool: PoolConfig, bucket: str, at: float,
             },
         }
         size = {"gpus": job.gpus}
-    return {
-        "version": "0",
-        "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"preemptor-scenario/{job.name}")),
-        "detail-type": "Job Submitted",
-        "source": f"preemptor.{job.team}",
-        "account": ACCOUNT,
-        "time": dt.datetime.fromtimestamp(at, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "region": region,
-        "resources": [],
-        "detail": {
+    return team_event(
+        "Job Submitted",
+        job.team,
+        job.name,
+        at,
+        region,
+        {
             "name": job.name,
             "team": job.team,
             "priority": job.priority,
@@ -346,7 +349,7 @@ def submission_event(job: ScenarioJob, pool: PoolConfig, bucket: str, at: float,
             "request": request,
             **({"labels": {SAVES_ON_STOP_LABEL: "true"}} if job.runs_training_helper else {}),
         },
-    }
+    )
 
 
 def team_launch_request(job: ScenarioJob, pool: PoolConfig, bucket: str) -> dict:
