@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import uuid
 
+import pytest
+
 from emulation import emulation
 from iam_policy import StackPolicies
 from notice_queues import received, subscribe
@@ -95,12 +97,8 @@ def test_the_cli_says_what_it_will_not_send_in_one_line_before_any_event():
         env.submit(name="sweep", team="research", priority="medium", pool="p5", instances=4, duration=14400)
         target = env.operator()
         for priority, code in (("high", "not-a-lowering"), ("lowest", "bad-priority")):
-            try:
+            with pytest.raises(ops.BadInput, match=f"^{code}: "):
                 ops.lower(target, "sweep", priority)
-            except ops.BadInput as e:
-                assert str(e).startswith(f"{code}: "), e
-            else:
-                raise AssertionError(f"lowering to {priority} was sent")
         assert ops.lower(target, "sweep", "medium") == {
             "job": "sweep", "from": 200, "to": 200, "state": "RUNNING", "note": None, "event_id": None,
         }

@@ -12,6 +12,8 @@ import argparse
 import math
 from typing import Callable
 
+from preemptor.core.requests import note_problem
+
 
 def number(low: float | None = None, high: float | None = None, *, above: bool = False, integer: bool = False) -> Callable[[str], float]:
     """An argparse `type`: a finite number (an integer when `integer`) at least `low` (above
@@ -57,16 +59,13 @@ def interval(text: str) -> tuple[float, float]:
     return lo_s, hi_s
 
 
-NOTE_MAX = 500  # characters: a note rides in a decision-log line and a team's notice
-
-
 def note(text: str) -> str:
-    """An operator's note (`drain --note`, `priority --note`): one line of at most
-    `NOTE_MAX` characters, kept in the jobs table and, for a priority, in an SNS notice."""
-    if len(text) > NOTE_MAX:
-        raise argparse.ArgumentTypeError(f"must be at most {NOTE_MAX} characters, got {len(text)}")
-    if not text.isprintable():  # a newline, a control character
-        raise argparse.ArgumentTypeError("must be one line of printable text")
+    """A note on a change (`drain`, `priority` and `lower --note`): one line of printable
+    text, as short as the intake asks of a team's (`core.requests.note_problem`); kept in the
+    jobs table and, for a priority, in the team's SNS notice."""
+    problem = note_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 

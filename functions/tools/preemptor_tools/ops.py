@@ -35,7 +35,7 @@ from preemptor.core.errors import ConflictError, PreemptorError, TransactionConf
 from preemptor.core.jobs import JobRecord
 from preemptor.core.model import JobState, Notice
 from preemptor.core.requests import JobRequest, RequestRefused, admit_request, resolve_priority
-from preemptor.service.actions import SPOT_INTERRUPTION, announce
+from preemptor.service.actions import SPOT_INTERRUPTION, announce, priority_changed
 from .local.state import FAKE_CREDENTIALS, LocalState
 
 # Where `submit --wait` stops waiting: the job runs, or has ended.
@@ -392,13 +392,7 @@ def lower(target: Target, job: str, priority: str, note: str = "") -> dict:
     first, so a mistake is said at once rather than found in the intake's log; the intake
     checks again, on the job as it is then, and writes the change (`priority-changed`,
     reason `team`), and a cycle of the pool plans it."""
-    record = target.store.get(job)
-    if record is None:
-        raise NotFound(f"{job}: no such job")
-    try:
-        value = resolve_priority(priority, target.settings.policy.tiers)
-    except ValueError as e:
-        raise BadInput(f"bad-priority: {e}") from None
+    record, value = _job_and_priority(target, job, priority)
     if record.status.is_terminal:
         raise BadInput(f"{job}: already ended ({record.status.value}): it has no priority to change")
     result = {"job": job, "from": record.priority, "to": value, "state": record.status.value, "note": note or None}
@@ -475,14 +469,8 @@ def set_priority(target: Target, job: str, priority: str, note: str = "") -> dic
     job's pool starts at once, as the change may admit or preempt; one AWS refused to start
     is told in `cycle_error` (the change stands, and the pool's next event or reconcile's
     cycle, every five minutes, plans it)."""
-    record = target.store.get(job)
-    if record is None:
-        raise NotFound(f"{job}: no such job")
+    record, value = _job_and_priority(target, job, priority)
     policy = target.settings.policy
-    try:
-        value = resolve_priority(priority, policy.tiers)
-    except ValueError as e:
-        raise BadInput(f"bad-priority: {e}") from None
     ceiling = policy.max_priority(record.team)
     if value > ceiling:
         raise BadInput(
@@ -498,17 +486,13 @@ def set_priority(target: Target, job: str, priority: str, note: str = "") -> dic
             return result | {"changed": False, "at": None, "schedule_execution": None, "preemption_called_off": False}
         now = target.now()
         release = _releasable(record) and value > was
-        detail = f"priority {was} -> {value} ({policy.tier_of(value)}), set by the operator" + (f": {note}" if note else "")
-        if value < was and record.escalated_at is not None:
-            detail += "; its escalation is withdrawn"
         if release:
-            detail += f"; its preemption for {record.preempted_by} is called off (no stop was sent): the pool is planned again"
-        elif record.status is JobState.PREEMPTING:
-            detail += "; the stop already sent goes on"
-        line = LogLine(job, now, "priority-changed", "operator", detail, {"from": was, "to": value})
-        subject = f"Preemptor: job {job} now has priority {value} (was {was})"
-        message = {"pool": record.pool, "from": was, "to": value, "state": record.status.value, "note": note, "preemption_called_off": release}
-        notice = Notice(record.pool, now, "priority-changed", job, record.team, subject, message)
+            going_on = f"; its preemption for {record.preempted_by} is called off (no stop was sent): the pool is planned again"
+        else:
+            going_on = "; the stop already sent goes on" if record.status is JobState.PREEMPTING else ""
+        line, notice = priority_changed(
+            record, value, policy.tier_of(value), now, "operator", "set by the operator", note, also=going_on, preemption_called_off=release
+        )
         try:
             if release:
                 _release(target, record, value, now, line, notice)
@@ -534,6 +518,18 @@ def set_priority(target: Target, job: str, priority: str, note: str = "") -> dic
             # and start nothing); the pool's next event, or reconcile's cycle, plans it.
             cycle_error = f"{type(e).__name__}: {e}"
     return result | {"changed": True, "at": now, "schedule_execution": execution, "cycle_error": cycle_error}
+
+
+def _job_and_priority(target: Target, job: str, priority: str) -> tuple[JobRecord, int]:
+    """The job (NotFound) and the priority asked for it, an integer or one of the stack's
+    tier names (BadInput `bad-priority`)."""
+    record = target.store.get(job)
+    if record is None:
+        raise NotFound(f"{job}: no such job")
+    try:
+        return record, resolve_priority(priority, target.settings.policy.tiers)
+    except ValueError as e:
+        raise BadInput(f"bad-priority: {e}") from None
 
 
 def _tell_team(target: Target, notice: Notice) -> None:

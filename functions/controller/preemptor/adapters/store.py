@@ -933,12 +933,13 @@ class JobsStore:
         return True
 
     def set_priority(self, record: JobRecord, priority: int, log: LogLine, notice: Notice | None = None) -> JobRecord:
-        """Give a job another priority (the operator's `preemptor priority`), with the
-        decision-log line that tells it and its team's notice, in one transaction conditional
-        on the job as `record` read it: its status, incarnation and version. A pending job's
-        index sort key moves with it. A cycle that planned the job at its old priority finds
-        its own write refused (the version moved) and judges again. Raises ConflictError when
-        the job moved meanwhile (anything but notes): re-read it and decide again.
+        """Give a job another priority (the operator's `preemptor priority`, a team's
+        lowering), with the decision-log line that tells it and its team's notice, in one
+        transaction conditional on the job as `record` read it: its status, incarnation and
+        version. A pending job's index sort key moves with it. A cycle that planned the job at
+        its old priority finds its own write refused (the version moved) and judges again.
+        Raises ConflictError when the job moved meanwhile (anything but notes): re-read it and
+        decide again.
 
         A lowered job loses its escalation (`escalated_at`): it was granted for the wait at
         its former priority; the wait alarm escalates it again if its new tier is watched and

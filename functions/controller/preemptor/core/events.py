@@ -43,6 +43,7 @@ from preemptor.core.requests import (
     Refusal,
     format_validation_errors,
     normalize_s3_prefix,
+    note_problem,
     resolve_priority,
     validate_job_name,
 )
@@ -878,9 +879,6 @@ def _job_cancelled(
     return JobCancelled(**envelope.common(), name=_named_job(envelope, detail, ()), team=team)
 
 
-NOTE_MAX = 500  # characters of a team's note on its change (it rides in a log line and a notice)
-
-
 def _job_priority_lowered(
     envelope: _Envelope, detail: _Fields, tiers: Mapping[str, int], team: str
 ) -> JobPriorityLowered:
@@ -892,8 +890,9 @@ def _job_priority_lowered(
     except ValueError as error:
         raise EventRejected("bad-value", f"detail.priority: {error}") from error
     note = envelope.detail.get("note", "")
-    if not isinstance(note, str) or len(note) > NOTE_MAX or not note.isprintable():
-        raise EventRejected("bad-value", f"detail.note must be one line of printable text of at most {NOTE_MAX} characters")
+    problem = note_problem(note)
+    if problem:
+        raise EventRejected("bad-value", f"detail.note {problem}")
     return JobPriorityLowered(**envelope.common(), name=name, team=team, priority=priority, note=note)
 
 

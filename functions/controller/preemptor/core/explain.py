@@ -61,8 +61,8 @@ def explain_job(
 
 
 def priority_changes_from_history(history: Iterable[dict]) -> list[dict]:
-    """The operator's changes of the job's priority since its submission (`preemptor
-    priority`), oldest first: {"at", "from", "to", "detail"}."""
+    """The changes of the job's priority since its submission (the operator's `preemptor
+    priority`, its team's lowerings), oldest first: {"at", "from", "to", "detail"}."""
     return [
         {"at": e.get("at"), "from": (e.get("extra") or {}).get("from"), "to": (e.get("extra") or {}).get("to"), "detail": e.get("detail", "")}
         for e in sorted(history, key=lambda e: (e.get("at", 0.0), e.get("sk", "")))

@@ -144,6 +144,22 @@ def validate_job_name(name: object) -> str:
     return name
 
 
+NOTE_MAX = 500  # characters of a note on a change: it rides in a decision-log line and a team's notice
+
+
+def note_problem(note: object) -> str | None:
+    """What is wrong with a note on a change (an operator's `--note`, a team's
+    `detail.note`), or None: it must be one line of printable text of at most `NOTE_MAX`
+    characters."""
+    if not isinstance(note, str):
+        return f"must be text, got {_shown(note)}"
+    if len(note) > NOTE_MAX:
+        return f"must be at most {NOTE_MAX} characters, got {len(note)}"
+    if not note.isprintable():  # a newline, a control character
+        return "must be one line of printable text"
+    return None
+
+
 def normalize_s3_prefix(uri: str) -> str:
     """Validate an `s3://bucket/prefix` URI and drop trailing slashes.
 

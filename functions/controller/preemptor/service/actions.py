@@ -848,6 +848,23 @@ def _ended_run(record: JobRecord, now: float) -> EndedRun | None:
     return EndedRun(record.pool, record.team, record.name, record.incarnation, record.gpus, record.started_at, now)
 
 
+def priority_changed(
+    record: JobRecord, priority: int, tier: str, now: float, by: str, who: str, note: str = "", also: str = "", **told
+) -> tuple[LogLine, Notice]:
+    """The decision-log line (`priority-changed`, reason `by`: "operator" or "team") and the
+    team's notice that tell `record`'s new priority, written with it (`JobsStore.set_priority`).
+    `who` says who changed it ("set by the operator"), `also` what else the line says, `told`
+    what else the notice carries. A lowering withdraws an escalation: said."""
+    was = record.priority
+    detail = f"priority {was} -> {priority} ({tier}), {who}" + (f": {note}" if note else "") + also
+    if priority < was and record.escalated_at is not None:
+        detail += "; its escalation is withdrawn"
+    line = LogLine(record.name, now, "priority-changed", by, detail, {"from": was, "to": priority})
+    subject = f"Preemptor: job {record.name} now has priority {priority} (was {was})"
+    message = {"pool": record.pool, "from": was, "to": priority, "state": record.status.value, "note": note, "by": by, **told}
+    return line, Notice(record.pool, now, "priority-changed", record.name, record.team, subject, message)
+
+
 def announce(store: JobsStore, alerts: Alerts | None, notice: Notice | None) -> None:
     """Publish a notice written with its change, and mark it sent. One SNS refused, or one
     whose writer died before publishing it, stays in the table, and reconcile publishes it:

@@ -9,8 +9,9 @@ source (`preemptor.<team>`): the team must be configured (when `teams` is), the 
 within its ceiling, and the service call is built from the pool's allow-list
 (`core.requests.admit_request`); a cancel stops, and a lowering lowers (never raises), only
 the team's own jobs. A run launched outside the controller is adopted only if its tags are
-well-formed and within the same bounds, and is a victim only if the controller may stop it. Every refusal is a "rejected" result whose reason
-starts with a stable code (a `Refusal`), which the handler logs and counts.
+well-formed and within the same bounds, and is a victim only if the controller may stop it.
+Every refusal is a "rejected" result whose reason starts with a stable code (a `Refusal`),
+which the handler logs and counts.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ..config import Settings
 from ..core import events as ev
 from ..core.errors import CheckpointLocationUnavailable, ConflictError, PreemptorError, TransactionConflict
 from ..core.jobs import JobRecord
-from ..core.model import JobState, Notice
+from ..core.model import JobState
 from ..core.requests import Refusal, RequestRefused, admit_request
 from ..core.s3uri import S3Uri
 from . import actions, escalation
@@ -302,13 +303,7 @@ class Intake:
                     event.name,
                 )
             tier = self.settings.policy.tier_of(value)
-            detail = f"priority {was} -> {value} ({tier}), lowered by team {event.team}" + (f": {event.note}" if event.note else "")
-            if record.escalated_at is not None:
-                detail += "; its escalation is withdrawn"
-            line = LogLine(record.name, now, "priority-changed", "team", detail, {"from": was, "to": value})
-            subject = f"Preemptor: job {record.name} now has priority {value} (was {was})"
-            message = {"pool": record.pool, "from": was, "to": value, "state": record.status.value, "note": event.note, "by": "team"}
-            notice = Notice(record.pool, now, "priority-changed", record.name, record.team, subject, message)
+            line, notice = actions.priority_changed(record, value, tier, now, "team", f"lowered by team {event.team}", event.note)
             try:
                 self.store.set_priority(record, value, line, notice)
             except ConflictError:
