@@ -123,6 +123,8 @@ def test_a_victim_whose_stop_never_takes_effect_is_spared_by_reconcile_past_its_
         # And the stop it was sent belongs to the abandoned preemption: a later one starts
         # with no signal sent (it is sent, logged and learned from again)
         assert sweep.stop_signal_at is None and not sweep.stop_at_once
+        # And, having stopped nothing, its preemption left the pool's preemption budget
+        assert env.store.preemptions_since("p5", 0) == []
         assert "preemption-abandoned" in env.kinds("sweep")
         assert "victim-not-stopped" in env.kinds("prod")
         assert env.job("prod").status is JobState.PENDING

@@ -462,7 +462,9 @@ def _spare_stuck_victim(store: JobsStore, settings: Settings, record, now: float
     or never took effect, and its preempt execution gave up. It goes back to RUNNING,
     protected from being chosen again for one more preemption deadline, so that the
     preemptor is planned again (another victim, or this one once protected no more, when
-    the stop may succeed) instead of waiting for capacity that never frees."""
+    the stop may succeed) instead of waiting for capacity that never frees. Having stopped
+    nothing, its preemption leaves the pool's preemption budget, as a spared victim's does
+    (`actions.spare`)."""
     protect_s = preemption_deadline_s(settings, record.pool)
     kind = Repair.STUCK_PREEMPTION_SPARED
     since = now - (record.preempting_since or now)
@@ -491,6 +493,7 @@ def _spare_stuck_victim(store: JobsStore, settings: Settings, record, now: float
             ),
             expect=[JobState.PREEMPTING],
             log=tuple(lines),
+            called_off=True,  # it stopped nothing: out of the pool's preemption budget
         )
     except ConflictError:
         return None
