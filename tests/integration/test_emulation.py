@@ -680,6 +680,59 @@ def test_concurrent_workflows_wait_their_turns_each_acting_when_its_own_wait_end
         assert noted == [270] and emulation.clock.now() == START + 270
 
 
+def test_a_maps_items_waiting_count_as_their_one_workflow_waiting_not_as_others(emulation: Emulation) -> None:
+    # Given two workflows taking turns: one first runs a step that takes a while (real time),
+    # then waits 30 s and notes the time; the other runs a Map whose two items each wait
+    # 240 s (two threads of one execution waiting, as many as both executions)
+    emulation.clock.take_turns(lambda sleeping: len(running_executions(ACCOUNT_ID, REGION)) <= sleeping)
+    noted: list[float] = []
+
+    def slow(event: dict) -> dict:
+        time.sleep(0.3)
+        return event
+
+    def note(event: dict) -> dict:
+        noted.append(emulation.clock.now() - START)
+        return event
+
+    items_wait_long = {
+        "StartAt": "Items",
+        "States": {
+            "Items": {
+                "Type": "Map",
+                "ItemsPath": "$.items",
+                "ItemProcessor": {
+                    "ProcessorConfig": {"Mode": "INLINE"},
+                    "StartAt": "Wait",
+                    "States": {"Wait": {"Type": "Wait", "Seconds": 240, "End": True}},
+                },
+                "End": True,
+            }
+        },
+    }
+    waits_short = {
+        "StartAt": "Slow",
+        "States": {
+            "Slow": {"Type": "Task", "Resource": create_function(emulation, "slow-step", slow), "Next": "Wait"},
+            "Wait": {"Type": "Wait", "Seconds": 30, "Next": "Note"},
+            "Note": {"Type": "Task", "Resource": create_function(emulation, "note-time", note), "End": True},
+        },
+    }
+    sfn = emulation.client("stepfunctions")
+    started = []
+    for name, definition in (("waits-short", waits_short), ("items-wait-long", items_wait_long)):
+        arn = sfn.create_state_machine(name=name, roleArn=emulation.role_arn, definition=json.dumps(definition))["stateMachineArn"]
+        started.append(sfn.start_execution(stateMachineArn=arn, name=f"{name}-1", input='{"items": [1, 2]}')["executionArn"])
+
+    # When both run to their ends
+    assert [wait_for_execution(sfn, arn)["status"] for arn in started] == ["SUCCEEDED", "SUCCEEDED"]
+
+    # Then the Map's two waiting items were one workflow waiting while the other was still
+    # busy: the short wait ended 30 s in, before the items moved time to 240 s
+    assert noted == [30] and emulation.clock.now() == START + 240
+    assert emulation.clock.idle() == 0
+
+
 def test_a_lambda_that_outlives_its_emulated_aws_is_refused_what_it_asks_of_the_next(emulation: Emulation) -> None:
     # Given a workflow's Lambda step still running when its emulated AWS gives way to the next
     # one, and about to write an object

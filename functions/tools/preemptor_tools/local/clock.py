@@ -17,7 +17,8 @@ or a Retry interval (`sleep`) moves time on only once every running workflow wai
 too, and the waits end in the order of their ends, as a discrete-event simulation orders
 them. Without it, the first workflow to reach its wait moved time for all: one that waited
 240 s while another was still busy made the other's 30 s wait, begun a moment later, end at
-270 s, and which came first depended on how the threads were scheduled.
+270 s, and which came first depended on how the threads were scheduled. A Map's items, each
+in a thread of its own, count as their one workflow (`join`).
 
 While a listener processes something that happened at an earlier simulated time than the
 new time (a checkpoint written at t=130 during an advance to t=3600), it runs that code inside
@@ -35,8 +36,10 @@ from contextlib import contextmanager
 AdvanceListener = Callable[[float, float], None]
 # How often a sleeper looks again whether its turn has come (real seconds), and how long it
 # waits for the others to settle before it goes anyway (a thread blocked outside the clock).
+# No test nor the demo gets there; it is long because a busy workflow's step on a heavily
+# loaded machine may take seconds of real time, and a give-up would move time under it.
 _TURN_POLL_S = 0.002
-_TURN_GIVE_UP_S = 10.0
+_TURN_GIVE_UP_S = 30.0
 
 
 class SimClock:
@@ -52,6 +55,7 @@ class SimClock:
         self._released = threading.Condition(self._lock)
         self._sleepers: list[float] = []  # the end of each `sleep` under way
         self._aside = 0  # threads that wait for the others, not for time (`aside`)
+        self._joined = 0  # threads acting for a workflow besides its own (`join`)
         self._settled: Callable[[int], bool] | None = None
 
     def now(self) -> float:
@@ -106,6 +110,26 @@ class SimClock:
             with self._lock:
                 self._aside -= 1
 
+    def join(self) -> Callable[[], None]:
+        """Count one more thread acting for a running workflow besides its execution's own
+        (a Map item's: its execution counts once, its items may each wait or act), until the
+        returned function is called, when that thread is done. Call it before that thread
+        starts, so that no turn is taken in between. Its execution's own thread stands aside
+        (`aside`) while it waits for its items."""
+        with self._lock:
+            self._joined += 1
+        left = threading.Event()
+
+        def leave() -> None:
+            if left.is_set():
+                return
+            left.set()
+            with self._lock:
+                self._joined -= 1
+                self._released.notify_all()
+
+        return leave
+
     def sleep(self, seconds: float) -> float:
         """Wait `seconds` of simulated time (a Wait state, a Retry interval), counted from now.
 
@@ -130,7 +154,7 @@ class SimClock:
                     if end <= self._now:
                         return self._now  # someone else moved time past it
                     if end <= min(self._sleepers) and (
-                        self._settled is None or self._settled(len(self._sleepers) + self._aside) or time.monotonic() >= give_up
+                        self._settled is None or self._settled(self._waiting()) or time.monotonic() >= give_up
                     ):
                         break
                     self._released.wait(_TURN_POLL_S)
@@ -148,6 +172,19 @@ class SimClock:
                 self._released.wait()
             finally:
                 self._parked -= 1
+
+    def _waiting(self) -> int:
+        """How many workflows wait for time: the sleepers and those standing aside, less the
+        threads acting besides their workflow's own (`join`): a workflow whose Map items all
+        wait counts once, not once per item."""
+        return len(self._sleepers) + self._aside - self._joined
+
+    def idle(self) -> int:
+        """How many workflows wait (`parked` counted per workflow, as `take_turns` counts
+        them): the threads parked in the clock and those standing aside, less the threads
+        acting besides their workflow's own (`join`)."""
+        with self._lock:
+            return self._parked + self._aside - self._joined
 
     def parked(self) -> int:
         """How many threads wait in the clock: in an advance, for the hold to end, or asleep

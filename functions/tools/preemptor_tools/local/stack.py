@@ -673,10 +673,10 @@ class EmulatedStack:
 
     def _until_parked(self, timeout_s: float = 120.0) -> None:
         """While this thread holds the clock: wait until every running workflow execution
-        waits for time to pass (its threads parked in an advance). A Map's items may park
-        more threads than their execution; that counts it parked a little early, never late."""
+        waits for time to pass (its threads parked in an advance; a Map's items counted as
+        their one execution, `SimClock.idle`)."""
         deadline = time.monotonic() + timeout_s
-        while len(running := self._running_executions()) > self.clock.parked():
+        while len(running := self._running_executions()) > self.clock.idle():
             if time.monotonic() >= deadline:
                 raise ExecutionStillRunning(f"{running[0]} still going after {timeout_s:g} real seconds of a held clock")
             time.sleep(_DRAIN_POLL_S)

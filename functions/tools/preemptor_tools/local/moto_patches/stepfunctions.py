@@ -12,6 +12,12 @@ Gaps filled, each by patching the hook moto itself provides:
   story, and carry out its next task there. It fails where it stands (`StaleExecution`; a
   task: States.Runtime, which no Catch routes on). `ExecutionWorker.start` records the clock
   in StartExecution's thread.
+- A Map's items run in threads of their own (one per item up to `MaxConcurrency`), so two
+  items waiting were counted as two workflows waiting, and a turn was taken while another
+  workflow was still busy (its 30 s wait then ended at the items' 240 s). Each item's thread
+  is counted as acting for its workflow from before it starts until it is done
+  (`SimClock.join`), and the execution's own thread stands aside while it awaits them
+  (`InlineIterationComponent._launch_worker`, `JobPool.await_jobs`).
 - A Retry's `JitterStrategy: FULL` draws its interval from the process's `random`, so two
   replays of one story waited differently and which draw a retry got depended on the order
   threads happened to retry in. The draw is a hash of the retry itself (the execution, the
@@ -92,6 +98,10 @@ from moto.stepfunctions.parser.asl.component.common.retry.retrier_decl import Re
 from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
 from moto.stepfunctions.parser.asl.component.eval_component import EvalComponent
 from moto.stepfunctions.parser.asl.component.state.exec.execute_state import ExecutionState
+from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.inline_iteration_component import (
+    InlineIterationComponent,
+)
+from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.job import JobPool
 from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
     state_task_service_sfn,
@@ -109,7 +119,7 @@ from moto.stepfunctions.parser.asl.utils import json_path
 from moto.stepfunctions.parser.asl.utils.json_path import NoSuchJsonPathError
 from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 from moto.stepfunctions.parser.models import StepFunctionsParserBackend
-from moto.stepfunctions.parser.utils import long_uid
+from moto.stepfunctions.parser.utils import TMP_THREADS, long_uid
 
 from preemptor_tools.local.clock import SimClock
 
@@ -125,6 +135,8 @@ def patch() -> None:
     replace(WaitFunction, "_wait_interval", _wait_interval)
     replace(retrier_decl, "time", _SimTime())
     replace(RetrierDecl, "_eval_body", _retrier_eval_body)
+    replace(InlineIterationComponent, "_launch_worker", _launch_map_worker)
+    replace(JobPool, "await_jobs", _await_map_items)
     replace(JitterStrategyDecl, "_eval_body", _full_jitter)
     replace(StateTaskService, "_normalise_parameters", _normalise_parameters)
     replace(StateTaskService, "_normalise_response", _normalise_response)
@@ -198,6 +210,8 @@ _ORIGINAL_RETRIER_EVAL = RetrierDecl._eval_body
 # (the one object an execution's frames, its Map items and Parallel branches, all share).
 _CLOCKS: weakref.WeakKeyDictionary[Any, SimClock] = weakref.WeakKeyDictionary()
 _RETRYING = threading.local()  # the environment whose retry interval this thread waits out
+_ORIGINAL_AWAIT_JOBS = JobPool.await_jobs
+_MAP_WAITER = threading.local()  # the clock of the Map items this thread launched and awaits
 
 
 class StaleExecution(RuntimeError):
@@ -234,6 +248,39 @@ def _wait_interval(self: WaitFunction, env: Any, wait_seconds: int) -> None:
     clock = _own_clock(env)
     if wait_seconds > 0:
         clock.sleep(wait_seconds)
+
+
+def _launch_map_worker(self: InlineIterationComponent, env: Any, eval_input: Any, job_pool: JobPool) -> Any:
+    """moto's, with the worker's thread counted by the clock as acting for its workflow
+    (`SimClock.join`) from before it starts until it is done, and the execution's own thread
+    standing aside while it waits for the items (`_await_map_items`)."""
+    clock = _own_clock(env)
+    worker = self._create_worker(env=env, eval_input=eval_input, job_pool=job_pool)
+    leave = clock.join()
+
+    def work() -> None:
+        try:
+            worker.eval()
+        finally:
+            leave()
+
+    thread = threading.Thread(target=work, daemon=True)
+    TMP_THREADS.append(thread)
+    _MAP_WAITER.clock = clock
+    thread.start()
+    return worker
+
+
+def _await_map_items(self: JobPool) -> None:
+    """moto's, its thread standing aside in the clock of the items it launched in this
+    thread (`_launch_map_worker`): while its items run, they act and wait for the workflow,
+    and a workflow whose items all wait counts as waiting, once."""
+    clock, _MAP_WAITER.clock = getattr(_MAP_WAITER, "clock", None), None
+    if clock is None:
+        _ORIGINAL_AWAIT_JOBS(self)
+        return
+    with clock.aside():
+        _ORIGINAL_AWAIT_JOBS(self)
 
 
 def _retrier_eval_body(self: RetrierDecl, env: Any) -> None:
