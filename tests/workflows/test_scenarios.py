@@ -70,6 +70,25 @@ def test_mission_story_experiment_is_relaunched_from_its_checkpoint_and_complete
     assert len(saved) == 1
 
 
+def test_mission_summary_counts_the_experiments_time_requeued_not_only_its_first_wait(mission):
+    import io
+
+    from preemptor_tools.local.demo import print_result
+
+    jobs = _jobs(mission.report)
+    # Its first wait was a few seconds; from its requeue to its relaunch it held no GPUs,
+    # which the summary counts apart (the first wait alone said it barely waited)
+    (requeued_at,) = [t.at for t in mission.timeline if t.job == "experiment" and t.what == "requeued"]
+    (relaunched_at,) = [t.at for t in mission.timeline if t.job == "experiment" and t.what == "relaunched"]
+    assert jobs["experiment"]["requeued_s"] == pytest.approx(relaunched_at - requeued_at)
+    assert jobs["production-finetune"]["requeued_s"] == 0
+    out = io.StringIO()
+    print_result(mission, out)
+    [line] = [x for x in out.getvalue().splitlines() if x.split()[:2] == ["experiment", "Completed"]]
+    hours, rest = divmod(round(relaunched_at - requeued_at), 3600)
+    assert "waited 0m0" in line and f" + {hours}h{rest // 60:02d}m{rest % 60:02d}s requeued" in line
+
+
 def test_timeline_reads_in_time_order_with_reasons(mission):
     times = [t.at for t in mission.timeline]
     assert times == sorted(times)

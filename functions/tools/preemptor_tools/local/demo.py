@@ -392,6 +392,9 @@ def build_report(store, scenario: Scenario) -> dict:
                 # checkpoints carried from one incarnation to the next.
                 "runtime_s": round(_runtime_s(own, r), 3),
                 "work_carried_s": round(r.work_done_s, 3),
+                # After its first start, the time it held no GPUs (requeued after a stop,
+                # waiting to relaunch), for a job that ended; `wait_s` is the first wait only.
+                "requeued_s": _requeued_s(own, r),
             }
         )
     details = []
@@ -461,6 +464,14 @@ def _runtime_s(own: list[dict], record) -> float:
     return total
 
 
+def _requeued_s(own: list[dict], record) -> float | None:
+    """Seconds an ended job held no GPUs between its first start and its end (None for a job
+    that never started or has not ended)."""
+    if record.first_started_at is None or record.ended_at is None:
+        return None
+    return round(max(0.0, record.ended_at - record.first_started_at - _runtime_s(own, record)), 3)
+
+
 def _last_reason(record, history: list[dict]) -> str | None:
     """Why a job is where it is: its outcome reason, else its newest decision's reason."""
     if record.outcome_reason:
@@ -478,10 +489,11 @@ def print_result(result: DemoResult, out: TextIO) -> None:
         out.write("\n")
     report = result.report
     out.write("Summary\n")
-    for job in report["jobs"]:
-        wait = "never started" if job["wait_s"] is None else f"waited {_duration(job['wait_s'])}"
+    waits = [_waits(job) for job in report["jobs"]]
+    width = max([22, *map(len, waits)])
+    for job, wait in zip(report["jobs"], waits):
         out.write(
-            f"  {job['name']:<24} {job['state']:<10} {wait:<22} preempted {job['preemptions']}x, "
+            f"  {job['name']:<24} {job['state']:<10} {wait:<{width}} preempted {job['preemptions']}x, "
             + (f"interrupted {job['interruptions']}x, " if job["interruptions"] else "")
             + f"lost {job['lost_gpu_seconds']:,.0f} GPU-seconds\n"
         )
@@ -525,6 +537,14 @@ def print_result(result: DemoResult, out: TextIO) -> None:
     out.write(f"  alerts published: {len(result.alerts)}\n")
     for job, text in result.explanations.items():
         out.write(f"\nexplain {job}\n{text}\n")
+
+
+def _waits(job: dict) -> str:
+    """A job's wait for its first start, and the time it spent requeued after it."""
+    if job["wait_s"] is None:
+        return "never started"
+    wait = f"waited {_duration(job['wait_s'])}"
+    return f"{wait} + {_duration(job['requeued_s'])} requeued" if job.get("requeued_s") else wait
 
 
 def _duration(seconds: float) -> str:
