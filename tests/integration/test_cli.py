@@ -340,3 +340,22 @@ def test_an_operator_note_that_would_not_fit_a_log_line_is_refused_before_any_aw
     assert main([*argv, "--stack", "nowhere"]) == 2
     line = _one_line(capsys.readouterr().err)
     assert line.startswith("preemptor: ") and expected in line, line
+
+
+@pytest.mark.parametrize("changed", [True, False], ids=["lowered", "asked again"])
+def test_priority_says_which_stops_a_lowering_called_off(monkeypatch, capsys, changed):
+    from preemptor_tools import cli, ops
+
+    # Given the operator's lowering of a waiting job that called off the stop of its victim
+    answer = {
+        "job": "prod", "from": 500 if changed else 50, "to": 50, "state": "PENDING", "note": None, "changed": changed,
+        "at": 1.0 if changed else None, "schedule_execution": "arn:cycle" if changed else None,
+        "preemption_called_off": False, "victims_spared": ["sweep"],
+    }
+    monkeypatch.setattr(cli, "_target", lambda args: None)
+    monkeypatch.setattr(ops, "set_priority", lambda target, job, priority, note: answer)
+    # When it is told in text
+    assert main(["priority", "prod", "low"]) == 0
+    # Then its one line names the job no longer stopped
+    [line] = capsys.readouterr().out.strip().splitlines()
+    assert line.startswith("prod: priority ") and "no longer stops sweep (no stop was sent)" in line

@@ -14,6 +14,7 @@ import pytest
 from emulation import emulation, when_a_step_returns
 from notice_queues import received, subscribe
 
+from preemptor.adapters.store import LogLine
 from preemptor.core.errors import AccessDenied
 from preemptor.core.model import JobState
 from preemptor.service import actions
@@ -352,3 +353,72 @@ def test_a_called_off_preemption_leaves_the_budget_so_its_preemptor_may_take_ano
         assert env.job(other).preemptions == 1 and "launched" in env.kinds("eval")
         assert "preemption-budget-exhausted" not in [e["reason"] for e in env.store.history("eval")]
         assert [p.victim for p in env.store.preemptions_since("p5", env.clock.now() - 3600)] == [other]
+
+
+# -- a preemptor lowered while its victims wait for their checkpoints ------------------------
+
+
+def _sweep_then_prod_lowered_in_its_victims_wait(env, sweep: str, lower) -> list:
+    """Research's sweep (64 GPUs, an hour in, no checkpoint yet) holding the pool, then
+    production's high job preempting it; `lower()` runs as the preemption asks the sweep
+    for a checkpoint (its workflow then waits for it). Returns what `lower` returned."""
+    env.submit(name="sweep", team="research", priority=sweep, pool="p5", instances=8, duration=14400, checkpoint_every=7200)
+    env.advance(3600)
+    answers = []
+    with when_a_step_returns(env, "preempt", "Ask for a checkpoint", lambda: answers.append(lower())) as done:
+        env.submit(name="prod", team="production", priority="high", pool="p5", instances=8, duration=1200)
+    assert done and env.job("prod").priority != 500
+    env.advance(1800)
+    return answers
+
+
+@pytest.mark.parametrize(
+    ("sweep", "lowered_to", "still_stopped"),
+    [("medium", "low", False), ("medium", "medium", False), ("medium", "300", True)],
+    ids=["below its victim", "equal to its victim (across teams: LowerPriority)", "still above its victim"],
+)
+def test_a_waiting_job_lowered_by_the_operator_no_longer_stops_a_victim_its_new_priority_may_not_preempt(sweep, lowered_to, still_stopped):
+    with emulation(policy=CEILINGS) as env:
+        # Given production's high job preempting research's sweep, the sweep asked for a
+        # checkpoint; when the operator lowers the production job meanwhile
+        [answer] = _sweep_then_prod_lowered_in_its_victims_wait(env, sweep, lambda: ops.set_priority(env.operator(), "prod", lowered_to))
+        swept = env.job("sweep")
+        if still_stopped:
+            # Then a victim it still outranks is stopped for it as planned
+            assert answer["victims_spared"] == []
+            assert (swept.incarnation, swept.preemptions) == (2, 1) and "launched" in env.kinds("prod")
+            return
+        # Then no stop was sent to a job it may no longer preempt: the sweep's first run goes
+        # on, nothing of it lost, out of the preemption budget, and the production job waits
+        assert answer["victims_spared"] == ["sweep"]
+        assert (swept.status, swept.incarnation, swept.preemptions, swept.preempted_by) == (JobState.RUNNING, 1, 0, None)
+        run = env.stack.client("sagemaker").describe_training_job(TrainingJobName=swept.run_name)
+        assert run["TrainingJobStatus"] == "InProgress" and "stop-requested" not in env.kinds("sweep")
+        assert env.store.preemptions_since("p5", 0) == []
+        assert env.job("prod").status is JobState.PENDING
+        # And its preemption workflow found it released at its next check
+        [execution] = env.executions("PreemptStateMachine")
+        assert execution["status"] == "SUCCEEDED" and "Called off" in env.states_visited(execution["executionArn"])
+        # And both decision logs say why
+        [cancelled] = [e for e in env.store.history("sweep") if e["kind"] == "preemption-cancelled"]
+        assert cancelled["reason"] == "preemptor-lowered" and "the rule that chose it (lower-priority)" in cancelled["detail"]
+        [spared] = [e for e in env.store.history("prod") if e["kind"] == "victim-spared"]
+        assert spared["reason"] == "preemptor-lowered" and spared["extra"] == {"victim": "sweep"}
+
+
+def test_a_lowering_asked_again_after_a_call_that_died_before_its_call_off_finishes_it():
+    with emulation(policy=CEILINGS) as env:
+        # Given the operator's lowering written, and its call gone before it called the
+        # preemption off (the change alone, as `ops.set_priority` writes it first); when the
+        # operator asks again, still within the victim's checkpoint wait
+        def written_then_died_then_asked_again() -> dict:
+            line = LogLine("prod", env.clock.now(), "priority-changed", "operator", "priority 500 -> 50 (low), set by the operator")
+            env.store.set_priority(env.store.get("prod"), 50, line)
+            return ops.set_priority(env.operator(), "prod", "low")
+
+        [answer] = _sweep_then_prod_lowered_in_its_victims_wait(env, "medium", written_then_died_then_asked_again)
+        # Then the same lowering changes nothing, but calls the preemption off
+        assert (answer["changed"], answer["victims_spared"]) == (False, ["sweep"])
+        swept = env.job("sweep")
+        assert (swept.status, swept.incarnation, swept.preemptions) == (JobState.RUNNING, 1, 0)
+        assert "stop-requested" not in env.kinds("sweep")

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from emulation import emulation
+from emulation import emulation, when_a_step_returns
 from iam_policy import StackPolicies
 from notice_queues import received, subscribe
 
@@ -23,8 +23,10 @@ from preemptor.core.model import JobState
 from preemptor_tools import ops
 
 
-def _lowering(env, team: str, detail: dict) -> dict:
-    """The team's event, put on the submission bus as its principals put it; the intake's answer."""
+def _lowering(env, team: str, detail: dict, deliver=None) -> dict:
+    """The team's event, put on the submission bus as its principals put it; the intake's
+    answer. `deliver`: how it is put (by default `env.put`, which waits for the workflows;
+    from inside a workflow's step, the stack's `put_event`, which does not)."""
     event = {
         "version": "0",
         "id": str(uuid.uuid4()),
@@ -36,7 +38,7 @@ def _lowering(env, team: str, detail: dict) -> dict:
         "resources": [],
         "detail": detail,
     }
-    [result] = env.put(json.loads(json.dumps(event))).results
+    [result] = (deliver or env.put)(json.loads(json.dumps(event))).results
     return result
 
 
@@ -121,3 +123,48 @@ def test_a_lowered_job_loses_the_escalation_it_was_given_at_its_former_priority(
         assert (backfill.priority, backfill.escalated_at, backfill.status) == (50, None, JobState.PENDING)
         [change] = [e for e in env.store.history("backfill") if e["kind"] == "priority-changed"]
         assert change["detail"].endswith("; its escalation is withdrawn")
+
+
+def _prod_lowered_while_its_victim_checkpoints(env, team: str, sweep: str, lowered_to: str) -> dict:
+    """Research's sweep (64 GPUs, an hour in, no checkpoint yet) holding the pool, then
+    `team`'s high job preempting it; the team lowers that job to `lowered_to` as the
+    preemption asks the sweep for a checkpoint. The intake's answer."""
+    env.submit(name="sweep", team="research", priority=sweep, pool="p5", instances=8, duration=14400, checkpoint_every=7200)
+    env.advance(3600)
+    answers = []
+    lower = lambda: answers.append(_lowering(env, team, {"name": "prod", "priority": lowered_to}, env.stack.put_event))  # noqa: E731
+    with when_a_step_returns(env, "preempt", "Ask for a checkpoint", lower) as done:
+        env.submit(name="prod", team=team, priority="high", pool="p5", instances=8, duration=1200)
+    assert done
+    env.advance(1800)
+    return answers[0]
+
+
+def test_a_team_lowering_its_waiting_job_below_its_victim_calls_the_stop_off():
+    with emulation() as env:
+        # When production lowers its job below the sweep it is preempting, before the stop
+        result = _prod_lowered_while_its_victim_checkpoints(env, "production", "medium", "low")
+        # Then the change is accepted with the call-off, and the sweep's run goes on, whole
+        assert (result["outcome"], result["reason"]) == ("accepted", "priority 500 -> 50; preemptions of sweep called off")
+        swept = env.job("sweep")
+        assert (swept.status, swept.incarnation, swept.preemptions) == (JobState.RUNNING, 1, 0)
+        assert "stop-requested" not in env.kinds("sweep") and env.store.preemptions_since("p5", 0) == []
+        [cancelled] = [e for e in env.store.history("sweep") if e["kind"] == "preemption-cancelled"]
+        assert "lowered by team production" in cancelled["detail"]
+        assert env.job("prod").status is JobState.PENDING
+
+
+def test_a_victim_reclaimed_from_borrowed_quota_is_still_stopped_whatever_its_reclaimer_is_lowered_to():
+    # Given quotas: production's nominal share is the pool, research runs on borrowed quota,
+    # and a team within its nominal quota reclaims borrowed work whatever its priority
+    quotas = {"quotas": [{"team": "production", "nominal_gpus": 64}, {"team": "research", "nominal_gpus": 0, "borrowing_limit": 64}]}
+    with emulation(policy=quotas) as env:
+        # When production lowers its job, reclaiming the sweep's GPUs, below the sweep
+        result = _prod_lowered_while_its_victim_checkpoints(env, "production", "medium", "low")
+        # Then the reclaim goes on: the rule that chose the sweep does not look at priority
+        assert (result["outcome"], result["reason"]) == ("accepted", "priority 500 -> 50")
+        [started] = [e for e in env.store.history("sweep") if e["kind"] == "preemption-started"]
+        assert started["extra"]["rule"] == "reclaim-borrowed"
+        swept = env.job("sweep")
+        assert (swept.incarnation, swept.preemptions) == (2, 1) and "stop-requested" in env.kinds("sweep")
+        assert "preemption-cancelled" not in env.kinds("sweep")

@@ -522,17 +522,24 @@ def _priority(args) -> int:
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     elif not result["changed"]:
-        print(f"{args.job}: priority is {result['to']} already ({result['state']}): nothing changed")
+        spared = _spared(result)
+        print(f"{args.job}: priority is {result['to']} already ({result['state']}): nothing changed{spared}")
     else:
         then = " (a cycle started)" if result["schedule_execution"] else ""
         if result.get("cycle_error"):
             then = f"; no cycle started ({result['cycle_error']}): the pool's next event or reconcile plans it"
         going_on = (
             "; its preemption is called off, it runs on" if result.get("preemption_called_off")
-            else "; the stop already sent goes on" if result["state"] == "PREEMPTING" else ""
+            else "; the stop already sent goes on" if result["state"] == "PREEMPTING" else _spared(result)
         )
         print(f"{args.job}: priority {result['from']} -> {result['to']} ({result['state']}){going_on}{then}")
     return EXIT_OK
+
+
+def _spared(result: dict) -> str:
+    """What a lowering called off: the preemptions its new priority no longer permits."""
+    spared = result.get("victims_spared") or []
+    return f"; no longer stops {', '.join(spared)} (no stop was sent)" if spared else ""
 
 
 def _lower(args) -> int:

@@ -35,7 +35,7 @@ from preemptor.core.errors import ConflictError, PreemptorError, TransactionConf
 from preemptor.core.jobs import JobRecord
 from preemptor.core.model import JobState, Notice
 from preemptor.core.requests import JobRequest, RequestRefused, admit_request, resolve_priority
-from preemptor.service.actions import SPOT_INTERRUPTION, announce, priority_changed
+from preemptor.service.actions import announce, outranked_preemptions, priority_changed, releasable
 from .local.state import FAKE_CREDENTIALS, LocalState
 
 # Where `submit --wait` stops waiting: the job runs, or has ended.
@@ -461,7 +461,9 @@ def set_priority(target: Target, job: str, priority: str, note: str = "") -> dic
     one job). Pending, the job is ranked at it; running, it is judged at it as a victim, and
     judges its own victims at it when it is relaunched. Raised while its preemption waits for
     a checkpoint, the preemption is called off, the job is protected for one checkpoint wait
-    (`_release`), and the new cycle judges again; a stop already sent goes on.
+    (`_release`), and the new cycle judges again; a stop already sent goes on. Lowered while
+    it waits for its victims, the preemptions its new priority no longer permits are called
+    off where no stop was sent (`victims_spared`, `actions.outranked_preemptions`).
 
     Written with its decision-log line (`priority-changed`, with the note) and the team's
     notice (published at once, else by reconcile), conditional on the job as read:
@@ -483,9 +485,14 @@ def set_priority(target: Target, job: str, priority: str, note: str = "") -> dic
         was = record.priority
         result = {"job": job, "from": was, "to": value, "state": record.status.value, "note": note or None}
         if was == value:
-            return result | {"changed": False, "at": None, "schedule_execution": None, "preemption_called_off": False}
+            # Asked again after a call that died between its change and the call-off of the
+            # preemptions it no longer permits: the call-off is done now.
+            spared = outranked_preemptions(store=target.store, policy=policy, preemptor=record, why="set by the operator", now=target.now())
+            return result | {
+                "changed": False, "at": None, "schedule_execution": None, "preemption_called_off": False, "victims_spared": spared,
+            }
         now = target.now()
-        release = _releasable(record) and value > was
+        release = releasable(record) and value > was
         if release:
             going_on = f"; its preemption for {record.preempted_by} is called off (no stop was sent): the pool is planned again"
         else:
@@ -496,9 +503,11 @@ def set_priority(target: Target, job: str, priority: str, note: str = "") -> dic
         try:
             if release:
                 _release(target, record, value, now, line, notice)
+                spared = []
             else:
-                target.store.set_priority(record, value, line, notice)
-            result |= {"preemption_called_off": release}
+                changed = target.store.set_priority(record, value, line, notice)
+                spared = outranked_preemptions(store=target.store, policy=policy, preemptor=changed, why="set by the operator", now=now)
+            result |= {"preemption_called_off": release, "victims_spared": spared}
             break
         except (ConflictError, TransactionConflict):
             # The controller changed the job meanwhile (a cycle admitted it, a run ended...).
@@ -540,18 +549,6 @@ def _tell_team(target: Target, notice: Notice) -> None:
     topic = target.outputs.get("AlertsTopicArn")
     if topic:
         announce(target.store, Alerts(target.client("sns"), topic), notice)
-
-
-def _releasable(record: JobRecord) -> bool:
-    """A victim whose preemption may still be called off: being preempted (not stopped for a
-    spot interruption, whose instance goes away anyway, nor for a cancel), and no stop sent
-    for this preemption yet (`JobsStore.claim_stop` records it before it is sent)."""
-    return (
-        record.status is JobState.PREEMPTING
-        and record.preempted_by not in (None, SPOT_INTERRUPTION)
-        and not record.cancel_requested
-        and (record.stop_signal_at is None or record.stop_signal_at < (record.preempting_since or 0.0))
-    )
 
 
 def _release(target: Target, record: JobRecord, priority: int, now: float, line: LogLine, notice: Notice) -> None:

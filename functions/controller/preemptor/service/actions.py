@@ -22,9 +22,11 @@ from ..core.errors import (
     AccessDenied, CheckpointLocationUnavailable, ConflictError, PreemptorError, RunNameTaken, ServiceJobNotFound, ServiceRejected,
 )
 from ..core.jobs import JobRecord
-from ..core.model import EndedRun, JobState, Notice
+from ..core.model import EndedRun, JobState, Notice, PreemptionRule
 from ..core.pools import describe_offering
-from ..core.policy import Policy
+from ..core.policy import Policy, ReclaimMode
+from ..core.ranking import ClaimRules
+from ..core.victims import mode_rule
 from ..core.progress import is_fresh, lost_gpu_seconds, saved_in_run_s
 from . import learning  # what the controller learns of each job (issue 10)
 
@@ -188,6 +190,89 @@ def _other_preemption(record: JobRecord | None, since: float | None) -> bool:
         and record.status in (JobState.RUNNING, JobState.PREEMPTING)
         and record.preempting_since != since
     )
+
+
+def releasable(record: JobRecord) -> bool:
+    """A victim whose preemption may still be called off: being preempted (not stopped for a
+    spot interruption, whose instance goes away anyway, nor for a cancel), and no stop sent
+    for this preemption yet (`JobsStore.claim_stop` records it before it is sent)."""
+    return (
+        record.status is JobState.PREEMPTING
+        and record.preempted_by not in (None, SPOT_INTERRUPTION)
+        and not record.cancel_requested
+        and not _stop_recorded(record)
+    )
+
+
+def outranked_preemptions(*, store: JobsStore, policy: Policy, preemptor: JobRecord, why: str, now: float) -> list[str]:
+    """Call off each preemption made for `preemptor`, a pending job whose priority was just
+    lowered (`why`: by whom, to what), that its new priority no longer permits and whose
+    victim was sent no stop yet; returns the victims left running.
+
+    Each victim is judged by the rule that chose it (its `preemption-started` line) at the
+    priorities both claim now (`ClaimRules.claim`): a lower-priority or newer-equal victim
+    by the pool's preemption mode (`mode_rule`), borrowed work by `reclaim_within_pool`.
+    Without this, a victim at or above the lowered job's priority was still stopped for it,
+    its work since the checkpoint and its restart lost, and it was ranked back ahead of its
+    preemptor at once. A victim called off goes back to RUNNING, leaves the preemption
+    budget and is not protected (the next cycle may choose it for a job that outranks it);
+    its workflow's next step finds it released (`_other_preemption`). Written conditional on
+    the victim as read: a stop claimed meanwhile goes on."""
+    if preemptor.status is not JobState.PENDING:
+        return []
+    knobs = policy.for_pool(preemptor.pool)
+    rules = ClaimRules.of(knobs, policy)
+    claimed, _ = rules.claim(preemptor.priority, preemptor.sla_s, preemptor.spot)
+    spared = []
+    for victim in store.active(preemptor.pool):
+        if victim.preempted_by != preemptor.name or not releasable(victim):
+            continue
+        rule = _preemption_rule(store, victim)
+        pv, _ = rules.claim(victim.priority, victim.sla_s, victim.spot)
+        if rule == PreemptionRule.RECLAIM_BORROWED.value:
+            permitted = knobs.reclaim_within_pool is ReclaimMode.ANY or (knobs.reclaim_within_pool is ReclaimMode.LOWER_PRIORITY and pv < claimed)
+        else:
+            mode = knobs.within_team if victim.team == preemptor.team else knobs.across_teams
+            permitted = mode_rule(mode, claimed, preemptor.submitted_at, pv, victim.as_running().started_at) is not None
+        if permitted:
+            continue
+        what = (
+            f"its preemptor {preemptor.name} was lowered to {preemptor.priority} ({why}): "
+            f"the rule that chose it ({rule or 'unknown'}) no longer lets it stop a job at {victim.priority}; left running"
+        )
+        lines = (
+            LogLine(victim.name, now, "preemption-cancelled", "preemptor-lowered", what, {"preemptor": preemptor.name}),
+            LogLine(
+                preemptor.name, now, "victim-spared", "preemptor-lowered",
+                f"{victim.name} is no longer stopped for it (priority {victim.priority}; it was lowered to {preemptor.priority}); "
+                "the pool is planned again",
+                {"victim": victim.name},
+            ),
+        )
+        try:
+            store.transition(
+                victim,
+                victim.with_changes(
+                    status=JobState.RUNNING, preempted_by=None, preempting_since=None,
+                    stop_signal_at=None, stop_at_once=False, stop_reason=None,
+                ),
+                expect=[JobState.PREEMPTING],
+                log=lines,
+                called_off=True,  # it stopped nothing: out of the preemption budget
+            )
+        except ConflictError:
+            continue  # changed meanwhile (its stop claimed, its run ended): left to its workflow
+        spared.append(victim.name)
+    return spared
+
+
+def _preemption_rule(store: JobsStore, victim: JobRecord) -> str | None:
+    """The rule its current preemption chose it under (its `preemption-started` line, written
+    with its mark), None when the line is not found."""
+    for entry in reversed(store.history(victim.name)):
+        if entry["kind"] == "preemption-started" and abs(float(entry["at"]) - (victim.preempting_since or 0.0)) < 1e-3:
+            return entry.get("extra", {}).get("rule")
+    return None
 
 
 def stop(

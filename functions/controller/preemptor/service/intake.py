@@ -285,7 +285,9 @@ class Intake:
         is (`JobsStore.set_priority`: the `priority-changed` line and the team's notice, in
         one transaction conditional on the job as read; read again if the controller
         changed it meanwhile); the notice is published at once, and a cycle of its pool
-        plans the change. A job being stopped goes on being stopped."""
+        plans the change. A job being stopped goes on being stopped; a pending job's
+        preemptions its new priority no longer permits are called off where no stop was sent
+        (`actions.outranked_preemptions`)."""
         for _ in range(3):
             record = self._teams_job(event)
             if isinstance(record, IntakeResult):
@@ -293,7 +295,13 @@ class Intake:
             if record.status.is_terminal:
                 return IntakeResult("ignored", f"job {event.name} already ended ({record.status.value})", event.name)
             was, value = record.priority, event.priority
+            why = f"lowered by team {event.team}"
             if value == was:
+                # A redelivery of a lowering whose first handling died before its call-off
+                # (`actions.outranked_preemptions`) finishes it.
+                spared = actions.outranked_preemptions(store=self.store, policy=self.settings.policy, preemptor=record, why=why, now=now)
+                if spared:
+                    return self._settled(record.pool, event.event_id, "accepted", f"preemptions of {', '.join(spared)} called off", record.name, now)
                 return IntakeResult("ignored", f"job {event.name} already has priority {value}", event.name)
             if value > was:
                 return self._refuse(
@@ -303,13 +311,16 @@ class Intake:
                     event.name,
                 )
             tier = self.settings.policy.tier_of(value)
-            line, notice = actions.priority_changed(record, value, tier, now, "team", f"lowered by team {event.team}", event.note)
+            line, notice = actions.priority_changed(record, value, tier, now, "team", why, event.note)
             try:
-                self.store.set_priority(record, value, line, notice)
+                changed = self.store.set_priority(record, value, line, notice)
             except ConflictError:
                 continue  # the controller changed it meanwhile: read again, judge again
             actions.announce(self.store, self.alerts, notice)  # one SNS refused: reconcile publishes it
-            return self._settled(record.pool, event.event_id, "accepted", f"priority {was} -> {value}", record.name, now)
+            # A preemptor lowered below its victims: the stops not sent yet are called off.
+            spared = actions.outranked_preemptions(store=self.store, policy=self.settings.policy, preemptor=changed, why=why, now=now)
+            reason = f"priority {was} -> {value}" + (f"; preemptions of {', '.join(spared)} called off" if spared else "")
+            return self._settled(record.pool, event.event_id, "accepted", reason, record.name, now)
         raise TransactionConflict(f"job {event.name} kept changing while its priority was lowered")
 
     # -- SageMaker and Batch runs --------------------------------------------------------
