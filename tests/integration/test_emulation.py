@@ -637,12 +637,10 @@ def test_an_execution_that_outlives_its_emulated_aws_neither_moves_nor_acts_in_t
     assert described["status"] == "FAILED" and "outlived the emulated AWS that started it" in described.get("cause", "")
 
 
-@pytest.mark.parametrize("turns", [True, False], ids=["taking turns", "first come"])
-def test_concurrent_workflows_wait_their_turns_each_acting_when_its_own_wait_ends(emulation: Emulation, turns: bool) -> None:
-    # Given two workflows started together: one first runs a step that takes a while (real
-    # time), then waits 30 s and notes the time; the other waits 240 s
-    if turns:
-        emulation.clock.take_turns(lambda sleeping: len(running_executions(ACCOUNT_ID, REGION)) <= sleeping)
+def _busy_then_short_wait_beside(emulation: Emulation, other: dict) -> list[float]:
+    """Start two workflows together: one first runs a step that takes a while (real time),
+    then waits 30 s and notes the time; the other is `other` (its input has two items). Runs
+    both to their ends; returns the times noted (since START)."""
     noted: list[float] = []
 
     def slow(event: dict) -> dict:
@@ -653,7 +651,6 @@ def test_concurrent_workflows_wait_their_turns_each_acting_when_its_own_wait_end
         noted.append(emulation.clock.now() - START)
         return event
 
-    waits_long = {"StartAt": "Wait", "States": {"Wait": {"Type": "Wait", "Seconds": 240, "End": True}}}
     waits_short = {
         "StartAt": "Slow",
         "States": {
@@ -664,12 +661,23 @@ def test_concurrent_workflows_wait_their_turns_each_acting_when_its_own_wait_end
     }
     sfn = emulation.client("stepfunctions")
     started = []
-    for name, definition in (("waits-short", waits_short), ("waits-long", waits_long)):
+    for name, definition in (("waits-short", waits_short), ("waits-long", other)):
         arn = sfn.create_state_machine(name=name, roleArn=emulation.role_arn, definition=json.dumps(definition))["stateMachineArn"]
-        started.append(sfn.start_execution(stateMachineArn=arn, name=f"{name}-1", input="{}")["executionArn"])
+        started.append(sfn.start_execution(stateMachineArn=arn, name=f"{name}-1", input='{"items": [1, 2]}')["executionArn"])
+    assert [wait_for_execution(sfn, arn)["status"] for arn in started] == ["SUCCEEDED", "SUCCEEDED"]
+    return noted
+
+
+@pytest.mark.parametrize("turns", [True, False], ids=["taking turns", "first come"])
+def test_concurrent_workflows_wait_their_turns_each_acting_when_its_own_wait_ends(emulation: Emulation, turns: bool) -> None:
+    # Given two workflows started together: one first runs a step that takes a while (real
+    # time), then waits 30 s and notes the time; the other waits 240 s
+    if turns:
+        emulation.clock.take_turns(lambda sleeping: len(running_executions(ACCOUNT_ID, REGION)) <= sleeping)
+    waits_long = {"StartAt": "Wait", "States": {"Wait": {"Type": "Wait", "Seconds": 240, "End": True}}}
 
     # When both run to their ends
-    assert [wait_for_execution(sfn, arn)["status"] for arn in started] == ["SUCCEEDED", "SUCCEEDED"]
+    noted = _busy_then_short_wait_beside(emulation, waits_long)
 
     # Then, taking turns, the short wait ended 30 s in, before the long one moved time to
     # 240 s, as on AWS; first come, the long wait moved time while the other was busy, and
@@ -681,20 +689,10 @@ def test_concurrent_workflows_wait_their_turns_each_acting_when_its_own_wait_end
 
 
 def test_a_maps_items_waiting_count_as_their_one_workflow_waiting_not_as_others(emulation: Emulation) -> None:
-    # Given two workflows taking turns: one first runs a step that takes a while (real time),
-    # then waits 30 s and notes the time; the other runs a Map whose two items each wait
-    # 240 s (two threads of one execution waiting, as many as both executions)
+    # Given two workflows taking turns: one busy, then waiting 30 s; the other running a Map
+    # whose two items each wait 240 s (two threads of one execution waiting, as many as
+    # both executions)
     emulation.clock.take_turns(lambda sleeping: len(running_executions(ACCOUNT_ID, REGION)) <= sleeping)
-    noted: list[float] = []
-
-    def slow(event: dict) -> dict:
-        time.sleep(0.3)
-        return event
-
-    def note(event: dict) -> dict:
-        noted.append(emulation.clock.now() - START)
-        return event
-
     items_wait_long = {
         "StartAt": "Items",
         "States": {
@@ -710,22 +708,9 @@ def test_a_maps_items_waiting_count_as_their_one_workflow_waiting_not_as_others(
             }
         },
     }
-    waits_short = {
-        "StartAt": "Slow",
-        "States": {
-            "Slow": {"Type": "Task", "Resource": create_function(emulation, "slow-step", slow), "Next": "Wait"},
-            "Wait": {"Type": "Wait", "Seconds": 30, "Next": "Note"},
-            "Note": {"Type": "Task", "Resource": create_function(emulation, "note-time", note), "End": True},
-        },
-    }
-    sfn = emulation.client("stepfunctions")
-    started = []
-    for name, definition in (("waits-short", waits_short), ("items-wait-long", items_wait_long)):
-        arn = sfn.create_state_machine(name=name, roleArn=emulation.role_arn, definition=json.dumps(definition))["stateMachineArn"]
-        started.append(sfn.start_execution(stateMachineArn=arn, name=f"{name}-1", input='{"items": [1, 2]}')["executionArn"])
 
     # When both run to their ends
-    assert [wait_for_execution(sfn, arn)["status"] for arn in started] == ["SUCCEEDED", "SUCCEEDED"]
+    noted = _busy_then_short_wait_beside(emulation, items_wait_long)
 
     # Then the Map's two waiting items were one workflow waiting while the other was still
     # busy: the short wait ended 30 s in, before the items moved time to 240 s
