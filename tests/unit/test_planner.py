@@ -16,6 +16,7 @@ from preemptor.core.model import JobState, PastPreemption, Pool, PreemptionRule,
 from preemptor.core.planner import plan
 from preemptor.core.policy import MaxPreemptionsAction, Policy, PreemptionMode, ReclaimMode
 from preemptor.core.requests import JobRequest
+from preemptor.core.trace import trace_job
 from preemptor_tools.snapshot_file import load_snapshot
 
 NOW = 10_000.0
@@ -316,6 +317,48 @@ def test_preemption_records_rule_cost_and_borrowing():
     # Then the low job reclaims its quota from the critical borrower, and the cost is recorded
     assert (p0.victim, p0.rule, p0.reason, p0.borrowed) == ("b-run", PreemptionRule.RECLAIM_BORROWED, Reason.BORROWED_CAPACITY_RECLAIMED, True)
     assert (p0.lost_gpu_seconds, p0.cost_gpu_seconds) == (8 * 30, 8 * 90)
+
+
+def test_freed_capacity_goes_to_work_within_its_nominal_quota_before_a_higher_priority_borrower():
+    # Given team a's nominal quota is the pool and team b borrows it; b's critical job was
+    # just stopped for a's low job (reclaimed) and both wait for the 8 free GPUs
+    p = make_policy(quotas=[quota("a", 8), quota("b", 0, borrowing=8)])
+    snap = snapshot(8).pending(
+        pending("b-crit", 1000, 8, team="b", submitted_at=1), pending("a-low", 50, 8, team="a", submitted_at=2)
+    ).build()
+    # When planning
+    decision = plan(snap, p, NOW)
+    # Then a's job, within its nominal quota, is admitted first (Kueue's order), and b's
+    # waits: had b's job borrowed them again, a's job would reclaim them at the next cycle
+    assert admitted(decision) == ["a-low"] and not decision.preemptions
+    # And explain says why the borrower is placed after it
+    trace = trace_job(snap, p, NOW, "b-crit")
+    assert trace["position"] == 2 and trace["ahead"] == ["a-low"]
+    assert [a["reason"] for a in trace["adjustments"]] == ["borrows-after-nominal"]
+
+
+def test_a_teams_own_jobs_keep_their_order_when_one_of_them_borrows():
+    # Given team a (nominal 8 of 16) with a critical job that would borrow and a low one
+    # that would not, and team b's job within its nominal quota
+    p = make_policy(quotas=[quota("a", 8, borrowing=8), quota("b", 8)])
+    snap = snapshot(16).pending(
+        pending("a-crit", 1000, 16, team="a", submitted_at=1), pending("a-low", 50, 8, team="a", submitted_at=2),
+        pending("b-mid", 200, 8, team="b", submitted_at=3),
+    ).build()
+    # When planning
+    decision = plan(snap, p, NOW)
+    # Then b's job goes first, where a's critical job would have borrowed b's share only to
+    # be reclaimed (all 16 of its GPUs stopped for b's 8); a's low job is placed after a's
+    # critical one, not ahead of it, and runs in what the critical one cannot use
+    assert admitted(decision) == ["b-mid", "a-low"]
+    assert trace_job(snap, p, NOW, "a-low")["ahead"] == ["b-mid", "a-crit"]
+    assert trace_job(snap, p, NOW, "a-crit")["ahead"] == ["b-mid"]
+
+
+def test_without_quotas_the_queue_is_placed_in_rank_order():
+    snap = snapshot(8).pending(pending("b-crit", 1000, 8, team="b", submitted_at=1), pending("a-low", 50, 8, team="a", submitted_at=2)).build()
+    assert admitted(plan(snap, DEFAULT, NOW)) == ["b-crit"]
+    assert "adjustments" in trace_job(snap, DEFAULT, NOW, "b-crit") and trace_job(snap, DEFAULT, NOW, "b-crit")["adjustments"] == []
 
 
 def test_decision_lists_the_candidates_it_considered():

@@ -338,3 +338,23 @@ def test_a_preemption_started_without_the_victims_mark_time_still_stops_and_requ
         assert env.states_visited(run["executionArn"])[:2] == ["Does it name its preemption?", "Name no preemption"]
         assert env.job("sweep").preemptions == 1 and "requeued" in env.kinds("sweep")
         assert "launched" in env.kinds("prod")
+
+
+def test_gpus_reclaimed_from_a_borrowing_team_go_to_the_reclaimer_not_back_to_the_borrower():
+    # Given production's nominal quota is the whole pool and research borrows all of it for
+    # its high sweep
+    quotas = {"quotas": [{"team": "production", "nominal_gpus": 64}, {"team": "research", "nominal_gpus": 0, "borrowing_limit": 64}]}
+    with emulation(policy=quotas) as env:
+        env.submit(name="sweep", team="research", priority="high", pool="p5", instances=8, duration=14400, checkpoint_every=600)
+        env.advance(3600)
+        # When production's medium job, within its nominal quota, reclaims them
+        env.submit(name="prod", team="production", priority="medium", pool="p5", instances=8, duration=1200)
+        env.advance(3600)
+        # Then the freed GPUs went to it, though the requeued sweep ranks higher: the sweep
+        # borrows them again only once production's job is done (before, the sweep took them
+        # back at once, its stop for nothing, and production's job waited)
+        assert [e["kind"] for e in env.store.history("prod")][:3] == ["submitted", "preempting", "admitted"]
+        [preempting] = [e for e in env.store.history("prod") if e["kind"] == "preempting"]
+        assert preempting["reason"] == "reclaims-borrowed-capacity"
+        prod, sweep = env.job("prod"), env.job("sweep")
+        assert prod.status is JobState.COMPLETED and sweep.incarnation == 2 and sweep.started_at >= prod.ended_at

@@ -95,6 +95,7 @@ class Reason(StrEnum):
     NOT_STOPPABLE = "not-stoppable"  # the controller has no right to stop it (an adopted run)
     RECENTLY_SPARED = "recently-spared"
     CAPACITY_FREED_FOR_IT = "capacity-freed-for-it"
+    BORROWS_AFTER_NOMINAL = "borrows-after-nominal"  # placed after other teams' work within its nominal quota
     STARVATION_GUARANTEE = "admitted-after-starving"
     WITHIN_GUARANTEED_QUOTA = "within-guaranteed-quota"
     PREEMPTION_NOT_ALLOWED = "preemption-mode-never"

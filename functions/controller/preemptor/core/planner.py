@@ -383,6 +383,48 @@ class PoolPlanner:
         )
 
     # -- the queue ---------------------------------------------------------------------------
+    def nominal_first(self, ranked: list[RankedJob]) -> list[RankedJob]:
+        """The order the pool's queue is placed in: with quotas, Kueue's. Work that would run
+        within its quota's nominal share (at the plan's start) goes before work that would
+        borrow, each in rank order (a job's quota counted with the jobs of that quota placed
+        before it); a team's jobs keep their own order (once one of its jobs borrows, the
+        team's later jobs follow it). `borrowing_last` names the jobs some other team's work
+        within its nominal quota was placed before.
+
+        Without it, GPUs a job within its nominal quota reclaimed from a borrowing team went
+        back to that team's higher-priority job as soon as they were free (it borrows them
+        again), so the reclaim stopped the borrower for nothing and its reclaimer waited on,
+        or reclaimed again at the next cycle: a stop and a restart each time."""
+        self.borrowing_last: frozenset[str] = frozenset()
+        quotas = self.quotas
+        if not quotas.on:
+            return ranked
+        by_claim, bucket_for = quotas.by_claim, quotas.bucket_for
+        within: list[RankedJob] = []
+        later: list[RankedJob] = []
+        borrowing_teams: set[str] = set()
+        placed: dict[int, int] = {}  # GPUs of the jobs within nominal so far, by quota
+        overtaken = 0  # the first `overtaken` of `later` have work within nominal placed before them
+        for r in ranked:
+            job = r.job
+            team = job.team
+            if team not in borrowing_teams:
+                bucket = by_claim.get((team, r.claimed))
+                if bucket is None:
+                    bucket = bucket_for(team, r.claimed)
+                ahead = placed.get(id(bucket), 0) + job.gpus
+                if bucket.used + ahead <= bucket.nominal:
+                    placed[id(bucket)] = ahead
+                    within.append(r)
+                    overtaken = len(later)
+                    continue
+                borrowing_teams.add(team)
+            later.append(r)
+        if not overtaken:
+            return ranked
+        self.borrowing_last = frozenset(r.job.name for r in later[:overtaken])
+        return within + later
+
     def place(self, r: RankedJob) -> None:
         """Place one pending job (`place_all` of it alone)."""
         self.place_all((r,))
@@ -1110,6 +1152,7 @@ def run(snapshot: Snapshot, policy: Policy, now: float, discipline: Discipline =
         waiting = pending_by_pool.get(pool.name, ())
         ranked = discipline.rank(waiting, knobs, policy, now, usage_cache[fair])
         planner = PoolPlanner(pool, knobs, policy, now, running_by_pool.get(pool.name, []), snapshot.preemption_history, discipline, waiting)
+        ranked = planner.nominal_first(ranked)
         if observe is None:
             planner.place_all(ranked)
         else:

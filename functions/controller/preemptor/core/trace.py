@@ -9,7 +9,7 @@ knows nothing of this: it calls an observer at every turn (`planner.run`).
 
 from __future__ import annotations
 
-from .model import RunningJob, Snapshot
+from .model import Reason, RunningJob, Snapshot
 from .planner import OURS, Discipline, PoolPlanner, run
 from .policy import Policy
 from .ranking import RankedJob
@@ -99,7 +99,8 @@ def trace_job(snapshot: Snapshot, policy: Policy, now: float, name: str, discipl
                 "claimed_priority": r.claimed,
                 "effective_priority": r.effective,
                 "team_usage_gpu_s": round(r.team_usage, 3),
-                "adjustments": [{"reason": reason.value, "detail": detail} for reason, detail in r.adjustments],
+                "adjustments": [{"reason": reason.value, "detail": detail} for reason, detail in r.adjustments]
+                + _placed_later(planner, r),
                 "state": pool_state(planner, r),
                 "candidates": candidates(planner, r),
             }
@@ -107,6 +108,15 @@ def trace_job(snapshot: Snapshot, policy: Policy, now: float, name: str, discipl
 
     run(snapshot, policy, now, discipline, observe)
     return traced or None
+
+
+def _placed_later(planner: PoolPlanner, r: RankedJob) -> list[dict]:
+    """The job would borrow and was placed after other teams' work within its nominal quota
+    (`PoolPlanner.nominal_first`)."""
+    if r.job.name not in planner.borrowing_last:
+        return []
+    detail = "it would run above its quota's nominal share: placed after the work of other teams within theirs"
+    return [{"reason": Reason.BORROWS_AFTER_NOMINAL.value, "detail": detail}]
 
 
 def running_verdicts(snapshot: Snapshot, policy: Policy, now: float, name: str) -> dict | None:

@@ -33,7 +33,7 @@ from ..adapters.workflows import execution_name
 from ..config import Mode, Settings
 from ..core.errors import ConflictError, LeaseLost, Retryable
 from ..core.jobs import JobRecord
-from ..core.model import Decision, JobState, PastPreemption, Pool, Reason, Snapshot, TeamUsage
+from ..core.model import Decision, JobState, PastPreemption, Pool, PreemptionRule, Reason, Snapshot, TeamUsage
 from ..core.policy import Policy, escalation_lead_s, history_window_s
 from ..core.explain import explain_job
 from ..core.planner import plan
@@ -309,6 +309,12 @@ def _reserved_by(active: list[JobRecord], mark: str) -> tuple[list[dict], list[d
     return admits, victims
 
 
+def _preempting_reason(rule: PreemptionRule) -> str:
+    """The reason of a preemptor's `preempting` line: it reclaims borrowed capacity, or
+    preempts a job it outranks."""
+    return (Reason.RECLAIMS_BORROWED if rule is PreemptionRule.RECLAIM_BORROWED else Reason.PREEMPTS_LOWER_PRIORITY).value
+
+
 def _victim_item(victim: JobRecord, preemptor: str, marked_at: float, lost_gpu_seconds: float | None) -> dict:
     execution, then = preemption_names(victim.name, victim.incarnation, marked_at)
     item = {
@@ -563,7 +569,7 @@ def _mark_victims(
                 ),
                 expect=[JobState.RUNNING],
                 lease_owner=owner,
-                log=(line, LogLine(p.preemptor, now, "preempting", "preempts-lower-priority", f"stopping {victim.name} ({victim.gpus} GPUs)")),
+                log=(line, LogLine(p.preemptor, now, "preempting", _preempting_reason(p.rule), f"stopping {victim.name} ({victim.gpus} GPUs)")),
                 preemption=PastPreemption(victim.pool, now, victim.gpus, p.lost_gpu_seconds, victim.name),
                 reserved_by=mark,
             )
