@@ -168,3 +168,42 @@ def test_a_victim_reclaimed_from_borrowed_quota_is_still_stopped_whatever_its_re
         swept = env.job("sweep")
         assert (swept.incarnation, swept.preemptions) == (2, 1) and "stop-requested" in env.kinds("sweep")
         assert "preemption-cancelled" not in env.kinds("sweep")
+
+
+@pytest.mark.parametrize("died_first", [False, True], ids=["cancelled", "handled again after dying"])
+def test_a_team_cancelling_its_waiting_job_calls_off_the_stops_not_sent_for_it(died_first):
+    with emulation() as env:
+        # Given research's sweep (an hour in, no checkpoint yet) preempted for production's
+        # high job, the sweep asked for a checkpoint; when production cancels that job (or
+        # a first handling cancelled it and died before the call-off, and it is handled again)
+        env.submit(name="sweep", team="research", priority="medium", pool="p5", instances=8, duration=14400, checkpoint_every=7200)
+        env.advance(3600)
+        event = {
+            "version": "0", "id": str(uuid.uuid4()), "detail-type": "Job Cancelled", "source": "preemptor.production",
+            "account": "123456789012", "time": "2026-12-06T12:00:00Z", "region": env.stack.region, "resources": [],
+            "detail": {"name": "prod"},
+        }
+        answers = []
+
+        def cancel() -> None:
+            if died_first:
+                prod = env.store.get("prod")
+                env.store.transition(prod, prod.with_changes(status=JobState.CANCELLED, ended_at=env.clock.now()), [JobState.PENDING])
+            answers.extend(env.stack.put_event(json.loads(json.dumps(event))).results)
+
+        with when_a_step_returns(env, "preempt", "Ask for a checkpoint", cancel) as done:
+            env.submit(name="prod", team="production", priority="high", pool="p5", instances=8, duration=1200)
+        assert done
+        env.advance(1800)
+        # Then the cancel is accepted, and no stop is sent to the sweep for a job that no
+        # longer waits: its first run goes on, nothing lost, out of the preemption budget
+        assert [(a["outcome"], a["reason"]) for a in answers] == [("accepted", "cancelled-pending")]
+        assert env.job("prod").status is JobState.CANCELLED
+        swept = env.job("sweep")
+        assert (swept.status, swept.incarnation, swept.preemptions) == (JobState.RUNNING, 1, 0)
+        assert "stop-requested" not in env.kinds("sweep") and env.store.preemptions_since("p5", 0) == []
+        [cancelled] = [e for e in env.store.history("sweep") if e["kind"] == "preemption-cancelled"]
+        assert cancelled["reason"] == "preemptor-cancelled"
+        # And a cancel of it sent again changes nothing
+        [again] = env.put(json.loads(json.dumps(event | {"id": str(uuid.uuid4())}))).results
+        assert (again["outcome"], again["reason"]) == ("ignored", "job is CANCELLED") and env.job("sweep") == swept

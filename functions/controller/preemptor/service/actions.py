@@ -240,30 +240,53 @@ def outranked_preemptions(*, store: JobsStore, policy: Policy, preemptor: JobRec
             f"its preemptor {preemptor.name} was lowered to {preemptor.priority} ({why}): "
             f"the rule that chose it ({rule or 'unknown'}) no longer lets it stop a job at {victim.priority}; left running"
         )
-        lines = (
-            LogLine(victim.name, now, "preemption-cancelled", "preemptor-lowered", what, {"preemptor": preemptor.name}),
-            LogLine(
-                preemptor.name, now, "victim-spared", "preemptor-lowered",
-                f"{victim.name} is no longer stopped for it (priority {victim.priority}; it was lowered to {preemptor.priority}); "
-                "the pool is planned again",
-                {"victim": victim.name},
-            ),
-        )
-        try:
-            store.transition(
-                victim,
-                victim.with_changes(
-                    status=JobState.RUNNING, preempted_by=None, preempting_since=None,
-                    stop_signal_at=None, stop_at_once=False, stop_reason=None,
-                ),
-                expect=[JobState.PREEMPTING],
-                log=lines,
-                called_off=True,  # it stopped nothing: out of the preemption budget
-            )
-        except ConflictError:
-            continue  # changed meanwhile (its stop claimed, its run ended): left to its workflow
-        spared.append(victim.name)
+        told = f"{victim.name} is no longer stopped for it (priority {victim.priority}; it was lowered to {preemptor.priority})"
+        if _call_off(store, victim, preemptor.name, "preemptor-lowered", what, told, now):
+            spared.append(victim.name)
     return spared
+
+
+def cancelled_preemptions(*, store: JobsStore, preemptor: JobRecord, now: float) -> list[str]:
+    """Call off every preemption made for `preemptor`, a pending job just cancelled, whose
+    victim was sent no stop yet; returns the victims left running. Without this, its victims
+    were still stopped for a job that no longer waits: their work since the checkpoint and
+    their restart lost, and the GPUs freed went to whoever ranked first, often the victims
+    themselves, relaunched. Idempotent: a cancel handled again finishes it."""
+    if preemptor.status is not JobState.CANCELLED:
+        return []
+    spared = []
+    for victim in store.active(preemptor.pool):
+        if victim.preempted_by != preemptor.name or not releasable(victim):
+            continue
+        what = f"its preemptor {preemptor.name} was cancelled; left running"
+        told = f"{victim.name} is not stopped for it (it was cancelled)"
+        if _call_off(store, victim, preemptor.name, "preemptor-cancelled", what, told, now):
+            spared.append(victim.name)
+    return spared
+
+
+def _call_off(store: JobsStore, victim: JobRecord, preemptor: str, reason: str, what: str, told: str, now: float) -> bool:
+    """`victim`'s preemption for `preemptor` ends without a stop: back to RUNNING, out of the
+    preemption budget, unprotected, with a line on both logs; conditional on the victim as
+    read (False: it changed meanwhile, its stop claimed or its run ended: left to its
+    workflow, whose next step finds it released otherwise, `_other_preemption`)."""
+    lines = (
+        LogLine(victim.name, now, "preemption-cancelled", reason, what, {"preemptor": preemptor}),
+        LogLine(preemptor, now, "victim-spared", reason, f"{told}; the pool is planned again", {"victim": victim.name}),
+    )
+    try:
+        store.transition(
+            victim,
+            victim.with_changes(
+                status=JobState.RUNNING, preempted_by=None, preempting_since=None, stop_signal_at=None, stop_at_once=False, stop_reason=None,
+            ),
+            expect=[JobState.PREEMPTING],
+            log=lines,
+            called_off=True,  # it stopped nothing: out of the preemption budget
+        )
+    except ConflictError:
+        return False
+    return True
 
 
 def _preemption_rule(store: JobsStore, victim: JobRecord) -> str | None:
@@ -832,7 +855,8 @@ def _cancel_admitted(store: JobsStore, record: JobRecord, now: float) -> dict:
 def cancel(*, store: JobsStore, runners: dict[str, Runner], job: str, now: float) -> dict:
     """Cancel a job on its owner's request, whatever it is doing.
 
-    PENDING: out of the queue. ADMITTED: its reservation is released and it is never
+    PENDING: out of the queue, and the preemptions made for it whose victims were sent no
+    stop yet are called off (`cancelled_preemptions`). ADMITTED: its reservation is released and it is never
     launched (a launch that created the run meanwhile stops it). RUNNING or PREEMPTING: the
     cancel is recorded on the job first (so a requeue ends it instead of relaunching it, and
     its end counts as cancelled), then its run is stopped. Returns {"outcome", "reason"}.
@@ -842,16 +866,23 @@ def cancel(*, store: JobsStore, runners: dict[str, Runner], job: str, now: float
         if record is None:
             return {"outcome": "ignored", "reason": f"unknown job {job}"}
         if record.status.is_terminal:
+            # A cancel handled again: the call-off of its preemptions, if its first handling
+            # died before it, is done now.
+            spared = cancelled_preemptions(store=store, preemptor=record, now=now)
+            if spared:
+                return {"outcome": "accepted", "reason": "cancelled-pending", "victims_spared": spared}
             return {"outcome": "ignored", "reason": f"job is {record.status.value}"}
         if record.status is JobState.PENDING:
             try:
-                store.transition(
+                cancelled = store.transition(
                     record, record.with_changes(status=JobState.CANCELLED, ended_at=now, outcome_reason="cancelled"), [JobState.PENDING],
                     log=LogLine(job, now, "cancelled", "job-cancelled", "removed from the queue"),
                 )
             except ConflictError:
                 continue
-            return {"outcome": "accepted", "reason": "cancelled-pending"}
+            # Victims still waiting for their checkpoints are not stopped for it.
+            spared = cancelled_preemptions(store=store, preemptor=cancelled, now=now)
+            return {"outcome": "accepted", "reason": "cancelled-pending"} | ({"victims_spared": spared} if spared else {})
         if record.status is JobState.ADMITTED:
             result = _cancel_admitted(store, record, now)
             if result["reason"] == "conflict":
