@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
+
 from botocore.exceptions import ClientError
 from emulation import emulation, when_a_step_returns
 from iam_policy import StackPolicies
@@ -86,3 +88,32 @@ def test_the_operator_policy_changes_jobs_and_pools_only():
         for machine, expected in (("ScheduleStateMachine", True), ("PreemptStateMachine", False)):
             arn = env.stack.state_machines[machine]
             assert allowed(lambda: sfn.start_execution(stateMachineArn=arn, name="operator-test", input="{}")) is expected, machine
+
+
+@pytest.mark.parametrize("act", ["lower the preemptor", "drain the pool"])
+def test_the_operators_call_off_of_a_victims_stop_needs_only_what_the_operator_policy_grants(act):
+    with emulation() as env:
+        # Given research's medium sweep preempted by production's high job, its stop waiting
+        # for a checkpoint
+        env.submit(name="sweep", team="research", priority="medium", pool="p5", instances=8, duration=14400, checkpoint_every=7200)
+        env.advance(1800)
+        target = env.operator()
+        answers = []
+
+        def operate() -> None:
+            # When the operator lowers the production job below the sweep, or drains the pool
+            with env.stack.calls.acting_as(OPERATOR):
+                if act == "lower the preemptor":
+                    answers.append(ops.set_priority(target, "prod", "low"))
+                else:
+                    answers.append(ops.set_drained(target, "p5", True, "maintenance"))
+
+        with when_a_step_returns(env, "preempt", "Ask for a checkpoint", operate) as done:
+            env.submit(name="prod", team="production", priority="high", pool="p5", instances=8, duration=1200)
+        assert done
+        # Then the sweep's stop is called off (it runs on, out of the preemption budget)
+        assert answers[0]["victims_spared"] == ["sweep"] and env.job("sweep").status is JobState.RUNNING
+        assert env.store.preemptions_since("p5", 0) == []
+        # And every call the operator made is one the operator policy grants
+        mine = [c for c in env.stack.calls.calls if c.principal == OPERATOR]
+        assert mine and StackPolicies.of(env.stack, managed=(OPERATOR,)).denials(mine) == []

@@ -358,16 +358,16 @@ def test_a_called_off_preemption_leaves_the_budget_so_its_preemptor_may_take_ano
 # -- a preemptor lowered while its victims wait for their checkpoints ------------------------
 
 
-def _sweep_then_prod_lowered_in_its_victims_wait(env, sweep: str, lower) -> list:
+def _sweep_then_prod_acted_on_in_its_victims_wait(env, sweep: str, act) -> list:
     """Research's sweep (64 GPUs, an hour in, no checkpoint yet) holding the pool, then
-    production's high job preempting it; `lower()` runs as the preemption asks the sweep
-    for a checkpoint (its workflow then waits for it). Returns what `lower` returned."""
+    production's high job preempting it; `act()` runs as the preemption asks the sweep
+    for a checkpoint (its workflow then waits for it). Returns what `act` returned."""
     env.submit(name="sweep", team="research", priority=sweep, pool="p5", instances=8, duration=14400, checkpoint_every=7200)
     env.advance(3600)
     answers = []
-    with when_a_step_returns(env, "preempt", "Ask for a checkpoint", lambda: answers.append(lower())) as done:
+    with when_a_step_returns(env, "preempt", "Ask for a checkpoint", lambda: answers.append(act())) as done:
         env.submit(name="prod", team="production", priority="high", pool="p5", instances=8, duration=1200)
-    assert done and env.job("prod").priority != 500
+    assert done
     env.advance(1800)
     return answers
 
@@ -381,7 +381,7 @@ def test_a_waiting_job_lowered_by_the_operator_no_longer_stops_a_victim_its_new_
     with emulation(policy=CEILINGS) as env:
         # Given production's high job preempting research's sweep, the sweep asked for a
         # checkpoint; when the operator lowers the production job meanwhile
-        [answer] = _sweep_then_prod_lowered_in_its_victims_wait(env, sweep, lambda: ops.set_priority(env.operator(), "prod", lowered_to))
+        [answer] = _sweep_then_prod_acted_on_in_its_victims_wait(env, sweep, lambda: ops.set_priority(env.operator(), "prod", lowered_to))
         swept = env.job("sweep")
         if still_stopped:
             # Then a victim it still outranks is stopped for it as planned
@@ -416,9 +416,28 @@ def test_a_lowering_asked_again_after_a_call_that_died_before_its_call_off_finis
             env.store.set_priority(env.store.get("prod"), 50, line)
             return ops.set_priority(env.operator(), "prod", "low")
 
-        [answer] = _sweep_then_prod_lowered_in_its_victims_wait(env, "medium", written_then_died_then_asked_again)
+        [answer] = _sweep_then_prod_acted_on_in_its_victims_wait(env, "medium", written_then_died_then_asked_again)
         # Then the same lowering changes nothing, but calls the preemption off
         assert (answer["changed"], answer["victims_spared"]) == (False, ["sweep"])
         swept = env.job("sweep")
         assert (swept.status, swept.incarnation, swept.preemptions) == (JobState.RUNNING, 1, 0)
         assert "stop-requested" not in env.kinds("sweep")
+
+
+def test_draining_a_pool_calls_off_the_stops_its_victims_still_wait_for_and_undraining_plans_again():
+    with emulation(policy=CEILINGS) as env:
+        # Given production's high job preempting research's sweep, the sweep asked for a
+        # checkpoint; when the operator drains the pool meanwhile
+        [answer] = _sweep_then_prod_acted_on_in_its_victims_wait(env, "medium", lambda: ops.set_drained(env.operator(), "p5", True, "driver upgrade"))
+        # Then a drained pool preempts nothing: the sweep is not stopped, its run goes on
+        assert answer["victims_spared"] == ["sweep"]
+        swept = env.job("sweep")
+        assert (swept.status, swept.incarnation, swept.preemptions) == (JobState.RUNNING, 1, 0)
+        assert "stop-requested" not in env.kinds("sweep") and env.store.preemptions_since("p5", 0) == []
+        [cancelled] = [e for e in env.store.history("sweep") if e["kind"] == "preemption-cancelled"]
+        assert cancelled["reason"] == "pool-drained" and env.job("prod").status is JobState.PENDING
+        # And undrained, the pool is planned again: the production job preempts it anew
+        ops.set_drained(env.operator(), "p5", False)
+        env.stack.drain()
+        env.advance(1800)
+        assert "launched" in env.kinds("prod") and env.job("sweep").preemptions == 1

@@ -509,7 +509,7 @@ def _drain(args) -> int:
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     elif drained:
-        print(f"pool {args.pool} drained: it admits nothing new and preempts nothing; running jobs go on")
+        print(f"pool {args.pool} drained: it admits nothing new and preempts nothing; running jobs go on{_spared(result)}")
     else:
         print(f"pool {args.pool} undrained: scheduling again" + (" (a cycle started)" if result["schedule_execution"] else ""))
     return EXIT_OK

@@ -35,7 +35,7 @@ from preemptor.core.errors import ConflictError, PreemptorError, TransactionConf
 from preemptor.core.jobs import JobRecord
 from preemptor.core.model import JobState, Notice
 from preemptor.core.requests import JobRequest, RequestRefused, admit_request, resolve_priority
-from preemptor.service.actions import announce, outranked_preemptions, priority_changed, releasable
+from preemptor.service.actions import announce, drained_preemptions, outranked_preemptions, priority_changed, releasable
 from .local.state import FAKE_CREDENTIALS, LocalState
 
 # Where `submit --wait` stops waiting: the job runs, or has ended.
@@ -442,17 +442,21 @@ def wait_for(
 
 def set_drained(target: Target, pool: str, drained: bool, note: str = "") -> dict:
     """Drain (admit nothing new, preempt nothing) or undrain a pool; undraining starts a
-    scheduling cycle of the pool at once rather than at the next event or reconcile."""
+    scheduling cycle of the pool at once rather than at the next event or reconcile.
+    Draining calls off the preemptions whose victims were sent no stop yet
+    (`victims_spared`, `actions.drained_preemptions`)."""
     if target.settings.pool(pool) is None:
         known = ", ".join(p.name for p in target.settings.pools) or "none"
         raise NotFound(f"{pool}: no such pool (pools: {known})")
     now = target.now()
     target.store.set_drained(pool, drained, now, note)
+    # Drained, it preempts nothing: the stops its victims wait for are called off too.
+    spared = drained_preemptions(store=target.store, pool=pool, now=now) if drained else []
     execution = None
     if not drained and target.settings.workflow_arns.get("schedule"):
         starter = WorkflowStarter(target.client("stepfunctions"), target.settings.workflow_arns)
         execution = starter.start("schedule", execution_name("undrain", pool, uuid.uuid4().hex[:12]), {"pool": pool})
-    return {"pool": pool, "drained": drained, "at": now, "note": note or None, "schedule_execution": execution}
+    return {"pool": pool, "drained": drained, "at": now, "note": note or None, "schedule_execution": execution, "victims_spared": spared}
 
 
 def set_priority(target: Target, job: str, priority: str, note: str = "") -> dict:

@@ -265,6 +265,23 @@ def cancelled_preemptions(*, store: JobsStore, preemptor: JobRecord, now: float)
     return spared
 
 
+def drained_preemptions(*, store: JobsStore, pool: str, now: float) -> list[str]:
+    """Call off every preemption in `pool`, just drained, whose victim was sent no stop yet;
+    returns the victims left running. A drained pool preempts nothing and admits nothing:
+    a victim stopped after the drain would wait in its queue, its work since the checkpoint
+    and its restart lost, and its preemptor not admitted either. Its preemptor plans again
+    once the pool is undrained."""
+    spared = []
+    for victim in store.active(pool):
+        if not releasable(victim):
+            continue
+        what = f"pool {pool} was drained before its stop for {victim.preempted_by}; left running"
+        told = f"{victim.name} is not stopped for it (pool {pool} was drained)"
+        if _call_off(store, victim, victim.preempted_by, "pool-drained", what, told, now):
+            spared.append(victim.name)
+    return spared
+
+
 def _call_off(store: JobsStore, victim: JobRecord, preemptor: str, reason: str, what: str, told: str, now: float) -> bool:
     """`victim`'s preemption for `preemptor` ends without a stop: back to RUNNING, out of the
     preemption budget, unprotected, with a line on both logs; conditional on the victim as
