@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+from collections.abc import Callable
 
 from ..adapters.alerts import Alerts
 from ..adapters.checkpoints import CheckpointStore
@@ -254,15 +255,11 @@ def cancelled_preemptions(*, store: JobsStore, preemptor: JobRecord, now: float)
     themselves, relaunched. Idempotent: a cancel handled again finishes it."""
     if preemptor.status is not JobState.CANCELLED:
         return []
-    spared = []
-    for victim in store.active(preemptor.pool):
-        if victim.preempted_by != preemptor.name or not releasable(victim):
-            continue
-        what = f"its preemptor {preemptor.name} was cancelled; left running"
-        told = f"{victim.name} is not stopped for it (it was cancelled)"
-        if _call_off(store, victim, preemptor.name, "preemptor-cancelled", what, told, now):
-            spared.append(victim.name)
-    return spared
+    return _call_off_all(
+        store, preemptor.pool, lambda v: v.preempted_by == preemptor.name, "preemptor-cancelled",
+        lambda v: (f"its preemptor {preemptor.name} was cancelled; left running", f"{v.name} is not stopped for it (it was cancelled)"),
+        now,
+    )
 
 
 def drained_preemptions(*, store: JobsStore, pool: str, now: float) -> list[str]:
@@ -271,14 +268,27 @@ def drained_preemptions(*, store: JobsStore, pool: str, now: float) -> list[str]
     a victim stopped after the drain would wait in its queue, its work since the checkpoint
     and its restart lost, and its preemptor not admitted either. Its preemptor plans again
     once the pool is undrained."""
+    return _call_off_all(
+        store, pool, lambda v: True, "pool-drained",
+        lambda v: (
+            f"pool {pool} was drained before its stop for {v.preempted_by}; left running",
+            f"{v.name} is not stopped for it (pool {pool} was drained)",
+        ),
+        now,
+    )
+
+
+def _call_off_all(
+    store: JobsStore, pool: str, chosen: Callable[[JobRecord], bool], reason: str, texts: Callable[[JobRecord], tuple[str, str]], now: float
+) -> list[str]:
+    """`_call_off` every victim of `pool` whose stop was not sent yet and that `chosen` picks,
+    with the lines `texts` gives it (the victim's, its preemptor's); the victims left running."""
     spared = []
     for victim in store.active(pool):
-        if not releasable(victim):
-            continue
-        what = f"pool {pool} was drained before its stop for {victim.preempted_by}; left running"
-        told = f"{victim.name} is not stopped for it (pool {pool} was drained)"
-        if _call_off(store, victim, victim.preempted_by, "pool-drained", what, told, now):
-            spared.append(victim.name)
+        if releasable(victim) and chosen(victim):
+            what, told = texts(victim)
+            if _call_off(store, victim, victim.preempted_by, reason, what, told, now):
+                spared.append(victim.name)
     return spared
 
 
