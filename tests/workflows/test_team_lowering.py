@@ -142,6 +142,7 @@ def _prod_lowered_while_its_victim_checkpoints(env, team: str, sweep: str, lower
 
 def test_a_team_lowering_its_waiting_job_below_its_victim_calls_the_stop_off():
     with emulation() as env:
+        research = subscribe(env, "research-notices", {"team": ["research"]})
         # When production lowers its job below the sweep it is preempting, before the stop
         result = _prod_lowered_while_its_victim_checkpoints(env, "production", "medium", "low")
         # Then the change is accepted with the call-off, and the sweep's run goes on, whole
@@ -152,6 +153,10 @@ def test_a_team_lowering_its_waiting_job_below_its_victim_calls_the_stop_off():
         [cancelled] = [e for e in env.store.history("sweep") if e["kind"] == "preemption-cancelled"]
         assert "lowered by team production" in cancelled["detail"]
         assert env.job("prod").status is JobState.PENDING
+        # And research, told the preemption was planned, is told it is called off, at once
+        kinds = [n["attributes"]["kind"] for n in received(env, research)]
+        assert kinds == ["preemption-planned", "preemption-called-off"]
+        assert [sent for n, sent in env.store.notices("p5") if n.kind == "preemption-called-off"] == [True]
 
 
 def test_a_victim_reclaimed_from_borrowed_quota_is_still_stopped_whatever_its_reclaimer_is_lowered_to():

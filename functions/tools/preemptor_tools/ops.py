@@ -451,7 +451,7 @@ def set_drained(target: Target, pool: str, drained: bool, note: str = "") -> dic
     now = target.now()
     target.store.set_drained(pool, drained, now, note)
     # Drained, it preempts nothing: the stops its victims wait for are called off too.
-    spared = drained_preemptions(store=target.store, pool=pool, now=now) if drained else []
+    spared = drained_preemptions(store=target.store, pool=pool, now=now, alerts=_alerts(target)) if drained else []
     execution = None
     if not drained and target.settings.workflow_arns.get("schedule"):
         starter = WorkflowStarter(target.client("stepfunctions"), target.settings.workflow_arns)
@@ -491,7 +491,9 @@ def set_priority(target: Target, job: str, priority: str, note: str = "") -> dic
         if was == value:
             # Asked again after a call that died between its change and the call-off of the
             # preemptions it no longer permits: the call-off is done now.
-            spared = outranked_preemptions(store=target.store, policy=policy, preemptor=record, why="set by the operator", now=target.now())
+            spared = outranked_preemptions(
+                store=target.store, policy=policy, preemptor=record, why="set by the operator", now=target.now(), alerts=_alerts(target)
+            )
             return result | {
                 "changed": False, "at": None, "schedule_execution": None, "preemption_called_off": False, "victims_spared": spared,
             }
@@ -510,7 +512,9 @@ def set_priority(target: Target, job: str, priority: str, note: str = "") -> dic
                 spared = []
             else:
                 changed = target.store.set_priority(record, value, line, notice)
-                spared = outranked_preemptions(store=target.store, policy=policy, preemptor=changed, why="set by the operator", now=now)
+                spared = outranked_preemptions(
+                    store=target.store, policy=policy, preemptor=changed, why="set by the operator", now=now, alerts=_alerts(target)
+                )
             result |= {"preemption_called_off": release, "victims_spared": spared}
             break
         except (ConflictError, TransactionConflict):
@@ -550,9 +554,16 @@ def _tell_team(target: Target, notice: Notice) -> None:
     (`ControlOperatorPolicy` grants it), and mark it sent. Refused (an operator without the
     grant, SNS throttling), or a stack without the topic's output, it stays in the table and
     reconcile publishes it within its next runs."""
+    alerts = _alerts(target)
+    if alerts is not None:
+        announce(target.store, alerts, notice)
+
+
+def _alerts(target: Target) -> Alerts | None:
+    """The stack's alerts topic, to publish the operator's notices on at once (None: a stack
+    without the topic's output; reconcile publishes them)."""
     topic = target.outputs.get("AlertsTopicArn")
-    if topic:
-        announce(target.store, Alerts(target.client("sns"), topic), notice)
+    return Alerts(target.client("sns"), topic) if topic else None
 
 
 def _release(target: Target, record: JobRecord, priority: int, now: float, line: LogLine, notice: Notice) -> None:

@@ -24,7 +24,9 @@ from .errors import NO_ANSWER, translate
 log = logging.getLogger(__name__)
 
 # What a notice tells its team (the `kind` attribute).
-NOTICE_KINDS: tuple[str, ...] = ("preemption-planned", "preempted", "relaunched", "failed", "waiting-too-long", "priority-changed")
+NOTICE_KINDS: tuple[str, ...] = (
+    "preemption-planned", "preemption-called-off", "preempted", "relaunched", "failed", "waiting-too-long", "priority-changed",
+)
 
 
 class Alerts:

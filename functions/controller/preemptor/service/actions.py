@@ -205,7 +205,9 @@ def releasable(record: JobRecord) -> bool:
     )
 
 
-def outranked_preemptions(*, store: JobsStore, policy: Policy, preemptor: JobRecord, why: str, now: float) -> list[str]:
+def outranked_preemptions(
+    *, store: JobsStore, policy: Policy, preemptor: JobRecord, why: str, now: float, alerts: Alerts | None = None
+) -> list[str]:
     """Call off each preemption made for `preemptor`, a pending job whose priority was just
     lowered (`why`: by whom, to what), that its new priority no longer permits and whose
     victim was sent no stop yet; returns the victims left running.
@@ -242,12 +244,12 @@ def outranked_preemptions(*, store: JobsStore, policy: Policy, preemptor: JobRec
             f"the rule that chose it ({rule or 'unknown'}) no longer lets it stop a job at {victim.priority}; left running"
         )
         told = f"{victim.name} is no longer stopped for it (priority {victim.priority}; it was lowered to {preemptor.priority})"
-        if _call_off(store, victim, preemptor.name, "preemptor-lowered", what, told, now):
+        if _call_off(store, alerts, victim, preemptor.name, "preemptor-lowered", what, told, now):
             spared.append(victim.name)
     return spared
 
 
-def cancelled_preemptions(*, store: JobsStore, preemptor: JobRecord, now: float) -> list[str]:
+def cancelled_preemptions(*, store: JobsStore, preemptor: JobRecord, now: float, alerts: Alerts | None = None) -> list[str]:
     """Call off every preemption made for `preemptor`, a pending job just cancelled, whose
     victim was sent no stop yet; returns the victims left running. Without this, its victims
     were still stopped for a job that no longer waits: their work since the checkpoint and
@@ -256,20 +258,20 @@ def cancelled_preemptions(*, store: JobsStore, preemptor: JobRecord, now: float)
     if preemptor.status is not JobState.CANCELLED:
         return []
     return _call_off_all(
-        store, preemptor.pool, lambda v: v.preempted_by == preemptor.name, "preemptor-cancelled",
+        store, alerts, preemptor.pool, lambda v: v.preempted_by == preemptor.name, "preemptor-cancelled",
         lambda v: (f"its preemptor {preemptor.name} was cancelled; left running", f"{v.name} is not stopped for it (it was cancelled)"),
         now,
     )
 
 
-def drained_preemptions(*, store: JobsStore, pool: str, now: float) -> list[str]:
+def drained_preemptions(*, store: JobsStore, pool: str, now: float, alerts: Alerts | None = None) -> list[str]:
     """Call off every preemption in `pool`, just drained, whose victim was sent no stop yet;
     returns the victims left running. A drained pool preempts nothing and admits nothing:
     a victim stopped after the drain would wait in its queue, its work since the checkpoint
     and its restart lost, and its preemptor not admitted either. Its preemptor plans again
     once the pool is undrained."""
     return _call_off_all(
-        store, pool, lambda v: True, "pool-drained",
+        store, alerts, pool, lambda v: True, "pool-drained",
         lambda v: (
             f"pool {pool} was drained before its stop for {v.preempted_by}; left running",
             f"{v.name} is not stopped for it (pool {pool} was drained)",
@@ -279,7 +281,13 @@ def drained_preemptions(*, store: JobsStore, pool: str, now: float) -> list[str]
 
 
 def _call_off_all(
-    store: JobsStore, pool: str, chosen: Callable[[JobRecord], bool], reason: str, texts: Callable[[JobRecord], tuple[str, str]], now: float
+    store: JobsStore,
+    alerts: Alerts | None,
+    pool: str,
+    chosen: Callable[[JobRecord], bool],
+    reason: str,
+    texts: Callable[[JobRecord], tuple[str, str]],
+    now: float,
 ) -> list[str]:
     """`_call_off` every victim of `pool` whose stop was not sent yet and that `chosen` picks,
     with the lines `texts` gives it (the victim's, its preemptor's); the victims left running."""
@@ -287,19 +295,28 @@ def _call_off_all(
     for victim in store.active(pool):
         if releasable(victim) and chosen(victim):
             what, told = texts(victim)
-            if _call_off(store, victim, victim.preempted_by, reason, what, told, now):
+            if _call_off(store, alerts, victim, victim.preempted_by, reason, what, told, now):
                 spared.append(victim.name)
     return spared
 
 
-def _call_off(store: JobsStore, victim: JobRecord, preemptor: str, reason: str, what: str, told: str, now: float) -> bool:
+def _call_off(
+    store: JobsStore, alerts: Alerts | None, victim: JobRecord, preemptor: str, reason: str, what: str, told: str, now: float
+) -> bool:
     """`victim`'s preemption for `preemptor` ends without a stop: back to RUNNING, out of the
-    preemption budget, unprotected, with a line on both logs; conditional on the victim as
-    read (False: it changed meanwhile, its stop claimed or its run ended: left to its
-    workflow, whose next step finds it released otherwise, `_other_preemption`)."""
+    preemption budget, unprotected, with a line on both logs and a notice to the victim's
+    team, which was told the preemption was planned (`preemption-called-off`: published
+    with `alerts` at once, else by reconcile); conditional on the victim as read (False: it
+    changed meanwhile, its stop claimed or its run ended: left to its workflow, whose next
+    step finds it released otherwise, `_other_preemption`)."""
     lines = (
         LogLine(victim.name, now, "preemption-cancelled", reason, what, {"preemptor": preemptor}),
         LogLine(preemptor, now, "victim-spared", reason, f"{told}; the pool is planned again", {"victim": victim.name}),
+    )
+    notice = Notice(
+        victim.pool, now, "preemption-called-off", victim.name, victim.team,
+        f"Preemptor: job {victim.name} will not be stopped for {preemptor}",
+        {"pool": victim.pool, "preemptor": preemptor, "reason": reason, "detail": what},
     )
     try:
         store.transition(
@@ -310,9 +327,11 @@ def _call_off(store: JobsStore, victim: JobRecord, preemptor: str, reason: str, 
             expect=[JobState.PREEMPTING],
             log=lines,
             called_off=True,  # it stopped nothing: out of the preemption budget
+            notice=notice,
         )
     except ConflictError:
         return False
+    announce(store, alerts, notice)  # refused, or no alerts at hand: reconcile publishes it
     return True
 
 
@@ -879,7 +898,7 @@ def _cancel_admitted(store: JobsStore, record: JobRecord, now: float) -> dict:
     return {"launched": False, "reason": "cancelled"}
 
 
-def cancel(*, store: JobsStore, runners: dict[str, Runner], job: str, now: float) -> dict:
+def cancel(*, store: JobsStore, runners: dict[str, Runner], job: str, now: float, alerts: Alerts | None = None) -> dict:
     """Cancel a job on its owner's request, whatever it is doing.
 
     PENDING: out of the queue, and the preemptions made for it whose victims were sent no
@@ -895,7 +914,7 @@ def cancel(*, store: JobsStore, runners: dict[str, Runner], job: str, now: float
         if record.status.is_terminal:
             # A cancel handled again: the call-off of its preemptions, if its first handling
             # died before it, is done now.
-            spared = cancelled_preemptions(store=store, preemptor=record, now=now)
+            spared = cancelled_preemptions(store=store, preemptor=record, now=now, alerts=alerts)
             if spared:
                 return {"outcome": "accepted", "reason": "cancelled-pending", "victims_spared": spared}
             return {"outcome": "ignored", "reason": f"job is {record.status.value}"}
@@ -908,7 +927,7 @@ def cancel(*, store: JobsStore, runners: dict[str, Runner], job: str, now: float
             except ConflictError:
                 continue
             # Victims still waiting for their checkpoints are not stopped for it.
-            spared = cancelled_preemptions(store=store, preemptor=cancelled, now=now)
+            spared = cancelled_preemptions(store=store, preemptor=cancelled, now=now, alerts=alerts)
             return {"outcome": "accepted", "reason": "cancelled-pending"} | ({"victims_spared": spared} if spared else {})
         if record.status is JobState.ADMITTED:
             result = _cancel_admitted(store, record, now)

@@ -274,7 +274,7 @@ class Intake:
             return record
         # Honoured in every state: PENDING, ADMITTED (never launched), RUNNING and
         # PREEMPTING (stopped, never relaunched): `actions.cancel`.
-        result = actions.cancel(store=self.store, runners=self.runners, job=record.name, now=now)
+        result = actions.cancel(store=self.store, runners=self.runners, job=record.name, now=now, alerts=self.alerts)
         return IntakeResult(result["outcome"], result["reason"], event.name)
 
     def _priority_lowered(self, event: "ev.JobPriorityLowered", now: float) -> IntakeResult:
@@ -299,7 +299,9 @@ class Intake:
             if value == was:
                 # A redelivery of a lowering whose first handling died before its call-off
                 # (`actions.outranked_preemptions`) finishes it.
-                spared = actions.outranked_preemptions(store=self.store, policy=self.settings.policy, preemptor=record, why=why, now=now)
+                spared = actions.outranked_preemptions(
+                    store=self.store, policy=self.settings.policy, preemptor=record, why=why, now=now, alerts=self.alerts
+                )
                 if spared:
                     return self._settled(record.pool, event.event_id, "accepted", f"preemptions of {', '.join(spared)} called off", record.name, now)
                 return IntakeResult("ignored", f"job {event.name} already has priority {value}", event.name)
@@ -318,7 +320,9 @@ class Intake:
                 continue  # the controller changed it meanwhile: read again, judge again
             actions.announce(self.store, self.alerts, notice)  # one SNS refused: reconcile publishes it
             # A preemptor lowered below its victims: the stops not sent yet are called off.
-            spared = actions.outranked_preemptions(store=self.store, policy=self.settings.policy, preemptor=changed, why=why, now=now)
+            spared = actions.outranked_preemptions(
+                store=self.store, policy=self.settings.policy, preemptor=changed, why=why, now=now, alerts=self.alerts
+            )
             reason = f"priority {was} -> {value}" + (f"; preemptions of {', '.join(spared)} called off" if spared else "")
             return self._settled(record.pool, event.event_id, "accepted", reason, record.name, now)
         raise TransactionConflict(f"job {event.name} kept changing while its priority was lowered")
