@@ -585,8 +585,5 @@ def _release(target: Target, record: JobRecord, priority: int, now: float, line:
             f"{record.name} was not stopped ({why}); the pool is planned again", {"victim": record.name},
         ),
     )
-    new = record.with_changes(
-        priority=priority, status=JobState.RUNNING, preempted_by=None, preempting_since=None, spared_until=until,
-        stop_signal_at=None, stop_at_once=False, stop_reason=None,
-    )
+    new = record.left_running(priority=priority, spared_until=until)
     target.store.transition(record, new, (JobState.PREEMPTING,), log=lines, notice=notice, called_off=True)

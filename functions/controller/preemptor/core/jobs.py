@@ -203,3 +203,13 @@ class JobRecord:
 
     def with_changes(self, **changes) -> "JobRecord":
         return replace(self, **changes)
+
+    def left_running(self, **changes) -> "JobRecord":
+        """The victim back to RUNNING from a preemption that ends without a stop (called off,
+        spared): whatever that preemption recorded (a stop claimed, "stop at once") is its
+        own, so a later one starts with no signal sent; `changes` besides (a protection, a
+        new priority)."""
+        return replace(
+            self, status=JobState.RUNNING, preempted_by=None, preempting_since=None,
+            stop_signal_at=None, stop_at_once=False, stop_reason=None, **changes,
+        )

@@ -190,6 +190,8 @@ class PoolPlanner:
         self.held_gpus = 0  # claimed by nominated jobs ranked earlier
         self.chosen_by: dict[str, str] = {}
         self.quotas = Quotas(knobs.quotas, policy, running, self.claimed)
+        # Jobs that would borrow, placed after other teams' work within its nominal quota (`nominal_first`).
+        self.borrowing_last: frozenset[str] = frozenset()
         self._setup_candidates()
         self._bound_teamless = not self.quotas.on and knobs.within_team is knobs.across_teams  # `victim_bound`
         self._setup_budget(history)
@@ -395,7 +397,6 @@ class PoolPlanner:
         back to that team's higher-priority job as soon as they were free (it borrows them
         again), so the reclaim stopped the borrower for nothing and its reclaimer waited on,
         or reclaimed again at the next cycle: a stop and a restart each time."""
-        self.borrowing_last: frozenset[str] = frozenset()
         quotas = self.quotas
         if not quotas.on:
             return ranked

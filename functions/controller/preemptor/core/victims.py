@@ -128,6 +128,19 @@ def mode_rule(mode: PreemptionMode, pj: int, submitted_at: float, pv: int, start
     return None
 
 
+def still_permits(rule: PreemptionRule | None, knobs: PoolPolicy, same_team: bool, pj: int, submitted_at: float, pv: int, started_at: float) -> bool:
+    """Whether `rule`, which chose a victim claiming `pv` (started at `started_at`), still
+    lets a preemptor claiming `pj` (submitted at `submitted_at`) stop it, its priority having
+    changed since (`eligibility`'s tests, protections aside): borrowed work reclaimed by
+    `reclaim_within_pool`, whatever its priority under Any; other work by the pool's mode
+    for the same team or across teams. A rule not known is judged by the mode."""
+    if rule is PreemptionRule.RECLAIM_BORROWED:
+        mode = knobs.reclaim_within_pool
+        return mode is ReclaimMode.ANY or (mode is not ReclaimMode.NEVER and pv < pj)
+    mode = knobs.within_team if same_team else knobs.across_teams
+    return mode_rule(mode, pj, submitted_at, pv, started_at) is not None
+
+
 def top_priority(mode: PreemptionMode, claimed: int) -> int:
     """The highest victim priority a job claiming `claimed` may preempt under `mode`."""
     if mode is _NEVER:
@@ -402,6 +415,7 @@ __all__ = [
     "eligibility",
     "mode_rule",
     "protector",
+    "still_permits",
     "top_priority",
     "victim_key",
     "walk",

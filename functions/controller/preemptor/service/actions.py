@@ -25,9 +25,9 @@ from ..core.errors import (
 from ..core.jobs import JobRecord
 from ..core.model import EndedRun, JobState, Notice, PreemptionRule
 from ..core.pools import describe_offering
-from ..core.policy import Policy, ReclaimMode
+from ..core.policy import Policy
 from ..core.ranking import ClaimRules
-from ..core.victims import mode_rule
+from ..core.victims import still_permits
 from ..core.progress import is_fresh, lost_gpu_seconds, saved_in_run_s
 from . import learning  # what the controller learns of each job (issue 10)
 
@@ -213,8 +213,8 @@ def outranked_preemptions(
     victim was sent no stop yet; returns the victims left running.
 
     Each victim is judged by the rule that chose it (its `preemption-started` line) at the
-    priorities both claim now (`ClaimRules.claim`): a lower-priority or newer-equal victim
-    by the pool's preemption mode (`mode_rule`), borrowed work by `reclaim_within_pool`.
+    priorities both claim now (`ClaimRules.claim`, `victims.still_permits`): a lower-priority
+    or newer-equal victim by the pool's preemption mode, borrowed work by `reclaim_within_pool`.
     Without this, a victim at or above the lowered job's priority was still stopped for it,
     its work since the checkpoint and its restart lost, and it was ranked back ahead of its
     preemptor at once. A victim called off goes back to RUNNING, leaves the preemption
@@ -232,16 +232,12 @@ def outranked_preemptions(
             continue
         rule = _preemption_rule(store, victim)
         pv, _ = rules.claim(victim.priority, victim.sla_s, victim.spot)
-        if rule == PreemptionRule.RECLAIM_BORROWED.value:
-            permitted = knobs.reclaim_within_pool is ReclaimMode.ANY or (knobs.reclaim_within_pool is ReclaimMode.LOWER_PRIORITY and pv < claimed)
-        else:
-            mode = knobs.within_team if victim.team == preemptor.team else knobs.across_teams
-            permitted = mode_rule(mode, claimed, preemptor.submitted_at, pv, victim.as_running().started_at) is not None
-        if permitted:
+        same_team = victim.team == preemptor.team
+        if still_permits(rule, knobs, same_team, claimed, preemptor.submitted_at, pv, victim.as_running().started_at):
             continue
         what = (
             f"its preemptor {preemptor.name} was lowered to {preemptor.priority} ({why}): "
-            f"the rule that chose it ({rule or 'unknown'}) no longer lets it stop a job at {victim.priority}; left running"
+            f"the rule that chose it ({rule.value if rule else 'unknown'}) no longer lets it stop a job at {victim.priority}; left running"
         )
         told = f"{victim.name} is no longer stopped for it (priority {victim.priority}; it was lowered to {preemptor.priority})"
         if _call_off(store, alerts, victim, preemptor.name, "preemptor-lowered", what, told, now):
@@ -321,9 +317,7 @@ def _call_off(
     try:
         store.transition(
             victim,
-            victim.with_changes(
-                status=JobState.RUNNING, preempted_by=None, preempting_since=None, stop_signal_at=None, stop_at_once=False, stop_reason=None,
-            ),
+            victim.left_running(),
             expect=[JobState.PREEMPTING],
             log=lines,
             called_off=True,  # it stopped nothing: out of the preemption budget
@@ -335,12 +329,13 @@ def _call_off(
     return True
 
 
-def _preemption_rule(store: JobsStore, victim: JobRecord) -> str | None:
+def _preemption_rule(store: JobsStore, victim: JobRecord) -> PreemptionRule | None:
     """The rule its current preemption chose it under (its `preemption-started` line, written
-    with its mark), None when the line is not found."""
+    with its mark), None when the line is not found or names no rule this version knows."""
     for entry in reversed(store.history(victim.name)):
         if entry["kind"] == "preemption-started" and abs(float(entry["at"]) - (victim.preempting_since or 0.0)) < 1e-3:
-            return entry.get("extra", {}).get("rule")
+            rule = entry.get("extra", {}).get("rule")
+            return PreemptionRule(rule) if rule in PreemptionRule._value2member_map_ else None
     return None
 
 
@@ -615,10 +610,7 @@ def spare(
             record,
             # The stop it may have been claimed (a refused one) belongs to this preemption,
             # which is over: a later one starts with no signal recorded.
-            record.with_changes(
-                status=JobState.RUNNING, preempted_by=None, preempting_since=None, spared_until=until,
-                stop_signal_at=None, stop_at_once=False, stop_reason=None,
-            ),
+            record.left_running(spared_until=until),
             expect=[JobState.PREEMPTING],
             log=tuple(lines),
             called_off=True,  # it stopped nothing: out of the preemption budget

@@ -487,10 +487,7 @@ def _spare_stuck_victim(store: JobsStore, settings: Settings, record, now: float
             record,
             # The stop it may have been sent belongs to this preemption, which is over: a
             # later one starts with no signal sent and no "stop at once".
-            record.with_changes(
-                status=JobState.RUNNING, preempted_by=None, preempting_since=None, spared_until=now + protect_s,
-                stop_signal_at=None, stop_at_once=False, stop_reason=None,
-            ),
+            record.left_running(spared_until=now + protect_s),
             expect=[JobState.PREEMPTING],
             log=tuple(lines),
             called_off=True,  # it stopped nothing: out of the pool's preemption budget
