@@ -1310,33 +1310,17 @@ def test_a_walk_without_a_quota_is_the_plain_capacity_test(sizes, priorities, ne
     assert choice(None) == choice(partial(quotas.fits, None, need))
 
 
-@pytest.mark.parametrize("mode", list(PreemptionMode))
-@pytest.mark.parametrize("same_team", [True, False])
-def test_eligibility_inlines_the_mode_rule(mode, same_team):
-    # `eligibility` inlines `mode_rule` for speed: without quotas, its rule is the mode's
-    # rule for every priority pair and start/submission order, ties included
-    from preemptor.core.ranking import RankedJob
-    from preemptor.core.victims import eligibility, mode_rule
-
-    knobs = Policy(within_team=mode.value, across_teams=mode.value).for_pool("p5")
-    for pj in (50, 200):
-        for pv in (50, 200, 500):
-            for started, submitted in ((100.0, 200.0), (200.0, 200.0), (300.0, 200.0)):
-                r = RankedJob(pending("p", priority=pj, team="t1", submitted_at=submitted), pj, pj, 0.0, pj)
-                v = running("v", priority=pv, team="t1" if same_team else "t2", started_at=started)
-                verdict = eligibility(r, v, pv, knobs, False, False, False)
-                assert verdict.rule == mode_rule(mode, pj, submitted, pv, started)
-
-
 @pytest.mark.parametrize("reclaim_mode", list(ReclaimMode))
 @pytest.mark.parametrize("mode", list(PreemptionMode))
 @pytest.mark.parametrize("same_team", [True, False])
-def test_a_rule_that_chose_a_victim_still_permits_it_exactly_where_eligibility_would(reclaim_mode, mode, same_team):
-    # `still_permits` judges a victim again by the rule that chose it, its preemptor's
-    # priority changed since: at every pair of priorities and start/submission order, it
-    # permits exactly what `eligibility` (protections aside) would choose under that rule
+def test_eligibility_inlines_the_mode_rule_and_a_rule_judged_again_still_permits_what_it_would(reclaim_mode, mode, same_team):
+    # `eligibility` inlines `mode_rule` for speed: without quotas, its rule is the mode's
+    # rule for every priority pair and start/submission order, ties included. And
+    # `still_permits`, which judges a victim again by the rule that chose it (its
+    # preemptor's priority changed since), permits exactly what `eligibility` (protections
+    # aside) would choose under that rule
     from preemptor.core.ranking import RankedJob
-    from preemptor.core.victims import eligibility, still_permits
+    from preemptor.core.victims import eligibility, mode_rule, still_permits
 
     knobs = Policy(within_team=mode.value, across_teams=mode.value, reclaim_within_pool=reclaim_mode.value).for_pool("p5")
     for pj in (50, 200):
@@ -1346,6 +1330,7 @@ def test_a_rule_that_chose_a_victim_still_permits_it_exactly_where_eligibility_w
                 v = running("v", priority=pv, team="t1" if same_team else "t2", started_at=started)
                 # by priority (no quotas): the mode's rules
                 by_mode = eligibility(r, v, pv, knobs, False, False, False)
+                assert by_mode.rule == mode_rule(mode, pj, submitted, pv, started)
                 for rule in (PreemptionRule.LOWER_PRIORITY, PreemptionRule.NEWER_EQUAL_PRIORITY, None):
                     assert still_permits(rule, knobs, same_team, pj, submitted, pv, started) == (by_mode.rule is not None)
                 if same_team:
