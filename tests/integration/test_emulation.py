@@ -286,6 +286,40 @@ def test_sleepers_taking_turns_wake_in_the_order_of_their_ends_once_every_actor_
     assert clock.now() == START + 250
 
 
+def test_a_sleep_stops_where_the_fleet_is_due_and_goes_on_once_what_it_emitted_is_routed() -> None:
+    # Given a workflow's 100 s wait taking turns, and a fleet whose run ends 40 s in and
+    # emits its event, which waits to be routed (the stack's outbox)
+    clock = SimClock(START)
+    outbox: list[str] = []
+    due = [START + 40.0]
+    clock.take_turns(lambda sleeping: not outbox and sleeping >= 1)
+    clock.on_due(lambda: due[0] if due else None)
+    advances: list[float] = []
+
+    def fleet(_old: float, new: float) -> None:
+        advances.append(new - START)
+        if due and new >= due[0]:
+            outbox.append(f"ended at {due.pop() - START:.0f}")
+
+    clock.on_advance(fleet)
+    sleeper = threading.Thread(target=clock.sleep, args=(100,))
+
+    # When the wait starts
+    sleeper.start()
+
+    # Then time goes to the run's end, not past it, and stands there while its event waits
+    deadline = time.monotonic() + 5
+    while not outbox and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert outbox == ["ended at 40"] and not _joined(sleeper, 0.05)
+    assert clock.now() == START + 40
+
+    # And once it is routed, the wait goes on to its end
+    outbox.clear()
+    assert _joined(sleeper, 5)
+    assert advances == [40, 100] and clock.now() == START + 100
+
+
 def _joined(thread: threading.Thread, timeout_s: float) -> bool:
     thread.join(timeout_s)
     return not thread.is_alive()

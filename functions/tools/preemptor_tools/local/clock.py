@@ -18,7 +18,10 @@ too, and the waits end in the order of their ends, as a discrete-event simulatio
 them. Without it, the first workflow to reach its wait moved time for all: one that waited
 240 s while another was still busy made the other's 30 s wait, begun a moment later, end at
 270 s, and which came first depended on how the threads were scheduled. A Map's items, each
-in a thread of its own, count as their one workflow (`join`).
+in a thread of its own, count as their one workflow (`join`). Nor does a Wait jump over
+what happens outside the workflows (`on_due`: a run of the fleet that ends, a checkpoint
+written): time goes there first, and the waits go on once the emulated stack has routed
+what it emitted, as EventBridge delivers a run's end while a workflow waits.
 
 While a listener processes something that happened at an earlier simulated time than the
 new time (a checkpoint written at t=130 during an advance to t=3600), it runs that code inside
@@ -57,6 +60,9 @@ class SimClock:
         self._aside = 0  # threads that wait for the others, not for time (`aside`)
         self._joined = 0  # threads acting for a workflow besides its own (`join`)
         self._settled: Callable[[int], bool] | None = None
+        # What happens outside the workflows at a time of its own (a run ending in the fleet):
+        # each gives the next such time, or None (`on_due`).
+        self._due: list[Callable[[], float | None]] = []
 
     def now(self) -> float:
         pinned = getattr(self._pins, "stack", None)
@@ -156,13 +162,46 @@ class SimClock:
                     if end <= min(self._sleepers) and (
                         self._settled is None or self._settled(self._waiting()) or time.monotonic() >= give_up
                     ):
-                        break
+                        due = self._next_due(end)
+                        if due is None:
+                            break
+                        # Something outside the workflows happens first (a run ends, a
+                        # checkpoint is written): time goes there, and the sleeper waits its
+                        # turn again, once what happened is delivered (`take_turns`).
+                        self.advance_to(due)
+                        give_up = time.monotonic() + _TURN_GIVE_UP_S
+                        continue
                     self._released.wait(_TURN_POLL_S)
             finally:
                 self._parked -= 1
                 self._sleepers.remove(end)
                 self._released.notify_all()
             return self.advance_to(end)
+
+    def on_due(self, provider: Callable[[], float | None]) -> Callable[[], None]:
+        """Register `provider`, which gives the next time something happens outside the
+        workflows (the fleet's next transition), or None: a `sleep` under `take_turns` that
+        would end later moves time only that far first, so that what happens then (a run's
+        end, its event) is delivered at its time, not after the sleep. Returns a function
+        that unregisters it."""
+        with self._lock:
+            self._due.append(provider)
+
+        def remove() -> None:
+            with self._lock:
+                if provider in self._due:
+                    self._due.remove(provider)
+
+        return remove
+
+    def _next_due(self, end: float) -> float | None:
+        """The earliest time before `end`, and after now, at which something is due (`on_due`)."""
+        now, first = self._now, None
+        for provider in self._due:
+            t = provider()
+            if t is not None and now < t < end and (first is None or t < first):
+                first = t
+        return first
 
     def _wait_for_release(self) -> None:
         """Block (the lock held, released while waiting) while another thread holds the clock."""

@@ -245,6 +245,7 @@ class SimulatedFleet:
         self.history: list[tuple[float, str, str]] = []
         self._unsubscribe = [
             clock.on_advance(self._on_advance),
+            clock.on_due(self.next_due),
             moto_patches.on_training_job_created(self._on_training_job_created),
             moto_patches.on_training_job_stop_requested(self._on_training_job_stop_requested),
             moto_patches.on_batch_job_submitted(self._on_batch_job_submitted),
@@ -325,6 +326,15 @@ class SimulatedFleet:
         started = job.phase == "running"
         unsaved = max(0.0, job.progress(now) - job.checkpointed_progress) if started else 0.0
         self.stops.append(FleetStop(job.name, job.job_id, now, started, unsaved))
+
+    def next_due(self) -> float | None:
+        """When the fleet's next transition is due (a run starting, ending, checkpointing), or
+        None: a workflow's Wait moves time no further at once (`SimClock.on_due`). Read
+        without the fleet's lock, which a run being created holds while it calls the clock."""
+        try:
+            return self._queue[0].at
+        except IndexError:
+            return None
 
     def process_due(self) -> None:
         """Deliver everything due at the clock's current time without advancing it."""

@@ -154,7 +154,10 @@ class EmulatedStack:
         self.types: dict[str, str] = {}
         self.parameters: dict[str, str] = {}
         self.schedules: list[ScheduledRule] = []  # the functions' `Schedule` events
-        self.outbox: deque[dict] = deque()  # events emitted by the fleet, routed by `pump`
+        self.outbox: deque[dict] = deque()  # events emitted by the fleet, routed by `pump` (and `drain`)
+        self.routed = 0  # events routed from the outbox so far
+        self._router = threading.Lock()  # one thread routes the outbox at a time
+        self._on_event: Callable[[RoutedEvent], None] | None = None  # the `pump` under way's
         self._mock = mock_aws(config=moto_patches.MOTO_CONFIG)
         self._env_backup: dict[str, str | None] = {}
         self._lock = threading.RLock()
@@ -210,7 +213,9 @@ class EmulatedStack:
             raise
         # Concurrent workflows wait their turns: each Wait or Retry interval ends in the order
         # of their ends, once every running execution waits too (`SimClock.take_turns`).
-        self.clock.take_turns(lambda sleeping: len(self._running_executions()) <= sleeping)
+        # Nor while an event the fleet emitted waits to be routed (`drain` routes it): a run
+        # that ends while a workflow waits is delivered at its time, as EventBridge would.
+        self.clock.take_turns(lambda sleeping: not self.outbox and len(self._running_executions()) <= sleeping)
         wiring.reset()
         self._quiet_function_logs()
         self._configure_function_metrics()
@@ -645,31 +650,42 @@ class EmulatedStack:
         clock stands still while they are routed one by one, each after the workflows the
         ones before it started have gone as far as they can without time passing (to their
         first wait: a settle window, a checkpoint poll, a retry's interval). Then time runs
-        again and the workflows finish; the events the fleet queued meanwhile are the next
-        moment's. Routed with a drain between them, the runs that ended together would be
-        planned one by one, each plan's wait moving time past the others' events. Returns
-        how many events were routed."""
-        handled = 0
-        if self.hostile is not None:
-            with self.clock.held():
-                retried = self._retry_due()
-            if retried:
-                handled += retried
+        again and the workflows finish; what the fleet emits meanwhile (a run that ends
+        during a checkpoint wait) is routed by `drain` at its time, each Wait moving time
+        only as far as the fleet's next transition first (`SimClock.on_due`): before, it
+        was routed once every workflow had finished, up to a checkpoint wait late. Routed
+        with a drain between them, the runs that ended together would be planned one by
+        one, each plan's wait moving time past the others' events. Returns how many events
+        were routed (by `drain` too)."""
+        before, self._on_event = self.routed, on_event
+        try:
+            if self.hostile is not None:
+                with self.clock.held():
+                    self.routed += self._retry_due()
+                if self.routed > before:
+                    self.drain()
+                self.outbox.extend(self.hostile.release_held())
+            while self.outbox:
+                with self._router:
+                    self._route()
                 self.drain()
-            self.outbox.extend(self.hostile.release_held())
-        while self.outbox:
-            with self.clock.held():
-                while self.outbox:
-                    event = self.outbox.popleft()
-                    if self.hostile is not None and not self.hostile.deliver(event):
-                        continue  # held back: delivered late, after the next round's events
-                    routed = self.put_event(event)
-                    self._until_parked()
-                    handled += 1
-                    if on_event:
-                        on_event(routed)
-            self.drain()
-        return handled
+        finally:
+            self._on_event = None
+        return self.routed - before
+
+    def _route(self) -> None:
+        """Route the queued events of one moment, the clock held (`pump`); the caller holds
+        `_router`."""
+        with self.clock.held():
+            while self.outbox:
+                event = self.outbox.popleft()
+                if self.hostile is not None and not self.hostile.deliver(event):
+                    continue  # held back: delivered late, after the next round's events
+                routed = self.put_event(event)
+                self._until_parked()
+                self.routed += 1
+                if self._on_event:
+                    self._on_event(routed)
 
     def _until_parked(self, timeout_s: float = 120.0) -> None:
         """While this thread holds the clock: wait until every running workflow execution
@@ -699,11 +715,21 @@ class EmulatedStack:
 
     def drain(self, timeout_s: float = 120.0, but: str | None = None) -> None:
         """Wait until no workflow execution is running (executions run in moto's threads),
-        `but` that one (the execution a caller runs in, e.g. a listener of its steps)."""
+        `but` that one (the execution a caller runs in, e.g. a listener of its steps),
+        routing what the fleet emits meanwhile: the waits do not go on while an event
+        waits to be routed (`take_turns`)."""
         deadline = time.monotonic() + timeout_s
         # `but`'s thread waits here for the others: it does not hold up their turns.
         with self.clock.aside() if but is not None else contextlib.nullcontext():
             while running := [arn for arn in self._running_executions() if arn != but]:
+                # What the fleet emitted while they wait (a run ended during a checkpoint
+                # wait) is routed now, at its time: the waits go on once it is.
+                if self.outbox and self._router.acquire(blocking=False):
+                    try:
+                        self._route()
+                    finally:
+                        self._router.release()
+                    continue
                 if time.monotonic() >= deadline:
                     raise ExecutionStillRunning(f"{running[0]} still RUNNING after {timeout_s:g} real seconds")
                 time.sleep(_DRAIN_POLL_S)
