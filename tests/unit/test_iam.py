@@ -69,6 +69,10 @@ NOT_EXERCISED = {
         for principal in ("JobControlFunction", "JobEndedStateMachine", "SpotInterruptionStateMachine")
         for action in ("sns:Publish", "kms:Decrypt", "kms:GenerateDataKey")
     },
+    **{
+        ("PlanFunction", action): "a preemption the plan calls off, its budget item and notice (tests/workflows/test_checkpoint_waits.py, which checks its calls against the policy)"
+        for action in ("sns:Publish", "kms:Decrypt", "kms:GenerateDataKey", "dynamodb:DeleteItem")
+    },
     ("ReconcileFunction", "sagemaker:StopTrainingJob"): "a run no job accounts for is stopped (tests/workflows/test_bounded.py)",
     ("ReconcileFunction", "sagemaker:ListTags"): "tags of a run the table cannot place (tests/workflows/test_bounded.py)",
     ("ReconcileFunction", "batch:TerminateJob"): "a Batch run no job accounts for is stopped (tests/workflows/test_job_ended_and_spot.py)",

@@ -396,8 +396,9 @@ def test_to_dict_shape_is_stable():
     snap = snapshot(8).running(running("a", 50, 8, last_checkpoint_at=NOW - 10)).pending(pending("x", 1000, 8)).build()
     out = plan(snap, DEFAULT, NOW).to_dict()
     # issue 10 added how the victim is stopped (wait_for_checkpoint, stop, escalated) and the
-    # checkpoints asked ahead of preemption, and the checkpoint waits cut short
-    assert set(out) == {"admit", "preempt", "fail", "explanations", "checkpoint_requests", "cut_checkpoint_waits"}
+    # checkpoints asked ahead of preemption, the checkpoint waits cut short and the
+    # preemptions called off
+    assert set(out) == {"admit", "preempt", "fail", "explanations", "checkpoint_requests", "cut_checkpoint_waits", "call_off"}
     assert out["preempt"][0] == {
         "victim": "a", "preemptor": "x", "pool": "p5", "gpus": 8, "reason": "lower-priority-victim", "rule": "lower-priority",
         "borrowed": False, "lost_gpu_seconds": 80.0, "cost_gpu_seconds": 80.0, "checkpoint_age_s": 10.0, "checkpoint_fresh": True,
@@ -1203,6 +1204,68 @@ def test_a_job_that_would_wait_on_a_checkpoint_preempts_instead_when_a_new_victi
     delayed = Policy(preemption_delay_s=300)
     decision = plan(snap, delayed, NOW)
     assert victims(decision) == [] and [c.job for c in decision.wait_cuts] == ["late"]
+
+
+def test_a_stop_waiting_for_a_checkpoint_is_called_off_once_its_preemptor_runs_in_gpus_freed_otherwise():
+    # Given a low job whose stop waits for its checkpoint, made for a medium job of 8 GPUs,
+    # and 8 GPUs a run's end just freed
+    snap = snapshot(16).running(_late(preempted_for="med")).pending(pending("med", 200, 8, submitted_at=NOW - 60, nominated_at=NOW - 30)).build()
+    # When planning
+    decision = plan(snap, DEFAULT, NOW)
+    # Then the medium job is admitted into the free GPUs, and the stop nobody waits for is
+    # called off, naming the job it was made for
+    assert admitted(decision) == ["med"]
+    assert [(c.job, c.pool) for c in decision.call_offs] == [("late", "p5")] and decision.wait_cuts == ()
+    [line] = [e for e in decision.explanations if e.job == "late"]
+    assert (line.verdict, line.reason, line.for_job) == (Verdict.SPARE, Reason.PREEMPTION_NO_LONGER_NEEDED, "med")
+    assert decision.to_dict()["call_off"][0]["job"] == "late"
+    # And while the medium job still waits for those GPUs, the stop goes on
+    full = replace(snap, pools=(Pool("p5", 8),))
+    assert plan(full, DEFAULT, NOW).call_offs == ()
+
+
+def test_a_stop_waiting_for_a_checkpoint_is_neither_kept_nor_cut_for_a_job_that_may_not_preempt_its_victim():
+    # Given a low job whose stop waits for its checkpoint, made for a medium job now running
+    # elsewhere, and a low job of its own priority (which may not preempt it) that would
+    # take its GPUs: under an escalated low job, a wait is always cut for the job waiting
+    other = pending("other-low", 50, 8, submitted_at=NOW - 60, escalated=True)
+    snap = snapshot(8).running(_late(preempted_for="med")).pending(other).build()
+    # When planning
+    decision = plan(snap, DEFAULT, NOW)
+    # Then its stop is called off, not cut short for the low job
+    assert [c.job for c in decision.call_offs] == ["late"] and decision.wait_cuts == ()
+    # And a stop for a spot interruption or a cancel (made for no job) is never called off
+    spot = replace(snap, running=(_late(),))
+    assert plan(spot, DEFAULT, NOW).call_offs == ()
+
+
+def test_a_stop_reclaiming_borrowed_quota_is_kept_for_its_reclaimer_whatever_their_priorities():
+    # Given production's nominal quota is the pool and research runs on borrowed quota; a
+    # medium research job whose stop waits for a checkpoint, reclaimed by production's job,
+    # lowered since to low (a job being stopped no longer counts against its quota)
+    late = running(
+        "late", 200, 8, team="research", started_at=NOW - 3600, stopping=True, stop_awaits_checkpoint=True,
+        checkpoint_requested_at=NOW - 60, preempted_for="prod",
+    )
+    snap = snapshot(8).running(late).pending(pending("prod", 50, 8, team="production", submitted_at=NOW - 60, nominated_at=NOW - 30)).build()
+    reclaiming = make_policy(quotas=[quota("production", 8), quota("research", 0, borrowing=8)])
+    # When planning, then the reclaim goes on: the reclaimer waits for its GPUs
+    assert plan(snap, reclaiming, NOW).call_offs == ()
+    # While without quotas a low job may not stop a medium one: the stop is called off
+    assert [c.job for c in plan(snap, make_policy(), NOW).call_offs] == ["late"]
+
+
+def test_a_preemptor_that_needs_only_part_of_the_gpus_being_freed_keeps_the_stops_it_waits_on_and_no_more():
+    # Given two stops waiting for checkpoints, made for one critical job of 16 GPUs, which
+    # now needs only 8 (8 GPUs freed otherwise)
+    first = _late("late-1", checkpoint_requested_at=NOW - 300, preempted_for="crit")  # 300 s left: soonest
+    second = _late("late-2", preempted_for="crit")  # 540 s left
+    snap = snapshot(24).running(first, second).pending(pending("crit", 1000, 16, submitted_at=NOW - 60, nominated_at=NOW - 30)).build()
+    # When planning
+    decision = plan(snap, DEFAULT, NOW)
+    # Then it waits on the stop that frees its GPUs soonest, and the other is called off
+    assert [c.job for c in decision.call_offs] == ["late-2"]
+    assert [c.job for c in decision.wait_cuts] == ["late-1"]
 
 
 @pytest.mark.parametrize(

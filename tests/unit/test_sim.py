@@ -808,3 +808,23 @@ def test_a_critical_job_cuts_short_the_checkpoint_wait_of_the_stop_it_would_wait
     result = simulate(load_trace(alone), preemptor_policy(), config)
     assert result.counters["checkpoint_waits_cut"] == 0 and result.counters["checkpoint_timeouts"] == 1
     assert job(result, "medium").wait_s == 720.0
+
+
+def test_a_stop_waiting_for_a_checkpoint_is_called_off_when_its_preemptor_runs_in_gpus_freed_otherwise(tmp_path):
+    # Given a pool of 12 GPUs: a low sweep of 8 with no checkpoint (every 2 h) that answers no
+    # request, and a medium run of 4 ending at 2050; a medium job of 4 GPUs preempts the
+    # sweep at 2000 (8 x 2000 s at risk outweigh 4 GPUs x 600 s x 200/50): its stop waits
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "job_id,submit_s,duration_s,gpus,team,priority\n"
+        "sweep,0,20000,8,r,50\nshort,0,2050,4,m,200\nmedium,2000,1000,4,m,200\n"
+    )
+    config = SimConfig(gpus=12, checkpoint_interval_s=(7200.0, 7200.0), cooperative_fraction=0.0)
+    # When the run ends at 2050, while the stop still waits
+    result = simulate(load_trace(trace), preemptor_policy(), config)
+    # Then the medium job runs in the GPUs it freed, and the sweep's preemption is called
+    # off: it is never stopped, loses nothing and ends when its work is done
+    assert result.counters["preemptions_called_off"] == 1 and result.counters["checkpoint_timeouts"] == 0
+    assert job(result, "medium").wait_s == 50.0
+    sweep = job(result, "sweep")
+    assert (sweep.preemptions, sweep.lost_gpu_s, sweep.finished_at) == (0, 0.0, 20000.0)

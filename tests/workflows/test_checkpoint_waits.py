@@ -6,6 +6,7 @@ Executed on moto through the real state machines."""
 from __future__ import annotations
 
 from emulation import emulation, when_a_step_returns
+from notice_queues import received, subscribe
 
 from preemptor.core.model import JobState
 
@@ -83,3 +84,46 @@ def test_a_wait_that_still_pays_is_kept_and_the_sweep_stops_with_its_checkpoint(
         assert env.job("sweep").ignored_checkpoint_request is False
         # And both medium jobs run in the GPUs it freed
         assert env.job("tuning").status is JobState.RUNNING and env.job("probe").status is JobState.RUNNING
+
+
+def test_a_stop_waiting_for_a_checkpoint_is_called_off_when_its_preemptor_runs_in_gpus_a_runs_end_freed():
+    emitted: list[dict] = []
+    with emulation(metrics=emitted) as env:
+        research = subscribe(env, "research-notices", {"team": ["research"]})
+        # Given a low sweep on half the pool with no checkpoint for 50 minutes, and a medium
+        # job on the other half that ends at 3,020 s
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=4, duration=14400, checkpoint_every=7200)
+        env.submit(name="short", team="ml", priority="medium", pool="p5", instances=4, duration=2897, checkpoint_every=300)
+        env.advance(3000)
+        # When a medium job of half the pool comes at 3,000 s: it preempts the sweep, whose
+        # 32 GPUs x 3,000 s at risk outweigh 32 GPUs x 600 s x 200/50, so its workflow asks
+        # for a checkpoint and waits; and the other run ends while it waits
+        env.submit(name="tuning", team="ml", priority="medium", pool="p5", instances=4, duration=1800, checkpoint_every=300)
+        env.advance(600)
+        history = env.store.history("sweep")
+        kinds = [e["kind"] for e in history]
+        # Then the run's end was delivered at its time, during the wait, and the medium job
+        # ran in the GPUs it freed
+        [ended] = [e for e in env.store.history("short") if e["kind"] == "completed"]
+        [asked] = [e for e in history if e["kind"] == "checkpoint-requested"]
+        assert asked["at"] < ended["at"] < asked["at"] + 60
+        assert env.job("tuning").status is JobState.RUNNING and env.job("tuning").started_at - ended["at"] <= 5
+        # And the sweep's preemption was called off, nobody waiting for its GPUs: never
+        # stopped, never relaunched, out of the preemption budget
+        [called_off] = [e for e in history if e["kind"] == "preemption-cancelled"]
+        assert called_off["reason"] == "preemption-no-longer-needed" and called_off["extra"]["preemptor"] == "tuning"
+        assert "stop-requested" not in kinds and "requeued" not in kinds
+        swept = env.job("sweep")
+        assert (swept.status, swept.incarnation, swept.preemptions) == (JobState.RUNNING, 1, 0)
+        assert [s for s in env.fleet.stops if s.run.startswith("sweep")] == []
+        assert env.store.preemptions_since("p5", 0) == []
+        # And research, told the preemption was planned, is told it is called off, at once;
+        # the operators' metric counted it
+        assert [n["attributes"]["kind"] for n in received(env, research)] == ["preemption-planned", "preemption-called-off"]
+        assert _metric(emitted, "PreemptionsCalledOff") == 1
+        # And every call the stack made for it, the plan step's call-off and notice among
+        # them, is one its role's policy allows
+        from iam_policy import StackPolicies
+
+        assert any(c.principal == "PlanFunction" and (c.service, c.operation) == ("sns", "Publish") for c in env.stack.calls.calls)
+        assert StackPolicies.of(env.stack).denials(env.stack.calls.calls) == []

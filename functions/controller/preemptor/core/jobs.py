@@ -6,6 +6,8 @@ from dataclasses import dataclass, field, replace
 
 from .model import JobState, PendingJob, RunningJob
 
+SPOT_INTERRUPTION = "spot-interruption"  # `preempted_by` of a job stopped for its instance
+
 
 # The label by which a job declares that it saves a checkpoint on SIGTERM within the grace
 # (the training helper, preemptor_training.Checkpointer, does).
@@ -173,7 +175,16 @@ class JobRecord:
             ignored_checkpoint_request=self.ignored_checkpoint_request,
             checkpoint_requested_at=self.checkpoint_requested_at,
             stop_awaits_checkpoint=self.awaits_checkpoint,
+            preempted_for=self.preempted_for,
         )
+
+    @property
+    def preempted_for(self) -> str | None:
+        """The pending job it is being stopped for: None when it is not being preempted, or
+        is stopped for its spot instance or for a cancel, which no plan calls off."""
+        if self.status is not JobState.PREEMPTING or self.cancel_requested or self.preempted_by == SPOT_INTERRUPTION:
+            return None
+        return self.preempted_by
 
     @property
     def awaits_checkpoint(self) -> bool:

@@ -120,6 +120,10 @@ class Reason(StrEnum):
     # its GPUs (`Decision.wait_cuts`): the wait is cut short, or it still pays
     CHECKPOINT_WAIT_CUT = "checkpoint-wait-cut"
     CHECKPOINT_WAIT_KEPT = "checkpoint-wait-kept"
+    # a victim whose stop waits for a checkpoint and whose GPUs no job that may preempt it
+    # waits for any more (its preemptor ran elsewhere): its preemption is called off
+    # (`Decision.call_offs`)
+    PREEMPTION_NO_LONGER_NEEDED = "preemption-no-longer-needed"
 
 
 class Verdict(StrEnum):
@@ -219,7 +223,9 @@ class RunningJob:
     checkpoint was last asked of it (an ahead-of-time request is not repeated while fresh).
     `stop_awaits_checkpoint`: it is being stopped, and the stop signal still waits for the
     checkpoint asked at `checkpoint_requested_at` (up to `checkpoint_wait_max_s`), so its
-    GPUs come back late; a later plan may cut the wait short (`Decision.wait_cuts`).
+    GPUs come back late; a later plan may cut the wait short (`Decision.wait_cuts`), or call
+    the preemption off (`Decision.call_offs`). `preempted_for`: the pending job it is being
+    stopped for (None when it is not, or is stopped for its spot instance or a cancel).
     """
 
     name: str
@@ -250,6 +256,7 @@ class RunningJob:
     ignored_checkpoint_request: bool = False
     checkpoint_requested_at: float | None = None
     stop_awaits_checkpoint: bool = False
+    preempted_for: str | None = None
 
     def work_at_risk_s(self, now: float) -> float:
         """Seconds of work a stop at `now` throws away (`core.progress.work_at_risk_s`: since the
@@ -465,6 +472,18 @@ class WaitCut:
 
 
 @dataclass(frozen=True, slots=True)
+class CallOff:
+    """A victim whose stop waits for a checkpoint, to be left running instead: no pending job
+    that may preempt it waits for its GPUs any more (its preemptor was admitted into GPUs
+    freed otherwise, or fits without them); stopping it would throw away its work since the
+    checkpoint and its restart for nobody. Only a stop not sent yet is called off."""
+
+    job: str
+    pool: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class Failure:
     """A pending job the workflow should fail rather than relaunch."""
 
@@ -499,6 +518,7 @@ class Decision:
     failures: tuple[Failure, ...] = ()
     checkpoint_requests: tuple[CheckpointRequest, ...] = ()
     wait_cuts: tuple[WaitCut, ...] = ()
+    call_offs: tuple[CallOff, ...] = ()
 
     def to_dict(self) -> dict:
         """The JSON shape printed by `preemptor plan` and returned by the plan workflow step."""
@@ -528,6 +548,7 @@ class Decision:
                 for c in self.checkpoint_requests
             ],
             "cut_checkpoint_waits": [{"job": c.job, "pool": c.pool, "for": c.for_job, "detail": c.detail} for c in self.wait_cuts],
+            "call_off": [{"job": c.job, "pool": c.pool, "detail": c.detail} for c in self.call_offs],
             "fail": [{"job": f.job, "pool": f.pool, "reason": f.reason.value, "detail": f.detail} for f in self.failures],
             "explanations": [_explanation_dict(e) for e in self.explanations],
         }

@@ -49,6 +49,7 @@ from typing import Callable, Iterable, Sequence
 from . import progress
 from .model import (
     Admission,
+    CallOff,
     CheckpointRequest,
     Decision,
     Explanation,
@@ -173,15 +174,16 @@ class PoolPlanner:
         self.free = max(0, pool.gpus - sum(v.gpus for v in running))
         self.releasing = 0
         # Stops that still wait for a checkpoint: their GPUs come back late. Each is judged
-        # again, soonest first, for the job that comes to wait on it (`_take_releasing`).
-        self._late: list[list] = []  # [victim, GPUs not yet claimed in this plan]
+        # again, soonest first, for the job that comes to wait on it (`_take_releasing`);
+        # one that no job which may preempt its victim waits on is called off (`call_offs`).
+        self._late: list[list] = []  # [victim, GPUs not yet claimed in this plan, claimed by a job that may preempt it]
         self.releasing_late = 0
         self.wait_cuts: list[WaitCut] = []
         for v in running:
             if v.stopping:
                 self.releasing += v.gpus
                 if v.stop_awaits_checkpoint:
-                    self._late.append([v, v.gpus])
+                    self._late.append([v, v.gpus, False])
                     self.releasing_late += v.gpus
         if len(self._late) > 1:
             self._late.sort(key=lambda e: (self.late_wait_s(e[0]), e[0].name))
@@ -599,7 +601,8 @@ class PoolPlanner:
         (they come back within the grace), then those of stops that still wait for a
         checkpoint, soonest first. Such a stop was judged worth its wait for the job it was
         made for; `r` now waits on it too, so it is judged again for `r` (`judge_late`),
-        with the wait that is left: cut short when the wait no longer pays."""
+        with the wait that is left: cut short when the wait no longer pays. Only a job that
+        may preempt the victim judges its stop, and keeps it from being called off."""
         if gpus <= 0:
             return
         late = gpus - (self.releasing - self.releasing_late)  # beyond the signalled stops
@@ -610,16 +613,47 @@ class PoolPlanner:
         for entry in self._late:
             if late <= 0:
                 break
-            v, left = entry
+            v, left, _ = entry
             if not left:
                 continue
             taken = min(left, late)
             late -= taken
             entry[1] = left - taken
+            if not self._may_stop(r, v):
+                continue  # it waits for the GPUs, but the stop is not made for it
+            entry[2] = True
             if self.judge_late(r, v):
                 # Stopped now: its GPUs not yet claimed come back within the grace too.
                 self.releasing_late -= entry[1]
                 entry[1] = 0
+
+    def _may_stop(self, r: RankedJob, v: RunningJob) -> bool:
+        """Whether `r` may preempt `v`, a victim being stopped, by the pool's rules (its
+        protections aside: it is chosen already). A job being stopped no longer counts
+        against its quota, so it is judged as the borrowed work it was when another team
+        chose it: under quotas, the only work of another team a job may stop."""
+        quotas = self.quotas
+        bucket = quotas.bucket_for(r.job.team, r.claimed) if quotas.on else None
+        reclaim = self.may_reclaim(bucket, r.job.gpus)
+        return eligibility(r, v, self.claimed[v.name], self.knobs, quotas.on, True, reclaim).rule is not None
+
+    def call_offs(self) -> list[CallOff]:
+        """After the queue is placed: the preemptions whose stop still waits for a checkpoint
+        and whose GPUs no job that may preempt the victim waits for in this plan (its
+        preemptor was admitted into GPUs freed otherwise, or fits without them), to be
+        called off (`CallOff`): the stop would throw away the victim's work since its
+        checkpoint and its restart for nobody, or for a job that may not stop it."""
+        out = []
+        for v, left, wanted in self._late:
+            if wanted or v.preempted_for is None:
+                continue
+            detail = (
+                f"no job that may preempt it waits for its {v.gpus} GPUs any more ({v.preempted_for}, which it was "
+                "being stopped for, no longer needs them): its stop, still waiting for a checkpoint, is called off"
+            )
+            out.append(CallOff(v.name, self.pool.name, detail))
+            self.lines.append(Explanation(v.name, _SPARE, Reason.PREEMPTION_NO_LONGER_NEEDED, detail, v.preempted_for))
+        return out
 
     def late_wait_s(self, v: RunningJob) -> float:
         """How much longer the stop of `v` is expected to wait for its checkpoint: the
@@ -654,7 +688,7 @@ class PoolPlanner:
         signalled stops cover them."""
         late = gpus - (self.releasing - self.releasing_late)
         total = 0.0
-        for v, left in self._late:
+        for v, left, _ in self._late:
             if late <= 0:
                 break
             if left:
@@ -1140,6 +1174,7 @@ def run(snapshot: Snapshot, policy: Policy, now: float, discipline: Discipline =
     lines: list[Explanation] = []
     requests: list[CheckpointRequest] = []
     cuts: list[WaitCut] = []
+    call_offs: list[CallOff] = []
     usage_cache: dict[tuple[bool, float], dict[str, float]] = {}
     seen: set[str] = set()
     for pool in snapshot.pools:
@@ -1164,6 +1199,8 @@ def run(snapshot: Snapshot, policy: Policy, now: float, discipline: Discipline =
         preemptions += planner.preemptions
         failures += planner.failures
         cuts += planner.wait_cuts
+        if planner._late:
+            call_offs += planner.call_offs()
         lines += planner.lines
         if planner._likely_victims or planner.forecast_gpus > planner.free:
             for c in planner.ahead_requests():
@@ -1173,7 +1210,7 @@ def run(snapshot: Snapshot, policy: Policy, now: float, discipline: Discipline =
     for job in snapshot.pending if unknown else ():
         if job.pool in unknown:
             lines.append(Explanation(job.name, Verdict.SKIP, Reason.UNKNOWN_POOL, f"pool {job.pool!r} is not configured"))
-    return Decision(tuple(admits), tuple(preemptions), tuple(lines), tuple(failures), tuple(requests), tuple(cuts))
+    return Decision(tuple(admits), tuple(preemptions), tuple(lines), tuple(failures), tuple(requests), tuple(cuts), tuple(call_offs))
 
 
 __all__ = [

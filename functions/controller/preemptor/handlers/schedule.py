@@ -28,6 +28,7 @@ def plan(step: PlanCycle, context: LambdaContext) -> dict:
         now=clock.CLOCK.now(),
         cycle=step.cycle,
         checkpoints=d.checkpoints,  # ahead-of-time checkpoint requests (issue 10)
+        alerts=d.alerts,  # the notices of the preemptions it calls off
     )
     latency_ms = (time.perf_counter() - started) * 1000
     logger.info("planned", extra=result.to_dict())
@@ -45,6 +46,7 @@ def _emit_cycle(result: scheduling.CycleResult, latency_ms: float) -> None:
     emit_counts("QueueDepth", "Tier", result.depth_by_tier, Pool=pool)
     emit("Admissions", len(result.admits), Pool=pool)
     emit("CheckpointWaitsCut", len(result.wait_cuts), Pool=pool)
+    emit("PreemptionsCalledOff", len(result.called_off), Pool=pool)
     new_victims = [p for p in result.preemptions if "lost_gpu_seconds" in p]  # a retried step hands back its earlier ones
     emit_counts("Preemptions", "Reason", Counter(p.get("reason", "unknown") for p in new_victims), Pool=pool)
     # A retried step hands back its earlier victims without a figure: counted once.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ..adapters.alerts import Alerts
 from ..adapters.checkpoints import CheckpointStore
@@ -22,8 +22,8 @@ from ..adapters.store import JobsStore, LogLine
 from ..core.errors import (
     AccessDenied, CheckpointLocationUnavailable, ConflictError, PreemptorError, RunNameTaken, ServiceJobNotFound, ServiceRejected,
 )
-from ..core.jobs import JobRecord
-from ..core.model import EndedRun, JobState, Notice, PreemptionRule
+from ..core.jobs import SPOT_INTERRUPTION, JobRecord
+from ..core.model import CallOff, EndedRun, JobState, Notice, PreemptionRule, Reason
 from ..core.pools import describe_offering
 from ..core.policy import Policy
 from ..core.ranking import ClaimRules
@@ -33,7 +33,6 @@ from . import learning  # what the controller learns of each job (issue 10)
 
 logger = logging.getLogger(__name__)
 
-SPOT_INTERRUPTION = "spot-interruption"  # `preempted_by` of a job stopped for its instance
 OUTCOMES = {"completed": JobState.COMPLETED, "failed": JobState.FAILED, "cancelled": JobState.CANCELLED}
 MAX_LAUNCH_ATTEMPTS = 3  # launches the service refuses before the job is failed
 LAUNCH_BACKOFF_S = 60.0  # attempt n waits 60 x 2^(n-1) s, plus up to as much again (jitter)
@@ -274,6 +273,27 @@ def drained_preemptions(*, store: JobsStore, pool: str, now: float, alerts: Aler
         ),
         now,
     )
+
+
+def unneeded_preemptions(
+    *, store: JobsStore, call_offs: Iterable[CallOff], by_name: dict[str, JobRecord], now: float, alerts: Alerts | None = None
+) -> list[str]:
+    """Call off the preemptions a plan found no longer needed (`Decision.call_offs`): the
+    victim's stop still waits for a checkpoint, and no job that may preempt it waits for its
+    GPUs any more (its preemptor was admitted into GPUs a run's end freed meanwhile). Before
+    this, the stop went on once the checkpoint came: the victim lost its restart (and its
+    work since the checkpoint, without one) and was relaunched into its own GPUs. Only a
+    victim as the plan read it (`by_name`) whose stop is not sent: a stop claimed since goes
+    on. Returns the victims left running."""
+    spared = []
+    for c in call_offs:
+        victim = by_name.get(c.job)
+        if victim is None or not releasable(victim) or not victim.awaits_checkpoint:
+            continue
+        told = f"{victim.name} is not stopped for it: it no longer needs its GPUs"
+        if _call_off(store, alerts, victim, victim.preempted_by, Reason.PREEMPTION_NO_LONGER_NEEDED.value, f"{c.detail}; left running", told, now):
+            spared.append(victim.name)
+    return spared
 
 
 def _call_off_all(

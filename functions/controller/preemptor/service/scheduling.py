@@ -27,6 +27,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..adapters.alerts import Alerts
 from ..adapters.checkpoints import CheckpointStore
 from ..adapters.store import JobsStore, LogLine
 from ..adapters.workflows import execution_name
@@ -37,7 +38,7 @@ from ..core.model import Decision, JobState, PastPreemption, Pool, PreemptionRul
 from ..core.policy import Policy, escalation_lead_s, history_window_s
 from ..core.explain import explain_job
 from ..core.planner import plan
-from . import learning
+from . import actions, learning
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,8 @@ class CycleResult:
     wake_at: int | None = None  # its epoch second: one wake-up per pool and moment, whichever cycle asks
     # Victims whose checkpoint wait this cycle cut short (`Decision.wait_cuts`), for the metrics.
     wait_cuts: list[str] = field(default_factory=list)
+    # Victims whose preemption this cycle called off (`Decision.call_offs`), for the metrics.
+    called_off: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -167,12 +170,14 @@ def plan_cycle(
     now: float,
     cycle: int = 0,
     checkpoints: CheckpointStore | None = None,
+    alerts: Alerts | None = None,
 ) -> CycleResult:
     """Plan one pool under its lease, reserve the decision's admissions and victims, and
     let the lease go (`rerun` tells whether work arrived meanwhile).
 
     `owner` is the schedule execution's name, `cycle` the cycle number within it: a
-    retried step of the same cycle returns what it reserved before.
+    retried step of the same cycle returns what it reserved before. `alerts` publishes the
+    notices of the preemptions it calls off (else reconcile does).
     """
     pool_cfg = settings.pool(pool_name)
     if pool_cfg is None:
@@ -215,6 +220,7 @@ def plan_cycle(
     if checkpoints is not None and decision.checkpoint_requests:
         learning.request_ahead(store, checkpoints, decision, by_name, now)  # issue 10: ahead of preemption
     cut = learning.cut_waits(store, decision, by_name, now) if decision.wait_cuts else []
+    called_off = actions.unneeded_preemptions(store=store, call_offs=decision.call_offs, by_name=by_name, now=now, alerts=alerts) if decision.call_offs else []
     store.remember_waits(pool_name, waiting, now)
     rerun = store.release_lease(pool_name, owner)
     handed, marked = _cycle_reservations(store, pool_name, mark, admits, preemptions)
@@ -224,7 +230,7 @@ def plan_cycle(
     wake = _next_wake_s(decision, by_name, active, settings, pool_name, now)
     return CycleResult(
         pool_name, owner, True, admits, preemptions, waiting, workflow_settings, waits, rerun, retried, used_gpus=held,
-        wake_s=wake, wake_at=None if wake is None else math.ceil(now) + wake, wait_cuts=cut, **gauges,
+        wake_s=wake, wake_at=None if wake is None else math.ceil(now) + wake, wait_cuts=cut, called_off=called_off, **gauges,
     )
 
 

@@ -182,7 +182,7 @@ class _Job:
         "pending_since", "guaranteed", "pending_view", "running_view", "view_until",
         "signal_at", "saved_after", "ckpt_after", "outcome",
         "trusted", "ignored", "requested_at", "verdict_at", "verdict_ignored", "extra_ckpt",
-        "awaits", "ignored_before",
+        "awaits", "ignored_before", "preempted_for", "signalled", "trusted_before",
     )  # fmt: skip
 
     def __init__(self, idx: int, trace: TraceJob, interval: float, cooperative: bool) -> None:
@@ -221,6 +221,12 @@ class _Job:
         # what the controller knew of its requests before that one (a cut wait restores it).
         self.awaits = False
         self.ignored_before = False
+        # Being stopped: the job it is stopped for; whether its stop signal is scheduled (it
+        # was not when the job ends first, or the policy spares it at the wait's end); what
+        # the controller knew of its saving on SIGTERM before that signal.
+        self.preempted_for: str | None = None
+        self.signalled = False
+        self.trusted_before = False
         self.outcome = JobOutcome(
             name=trace.job_id,
             team=trace.team,
@@ -321,6 +327,7 @@ class Simulator:
             "checkpoint_timeouts": 0,
             "checkpoint_waits_cut": 0,
             "victims_spared": 0,
+            "preemptions_called_off": 0,  # stops that waited for a checkpoint, called off by a plan
             "failed_by_policy": 0,
         }
 
@@ -522,6 +529,8 @@ class Simulator:
             extra["checkpoint_requested_at"] = job.requested_at
         if job.awaits and job.signal_at > now and "stop_awaits_checkpoint" in _RUNNING_FIELDS:
             extra["stop_awaits_checkpoint"] = True
+            if "preempted_for" in _RUNNING_FIELDS:
+                extra["preempted_for"] = job.preempted_for
             job.view_until = min(job.view_until, job.signal_at)  # the signal ends the wait
         return extra
 
@@ -551,6 +560,7 @@ class Simulator:
             preemptor = self._by_name.get(preemption.preemptor)
             pair = f"{preemptor.priority if preemptor else '?'}>{job.priority}"
             self.pairs[pair] = self.pairs.get(pair, 0) + 1
+            job.preempted_for = preemption.preemptor
             self._preempt(job, now, getattr(preemption, "wait_for_checkpoint", True))
             if preemptor is not None and preemptor.pending_view is not None and preemptor.state == _PENDING:
                 # As the schedule step does: the GPUs freed go to the preemptor first.
@@ -564,6 +574,11 @@ class Simulator:
             if job is None or job.state != _STOPPING:
                 raise SimulationError(f"{self.policy.name} cut the checkpoint wait of {cut.job}, which is not being stopped")
             self._cut_wait(job, now)
+        for call_off in getattr(decision, "call_offs", ()):
+            job = self._by_name.get(call_off.job)
+            if job is None or job.state != _STOPPING:
+                raise SimulationError(f"{self.policy.name} called off the preemption of {call_off.job}, which is not being stopped")
+            self._call_off(job, now)
         for request in getattr(decision, "checkpoint_requests", ()):
             job = self._by_name.get(request.job)
             if job is not None and job.state == _RUNNING:
@@ -592,6 +607,7 @@ class Simulator:
         job.work_start = now + job.overhead
         job.extra_ckpt = None
         job.running_view = None
+        job.signalled = False
         out = job.outcome
         out.wait_s += now - job.pending_since
         if out.first_started_at is None:
@@ -691,10 +707,42 @@ class Simulator:
             ckpt_after, saved_after = job.ckpt_after, job.saved_after  # written, not yet seen
         self._signal(job, now, saved_after, ckpt_after)
 
+    def _call_off(self, job: _Job, now: float) -> None:
+        """The plan called off a preemption whose stop still waits for a checkpoint (its
+        preemptor no longer needs the GPUs): the job runs on, as if never chosen. The
+        checkpoint it was asked for is written all the same (a cooperative job's), and the
+        request is not held against it (the wait did not run out)."""
+        if not job.awaits or job.signal_at <= now:
+            return  # signalled already: the stop goes on
+        self.counters["preemptions_called_off"] += 1
+        if job.ignored:
+            self.counters["checkpoint_timeouts"] -= 1  # counted when the stop was decided; it did not run out
+        job.ignored = job.ignored_before
+        if job.finish_at <= job.signal_at and not job.signalled:
+            self.counters["preemptions_moot"] -= 1  # it ends first all the same: its FINISH stands
+        else:
+            if job.signalled:
+                if self.saves_on_sigterm(job):
+                    self.counters["saved_on_sigterm"] -= 1  # counted when the signal was scheduled
+                job.trusted = job.trusted_before
+                job.signalled = False
+            if job.ckpt_after is not None and job.ckpt_after > now:
+                job.extra_ckpt = job.ckpt_after  # asked for, and written as the job runs on
+            job.gen += 1  # cancels the scheduled release (or spare)
+            self._push(job.finish_at, _FINISH, job)
+        job.state = _RUNNING
+        job.awaits = False
+        job.running_view = None
+        job.preempted_for = None
+        self._forget_preemption(job)
+        self._dirty = True
+
     def _signal(self, job: _Job, signal_at: float, saved_after: float, ckpt_after: float | None) -> None:
         """Send the stop signal at `signal_at` (cancelling the job's FINISH, or a pending
         signal or spare) and schedule the release of its GPUs."""
         stop = self.policy.stop
+        job.signalled = True
+        job.trusted_before = job.trusted
         release_at = signal_at
         if stop is not StopModel.FREE:
             # The stop signal: a job that saves on SIGTERM writes its state and exits once

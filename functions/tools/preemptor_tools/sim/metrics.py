@@ -189,6 +189,7 @@ def summarize(result: SimResult) -> dict:
             "checkpoint_timeouts": int(counters.get("checkpoint_timeouts", 0)),
             "checkpoint_waits_cut": int(counters.get("checkpoint_waits_cut", 0)),
             "victims_spared": int(counters.get("victims_spared", 0)),
+            "preemptions_called_off": int(counters.get("preemptions_called_off", 0)),
             "failed_by_policy": int(counters.get("failed_by_policy", 0)),
             # decisions by claimed priorities "preemptor>victim"; "50>50" means a job
             # preempted one of its own priority (aging, or LowerOrNewerEqualPriority)

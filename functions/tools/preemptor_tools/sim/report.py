@@ -61,7 +61,7 @@ def print_summary(summary: dict, out: TextIO) -> None:
         f"lost {summary['lost_gpu_hours']:.1f} GPU-h = {lost['work_since_checkpoint']:.1f} since checkpoints "
         f"+ {lost['stop_grace']:.1f} stop grace + {lost['restart_overhead']:.1f} restart overhead\n"
         f"checkpoints asked {sim.get('checkpoint_requests', 0)} at a preemption ({sim.get('checkpoint_timeouts', 0)} not written in time, "
-        f"{sim.get('checkpoint_waits_cut', 0)} waits cut short), "
+        f"{sim.get('checkpoint_waits_cut', 0)} waits cut short, {sim.get('preemptions_called_off', 0)} preemptions called off), "
         f"{sim.get('checkpoint_requests_ahead', 0)} ahead of one (their writes take "
         f"{sim.get('ahead_checkpoint_write_gpu_hours', 0.0):.1f} GPU-h, not counted as lost: written while the job trains)\n"
         f"longest wait {_duration(longest.get('wait_s', 0.0))} ({longest.get('job')}, priority {longest.get('priority')}); "
