@@ -7,7 +7,7 @@ import copy
 import json
 import time
 
-from emulation import P5, emulation
+from emulation import G5, P5, batch_queues, emulation
 from eventfiles import all_event_files, load_raw
 
 import pytest
@@ -677,15 +677,21 @@ def test_only_the_jobs_own_team_may_cancel_it():
         assert env.job("running").status is JobState.RUNNING and not env.job("running").cancel_requested
 
 
-def test_cancel_of_a_running_job_stops_it_and_frees_its_gpus():
-    with emulation() as env:
-        env.submit(name="running", team="a", priority=200, pool="p5", instances=8, duration=3600)
+@pytest.mark.parametrize("service", ["sagemaker", "batch"])
+def test_cancel_of_a_running_job_stops_it_and_frees_its_gpus(service):
+    with emulation(pools=[P5 if service == "sagemaker" else G5]) as env:
+        if service == "batch":
+            batch_queues(env)
+        pool, size = ("p5", {"instances": 8}) if service == "sagemaker" else ("g5", {"gpus": 32})
+        env.submit(name="running", team="a", priority=200, pool=pool, duration=3600, **size)
         env.advance(300)
         assert env.put(_cancel("running", team="a")).results[0]["reason"] == "stopping-for-cancel"
         env.advance(300)
+        # Then the job ends CANCELLED, though Batch ends the terminated run FAILED
         job = env.job("running")
-        assert job.status is JobState.CANCELLED and job.outcome_reason == "cancelled"
-        assert (env.store.pool("p5") or {}).get("used_gpus", 0) == 0
+        assert job.status is JobState.CANCELLED and job.outcome_reason.startswith("cancelled")
+        assert [e["kind"] for e in env.store.history("running")][-1] == "cancelled"
+        assert (env.store.pool(pool) or {}).get("used_gpus", 0) == 0
 
 def test_stale_events_of_an_old_incarnation_are_ignored():
     with emulation() as env:

@@ -2,10 +2,12 @@
 for `make test`), a probe for the next invariant that breaks. Each seed replays exactly.
 
     PYTHONPATH=functions/controller:functions/tools:functions/training:tests \\
-        .venv/bin/python tests/storm/chaos_sweep.py sagemaker 300 340
+        .venv/bin/python tests/storm/chaos_sweep.py sagemaker 300 340 [--random]
 
 prints one line per seed (job states, events dead-lettered, index queries answered lagging,
-answers lost, violated invariants) and the count of seeds with a violation.
+answers lost, violated invariants) and the count of seeds with a violation. `--random`
+replays each seed's random story (storm/random_story.py: eight jobs of every tier, teams
+lowering and cancelling, runs stopped by hand, stops denied) instead of the two-job one.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import time
 
 from storm.invariants import violations
+from storm.random_story import random_story
 from storm.test_storm_scenarios import story
 
 from preemptor_tools.local import demo
@@ -27,10 +30,11 @@ def main() -> int:
     parser.add_argument("service", choices=("sagemaker", "batch"))
     parser.add_argument("first", type=int, help="first seed")
     parser.add_argument("end", type=int, help="seed after the last")
+    parser.add_argument("--random", action="store_true", help="each seed's random story (storm/random_story.py)")
     args = parser.parse_args()
     bad = 0
     for seed in range(args.first, args.end):
-        scenario = story(args.service, chaos={"seed": seed, **CHAOS})
+        scenario = random_story(args.service, seed, CHAOS) if args.random else story(args.service, chaos={"seed": seed, **CHAOS})
         started = time.monotonic()
         result = demo.run(scenario, tick_s=60)
         found = violations(result, scenario)

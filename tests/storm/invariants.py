@@ -69,7 +69,8 @@ def no_run_launched_twice(result: DemoResult, scenario: Scenario) -> list[str]:
 def no_stop_without_required_checkpoint(result: DemoResult, scenario: Scenario) -> list[str]:
     """A running run the controller stops has a checkpoint as fresh as the policy demands
     (work since it at most `checkpoint_max_age_s`), unless the controller stopped it
-    knowingly and said why (`checkpoint-timeout` only when the policy says stop anyway)."""
+    knowingly and said why (`checkpoint-timeout` only when the policy says stop anyway), or
+    its team cancelled the job (`cancel-requested`: nothing of it is wanted any more)."""
     policy = Policy(**scenario.policy)
     tags = {run["name"]: run["tags"] for run in result.runs}
     out = []
@@ -79,6 +80,8 @@ def no_stop_without_required_checkpoint(result: DemoResult, scenario: Scenario) 
         if stop.unsaved_work_s <= policy.checkpoint_max_age_s:
             continue
         job = tags.get(stop.run, {}).get("preemptor:job") or re.sub(r"-r\d+$", "", stop.run)
+        if any(e["job"] == job and e["kind"] == "cancel-requested" and abs(e["at"] - stop.at) <= _SAME_MOMENT_S for e in result.history):
+            continue
         logged = [
             e for e in result.history
             if e["job"] == job and e["kind"] == "stop-requested" and abs(e["at"] - stop.at) <= _SAME_MOMENT_S
@@ -146,12 +149,16 @@ def preemptions_resolve_within_their_waits(result: DemoResult, scenario: Scenari
 def decision_log_tells_every_change(result: DemoResult, scenario: Scenario) -> list[str]:
     """The decision log (what `explain` and `history` answer from) tells each change of a
     job that happened: a launch line per run the controller created, an admission before
-    each, a preemption per requeue, and the end of a completed job, once."""
+    each, a preemption started per requeue for a preemption, and the end of a completed
+    job, once."""
     out = []
     kinds: dict[str, dict[str, int]] = {}
+    requeued_for: dict[str, int] = {}
     for entry in result.history:
         counts = kinds.setdefault(entry["job"], {})
         counts[entry["kind"]] = counts.get(entry["kind"], 0) + 1
+        if entry["kind"] == "requeued" and entry["reason"] == "preempted":
+            requeued_for[entry["job"]] = requeued_for.get(entry["job"], 0) + 1
     runs: dict[str, int] = {}
     for run in result.runs:
         tags = run["tags"]
@@ -164,11 +171,96 @@ def decision_log_tells_every_change(result: DemoResult, scenario: Scenario) -> l
             out.append(f"job {name}: {runs.get(name, 0)} runs created, {launches} launch lines")
         if seen.get("admitted", 0) < launches:
             out.append(f"job {name}: {launches} launch lines, {seen.get('admitted', 0)} admissions")
-        stopped = seen.get("requeued", 0)
-        if stopped > seen.get("preemption-started", 0) + seen.get("interruption", 0):
-            out.append(f"job {name}: requeued {stopped} times, {seen.get('preemption-started', 0)} preemptions started")
+        # A requeue for a preemption follows its start; one for a lost instance is told by
+        # its own line (reason `interrupted`), with or without the warning's `interruption`
+        # (a warning lost, or the instance gone first).
+        preempted = requeued_for.get(name, 0)
+        if preempted > seen.get("preemption-started", 0):
+            out.append(f"job {name}: requeued {preempted} times for a preemption, {seen.get('preemption-started', 0)} preemptions started")
         if job["state"] == "Completed" and seen.get("completed", 0) != 1:
             out.append(f"job {name}: Completed, {seen.get('completed', 0)} completion lines")
+    return out
+
+
+# Decision-log kinds that start and end a job's wait for GPUs.
+_WAIT_STARTS = {"submitted", "requeued", "admission-released"}
+_WAIT_ENDS = {"admitted", "cancelled", "failed", "completed"}
+
+
+def _waits_and_priorities(result: DemoResult, scenario: Scenario) -> tuple[dict, dict]:
+    """Per job, from the decision log: its waits for GPUs [(from, until)] (until None: still
+    waiting at the end), and its priority from a time on [(at, priority)], lowerings included."""
+    tiers = Policy(**scenario.policy).tiers
+    waits: dict[str, list[list]] = {}
+    priorities: dict[str, list[tuple[float, int]]] = {}
+    for e in sorted(result.history, key=lambda e: e["at"]):
+        job, kind, at = e["job"], e["kind"], e["at"]
+        spans = waits.setdefault(job, [])
+        if kind in _WAIT_STARTS and not (spans and spans[-1][1] is None):
+            spans.append([at, None])
+        elif kind in _WAIT_ENDS and spans and spans[-1][1] is None:
+            spans[-1][1] = at
+        if kind == "submitted" and (m := re.search(r"priority (\d+)", e["detail"])):
+            priorities.setdefault(job, []).append((at, int(m.group(1))))
+        elif kind == "priority-changed" and (m := re.search(r"priority \d+ -> (\d+)", e["detail"])):
+            priorities.setdefault(job, []).append((at, int(m.group(1))))
+    for job in scenario.jobs:  # a job the log never saw submitted has its scenario's priority
+        if job.name not in priorities:
+            priority = job.priority if isinstance(job.priority, int) else tiers[job.priority.lower()]
+            priorities[job.name] = [(0.0, priority)]
+    return waits, priorities
+
+
+def _priority_at(priorities: list[tuple[float, int]], at: float) -> int:
+    return [p for t, p in priorities if t <= at][-1] if priorities[0][0] <= at else priorities[0][1]
+
+
+def _waiting_at(spans: list[list], at: float) -> bool:
+    """Waiting at `at`: a wait begun by then and not ended before it (one that ends in that
+    very second counts: the stop and that job's admission may be logged together)."""
+    return any(start <= at and (end is None or end >= at) for start, end in spans)
+
+
+def stops_serve_a_waiting_job(result: DemoResult, scenario: Scenario) -> list[str]:
+    """A victim's stop is sent only while a job of its pool that outranks it waits for GPUs:
+    one sent after every such job ran in GPUs freed otherwise, was cancelled or lowered
+    below it throws the victim's restart (and its work since the checkpoint) away for
+    nobody. (The pools' default modes: only a higher priority preempts.)"""
+    waits, priorities = _waits_and_priorities(result, scenario)
+    pool_of = {j.name: j.pool for j in scenario.jobs}
+    out = []
+    for stop in result.history:
+        if stop["kind"] != "stop-requested" or not stop["detail"].startswith("preempted by"):
+            continue
+        if stop["detail"].startswith("preempted by spot-interruption"):
+            continue  # its instance goes anyway
+        victim, at = stop["job"], stop["at"]
+        below = _priority_at(priorities[victim], at)
+        served = [
+            job for job, spans in waits.items()
+            if job != victim and pool_of.get(job) == pool_of.get(victim) and job in priorities
+            and _priority_at(priorities[job], at) > below and _waiting_at(spans, at)
+        ]
+        if not served:
+            out.append(f"job {victim}: stopped at {at - START:.0f} s ({stop['detail']}) while no job above its priority {below} waited")
+    return out
+
+
+def preemptors_outrank_their_victims(result: DemoResult, scenario: Scenario) -> list[str]:
+    """Under the default modes (a job preempts only lower priority) and no quotas, every
+    preemption is made for a job that outranks its victim when it is made."""
+    policy = Policy(**scenario.policy)
+    if policy.quotas or policy.pools or policy.within_team.value != "LowerPriority" or policy.across_teams.value != "LowerPriority":
+        return []
+    _, priorities = _waits_and_priorities(result, scenario)
+    out = []
+    for e in result.history:
+        preemptor = e.get("extra", {}).get("preemptor")
+        if e["kind"] != "preemption-started" or preemptor not in priorities:
+            continue
+        pj, pv = _priority_at(priorities[preemptor], e["at"]), _priority_at(priorities[e["job"]], e["at"])
+        if pj <= pv:
+            out.append(f"job {e['job']} (priority {pv}) preempted at {e['at'] - START:.0f} s for {preemptor} (priority {pj})")
     return out
 
 
@@ -180,6 +272,8 @@ INVARIANTS = (
     no_stop_without_required_checkpoint,
     foreign_runs_never_stopped,
     preemptions_resolve_within_their_waits,
+    stops_serve_a_waiting_job,
+    preemptors_outrank_their_victims,
 )
 
 

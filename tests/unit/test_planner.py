@@ -1239,6 +1239,20 @@ def test_a_stop_waiting_for_a_checkpoint_is_neither_kept_nor_cut_for_a_job_that_
     assert plan(spot, DEFAULT, NOW).call_offs == ()
 
 
+def test_a_stop_about_to_go_is_called_off_too_when_its_preemptor_ran_elsewhere_and_kept_while_it_waits():
+    # Given a low job being stopped for a medium job, its stop not sent yet and waiting for
+    # no checkpoint (a fresh one: it goes at once), and 8 GPUs a run's end just freed
+    about_to_go = running("going", 50, 8, started_at=NOW - 3600, last_checkpoint_at=NOW - 60, stopping=True, preempted_for="med")
+    snap = snapshot(16).running(about_to_go).pending(pending("med", 200, 8, submitted_at=NOW - 60, nominated_at=NOW - 30)).build()
+    # When planning, then the medium job runs in the free GPUs and the stop is called off
+    decision = plan(snap, DEFAULT, NOW)
+    assert admitted(decision) == ["med"] and [c.job for c in decision.call_offs] == ["going"]
+    # And while the medium job still needs its GPUs, or once its stop is sent, it goes on
+    assert plan(replace(snap, pools=(Pool("p5", 8),)), DEFAULT, NOW).call_offs == ()
+    sent = replace(snap, running=(replace(about_to_go, preempted_for=None),))
+    assert plan(sent, DEFAULT, NOW).call_offs == ()
+
+
 def test_a_stop_reclaiming_borrowed_quota_is_kept_for_its_reclaimer_whatever_their_priorities():
     # Given production's nominal quota is the pool and research runs on borrowed quota; a
     # medium research job whose stop waits for a checkpoint, reclaimed by production's job,

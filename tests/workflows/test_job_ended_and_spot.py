@@ -292,3 +292,28 @@ def test_a_batch_job_a_queue_time_limit_cancelled_for_capacity_waits_instead_of_
         job = env.job("eval")
         assert job.status is not JobState.FAILED and job.capacity_retries == 1 and job.incarnation == 2
         assert "capacity-wait" in env.kinds("eval")
+
+
+def test_a_reclaimed_batch_run_whose_every_event_was_lost_is_requeued_by_reconcile_not_failed():
+    with emulation(pools=[G5]) as env:
+        batch_queues(env)
+        # Given a Batch job running on a spot instance (a checkpoint every 30 minutes)
+        env.submit(name="spotty", team="a", priority=200, pool="g5", gpus=16, duration=7200, checkpoint_every=1800)
+        env.advance(2400)
+        # When EC2 reclaims its instance, and neither the warning nor the run's end (FAILED,
+        # "Host EC2 ... terminated") reaches the controller
+        env.fleet.spot_interrupt("spotty")
+        env.clock.advance(300)
+        env.stack.outbox.clear()
+        assert env.stack.client("batch").describe_jobs(jobs=[env.job("spotty").run_id])["jobs"][0]["status"] == "FAILED"
+        # And reconcile finds the run ended
+        env.stack.invoke_lambda("preemptor-ReconcileFunction", {})
+        env.stack.drain()
+        # Then the job is requeued as its end event would have had it (interrupted), not
+        # failed for good, and relaunched from its checkpoint
+        [requeued] = [e for e in env.store.history("spotty") if e["kind"] == "requeued"]
+        assert requeued["reason"] == "interrupted" and "spot reclaim: Host EC2" in requeued["detail"] + json.dumps(requeued["extra"])
+        assert "failed" not in env.kinds("spotty")
+        env.advance(120)
+        job = env.job("spotty")
+        assert (job.status, job.incarnation) == (JobState.RUNNING, 2)

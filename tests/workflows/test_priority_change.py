@@ -283,8 +283,11 @@ def test_a_called_off_preemption_ends_at_its_next_check_and_never_acts_for_the_p
 
         def released_then_chosen_again() -> None:
             # The operator calls the sweep's preemption off; then another preemption marks it
-            # (as if no protection held it) before the first one's workflow checks again
+            # (as if no protection held it) before the first one's workflow checks again, for
+            # a critical job that waits for its GPUs (a mark nobody needed, the next plan
+            # would call off)
             ops.set_priority(env.operator(), "sweep", "medium")
+            env.submit_nowait(name="other", team="production", priority="critical", pool="p5", instances=8, duration=1200)
             current = env.job("sweep")
             since = env.clock.now() + 1
             env.store.transition(

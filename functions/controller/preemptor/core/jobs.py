@@ -180,10 +180,13 @@ class JobRecord:
 
     @property
     def preempted_for(self) -> str | None:
-        """The pending job it is being stopped for: None when it is not being preempted, or
-        is stopped for its spot instance or for a cancel, which no plan calls off."""
+        """The pending job it is being stopped for while its stop is not sent (a plan may
+        still call the preemption off): None when it is not being preempted, its stop is
+        claimed, or it is stopped for its spot instance or for a cancel."""
         if self.status is not JobState.PREEMPTING or self.cancel_requested or self.preempted_by == SPOT_INTERRUPTION:
             return None
+        if self.stop_signal_at is not None and self.stop_signal_at >= (self.preempting_since or 0.0):
+            return None  # its stop is claimed (`JobsStore.claim_stop`): on its way
         return self.preempted_by
 
     @property

@@ -120,8 +120,8 @@ class Reason(StrEnum):
     # its GPUs (`Decision.wait_cuts`): the wait is cut short, or it still pays
     CHECKPOINT_WAIT_CUT = "checkpoint-wait-cut"
     CHECKPOINT_WAIT_KEPT = "checkpoint-wait-kept"
-    # a victim whose stop waits for a checkpoint and whose GPUs no job that may preempt it
-    # waits for any more (its preemptor ran elsewhere): its preemption is called off
+    # a victim whose stop is not sent yet and whose GPUs no job that may preempt it waits
+    # for any more (its preemptor ran elsewhere): its preemption is called off
     # (`Decision.call_offs`)
     PREEMPTION_NO_LONGER_NEEDED = "preemption-no-longer-needed"
 
@@ -225,7 +225,8 @@ class RunningJob:
     checkpoint asked at `checkpoint_requested_at` (up to `checkpoint_wait_max_s`), so its
     GPUs come back late; a later plan may cut the wait short (`Decision.wait_cuts`), or call
     the preemption off (`Decision.call_offs`). `preempted_for`: the pending job it is being
-    stopped for (None when it is not, or is stopped for its spot instance or a cancel).
+    stopped for while no stop is sent (None when it is not being preempted, its stop is
+    sent, or it is stopped for its spot instance or a cancel).
     """
 
     name: str
@@ -473,10 +474,10 @@ class WaitCut:
 
 @dataclass(frozen=True, slots=True)
 class CallOff:
-    """A victim whose stop waits for a checkpoint, to be left running instead: no pending job
-    that may preempt it waits for its GPUs any more (its preemptor was admitted into GPUs
-    freed otherwise, or fits without them); stopping it would throw away its work since the
-    checkpoint and its restart for nobody. Only a stop not sent yet is called off."""
+    """A victim whose stop is not sent yet (it waits for a checkpoint, or is about to go), to
+    be left running instead: no pending job that may preempt it waits for its GPUs any more
+    (its preemptor was admitted into GPUs freed otherwise, or fits without them); stopping
+    it would throw away its restart (and its work since the checkpoint) for nobody."""
 
     job: str
     pool: str

@@ -178,6 +178,10 @@ class PoolPlanner:
         # one that no job which may preempt its victim waits on is called off (`call_offs`).
         self._late: list[list] = []  # [victim, GPUs not yet claimed in this plan, claimed by a job that may preempt it]
         self.releasing_late = 0
+        # Stops about to go (no checkpoint waited for) but not sent yet: claimed after those
+        # sent, before the late ones, and called off as they are when nobody needs them.
+        self._unsent: list[list] = []  # as `_late`
+        self.releasing_unsent = 0
         self.wait_cuts: list[WaitCut] = []
         for v in running:
             if v.stopping:
@@ -185,6 +189,9 @@ class PoolPlanner:
                 if v.stop_awaits_checkpoint:
                     self._late.append([v, v.gpus, False])
                     self.releasing_late += v.gpus
+                elif v.preempted_for is not None:
+                    self._unsent.append([v, v.gpus, False])
+                    self.releasing_unsent += v.gpus
         if len(self._late) > 1:
             self._late.sort(key=lambda e: (self.late_wait_s(e[0]), e[0].name))
         self.initial_free = self.free
@@ -606,6 +613,8 @@ class PoolPlanner:
         if gpus <= 0:
             return
         late = gpus - (self.releasing - self.releasing_late)  # beyond the signalled stops
+        if self._unsent:
+            self._take_unsent(r, gpus - (self.releasing - self.releasing_late - self.releasing_unsent))
         self.releasing -= gpus
         if late <= 0:
             return
@@ -627,6 +636,23 @@ class PoolPlanner:
                 self.releasing_late -= entry[1]
                 entry[1] = 0
 
+    def _take_unsent(self, r: RankedJob, gpus: int) -> None:
+        """`r` claims `gpus` beyond the stops already sent: first those of stops not sent
+        yet that wait for no checkpoint (they come back within the grace too), in order."""
+        taken = min(max(0, gpus), self.releasing_unsent)
+        self.releasing_unsent -= taken
+        for entry in self._unsent:
+            if taken <= 0:
+                break
+            v, left, _ = entry
+            if not left:
+                continue
+            part = min(left, taken)
+            taken -= part
+            entry[1] = left - part
+            if not entry[2] and self._may_stop(r, v):
+                entry[2] = True
+
     def _may_stop(self, r: RankedJob, v: RunningJob) -> bool:
         """Whether `r` may preempt `v`, a victim being stopped, by the pool's rules (its
         protections aside: it is chosen already). A job being stopped no longer counts
@@ -638,18 +664,18 @@ class PoolPlanner:
         return eligibility(r, v, self.claimed[v.name], self.knobs, quotas.on, True, reclaim).rule is not None
 
     def call_offs(self) -> list[CallOff]:
-        """After the queue is placed: the preemptions whose stop still waits for a checkpoint
-        and whose GPUs no job that may preempt the victim waits for in this plan (its
+        """After the queue is placed: the preemptions whose stop is not sent yet (it waits for
+        a checkpoint, or is about to go) and whose GPUs no job that may preempt the victim waits for in this plan (its
         preemptor was admitted into GPUs freed otherwise, or fits without them), to be
         called off (`CallOff`): the stop would throw away the victim's work since its
         checkpoint and its restart for nobody, or for a job that may not stop it."""
         out = []
-        for v, left, wanted in self._late:
+        for v, left, wanted in self._unsent + self._late:
             if wanted or v.preempted_for is None:
                 continue
             detail = (
                 f"no job that may preempt it waits for its {v.gpus} GPUs any more ({v.preempted_for}, which it was "
-                "being stopped for, no longer needs them): its stop, still waiting for a checkpoint, is called off"
+                "being stopped for, no longer needs them): its stop, not sent yet, is called off"
             )
             out.append(CallOff(v.name, self.pool.name, detail))
             self.lines.append(Explanation(v.name, _SPARE, Reason.PREEMPTION_NO_LONGER_NEEDED, detail, v.preempted_for))
@@ -1199,7 +1225,7 @@ def run(snapshot: Snapshot, policy: Policy, now: float, discipline: Discipline =
         preemptions += planner.preemptions
         failures += planner.failures
         cuts += planner.wait_cuts
-        if planner._late:
+        if planner._late or planner._unsent:
             call_offs += planner.call_offs()
         lines += planner.lines
         if planner._likely_victims or planner.forecast_gpus > planner.free:

@@ -279,16 +279,16 @@ def unneeded_preemptions(
     *, store: JobsStore, call_offs: Iterable[CallOff], by_name: dict[str, JobRecord], now: float, alerts: Alerts | None = None
 ) -> list[str]:
     """Call off the preemptions a plan found no longer needed (`Decision.call_offs`): the
-    victim's stop still waits for a checkpoint, and no job that may preempt it waits for its
-    GPUs any more (its preemptor was admitted into GPUs a run's end freed meanwhile). Before
-    this, the stop went on once the checkpoint came: the victim lost its restart (and its
-    work since the checkpoint, without one) and was relaunched into its own GPUs. Only a
-    victim as the plan read it (`by_name`) whose stop is not sent: a stop claimed since goes
-    on. Returns the victims left running."""
+    victim's stop is not sent yet (it waits for a checkpoint, or is about to go), and no job
+    that may preempt it waits for its GPUs any more (its preemptor was admitted into GPUs a
+    run's end freed meanwhile). Before this, the stop went on: the victim lost its restart
+    (and its work since the checkpoint, without one) and was relaunched into its own GPUs.
+    Only a victim as the plan read it (`by_name`) whose stop is not sent: a stop claimed
+    since goes on. Returns the victims left running."""
     spared = []
     for c in call_offs:
         victim = by_name.get(c.job)
-        if victim is None or not releasable(victim) or not victim.awaits_checkpoint:
+        if victim is None or not releasable(victim):
             continue
         told = f"{victim.name} is not stopped for it: it no longer needs its GPUs"
         if _call_off(store, alerts, victim, victim.preempted_by, Reason.PREEMPTION_NO_LONGER_NEEDED.value, f"{c.detail}; left running", told, now):
@@ -958,6 +958,35 @@ def cancel(*, store: JobsStore, runners: dict[str, Runner], job: str, now: float
     return {"outcome": "ignored", "reason": "job kept moving while cancelling; retry"}
 
 
+# SageMaker's FailureReason when it cannot provision the instances ("CapacityError: Unable to
+# provision requested ML compute capacity. ..."): the job was created, then Failed.
+CAPACITY_ERROR_PREFIX = "CapacityError"
+SPOT_RECLAIM_PREFIX = "Host EC2"  # Batch statusReason when the instance went away under the job
+# Batch statusReason of a job a queue's state time limit action cancelled in RUNNABLE, by the
+# reason the queue was configured with ("CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY", ...).
+BATCH_CAPACITY_PREFIX = "CAPACITY:"
+
+
+def ended_outcome(service: str, outcome: str, reason: str, secondary: str | None = None, cancel_requested: bool = False) -> tuple[str, str]:
+    """What a run's end (`outcome`: completed, failed or stopped, with the service's `reason`
+    and SageMaker's `secondary` status) means for its job, as `finish` takes it: the same
+    whether its end event told it (the intake) or reconcile found it ended (the event lost).
+    A Batch run whose instance went away is interrupted (requeued), not failed; one that
+    met no capacity waits for it; a stopped run is cancelled (by its team, or by hand)."""
+    if outcome == "failed" and service == "batch" and reason.startswith(SPOT_RECLAIM_PREFIX):
+        return "interrupted", f"spot reclaim: {reason}"
+    if outcome == "failed" and service == "batch" and reason.startswith(BATCH_CAPACITY_PREFIX):
+        return "capacity-error", reason  # a job queue's state time limit cancelled it in RUNNABLE
+    if outcome == "failed" and service == "sagemaker" and secondary == "MaxWaitTimeExceeded":
+        # Managed spot found no spot capacity within MaxWaitTimeInSeconds: wait and relaunch.
+        return "capacity-error", f"MaxWaitTimeExceeded: {reason}"
+    if outcome == "failed" and service == "sagemaker" and reason.startswith(CAPACITY_ERROR_PREFIX):
+        return "capacity-error", reason  # no instances to be had: it did not fail
+    if outcome == "stopped":
+        return "cancelled", "cancelled" if cancel_requested else "stopped outside the controller"
+    return outcome, reason
+
+
 def finish(
     *,
     store: JobsStore,
@@ -970,8 +999,12 @@ def finish(
     alerts: Alerts | None = None,
 ) -> dict:
     """Record that a run ended for good; free its GPUs once. A run that met no capacity
-    (`capacity-error`) sends its job back to wait for capacity instead."""
+    (`capacity-error`) sends its job back to wait for capacity instead. A job its team
+    cancelled ends CANCELLED however its run ended but complete (Batch ends a terminated
+    job FAILED, SageMaker Stopped)."""
     record = _current(store, job, incarnation)
+    if record is not None and record.cancel_requested and outcome == "failed":
+        outcome, reason = "cancelled", f"cancelled ({reason})"
     if record is not None and record.status is OUTCOMES.get(outcome):
         # This run's end is recorded already: a retried step whose first attempt wrote it
         # and lost its answer, or the same end reported again. Its GPUs were freed then;

@@ -35,17 +35,10 @@ from ..core.requests import Refusal, RequestRefused, admit_request
 from ..core.s3uri import S3Uri
 from . import actions, escalation
 
-# SageMaker's FailureReason when it cannot provision the instances ("CapacityError: Unable to
-# provision requested ML compute capacity. ..."): the job was created, then Failed.
-CAPACITY_ERROR_PREFIX = "CapacityError"
 # SageMaker managed spot, while the job is InProgress: the service restarts it by itself.
 MANAGED_SPOT_PROGRESS = ("Interrupted", "Restarting")
 SAGEMAKER_OUTCOMES = {"Completed": "completed", "Failed": "failed", "Stopped": "stopped"}
 BATCH_OUTCOMES = {"SUCCEEDED": "completed", "FAILED": "failed"}
-SPOT_RECLAIM_PREFIX = "Host EC2"  # Batch statusReason when the instance went away under the job
-# Batch statusReason of a job a queue's state time limit action cancelled in RUNNABLE, by the
-# reason the queue was configured with ("CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY", ...).
-BATCH_CAPACITY_PREFIX = "CAPACITY:"
 
 
 @dataclass(frozen=True)
@@ -349,20 +342,7 @@ class Intake:
             # Our own stop: the preemption workflow requeues the job once the stop is final.
             return IntakeResult("ignored", f"stop of a preempted run ({status})", name)
         reason = getattr(event, "failure_reason", None) or getattr(event, "status_reason", None) or status
-        if outcome == "failed" and service == "batch" and str(reason).startswith(SPOT_RECLAIM_PREFIX):
-            outcome, reason = "interrupted", f"spot reclaim: {reason}"
-        if outcome == "failed" and service == "batch" and str(reason).startswith(BATCH_CAPACITY_PREFIX):
-            # A job queue's state time limit cancelled it in RUNNABLE for want of instances.
-            outcome = "capacity-error"
-        if outcome == "failed" and service == "sagemaker" and secondary == "MaxWaitTimeExceeded":
-            # Managed spot found no spot capacity within MaxWaitTimeInSeconds: wait and relaunch.
-            outcome, reason = "capacity-error", f"MaxWaitTimeExceeded: {reason}"
-        if outcome == "failed" and service == "sagemaker" and str(reason).startswith(CAPACITY_ERROR_PREFIX):
-            # No instances to be had: the job waits for capacity, it did not fail.
-            outcome = "capacity-error"
-        if outcome == "stopped":
-            outcome = "cancelled"
-            reason = "cancelled" if record.cancel_requested else "stopped outside the controller"
+        outcome, reason = actions.ended_outcome(service, outcome, str(reason), secondary, record.cancel_requested)
         payload = {
             "job": name,
             "incarnation": incarnation,

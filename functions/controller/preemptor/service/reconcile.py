@@ -384,8 +384,12 @@ def _check_run(store: JobsStore, runners: dict[str, Runner], workflows: Workflow
         return _check_runnable(store, runners, settings, record, state.service_status, now)
     if alive:
         return None
-    outcome = "failed" if state is None else {"stopped": "cancelled"}.get(state.phase, state.phase)
-    reason = "reconcile: run not found" if state is None else f"reconcile: missed end event ({state.service_status})"
+    if state is None:
+        outcome, reason = "failed", "reconcile: run not found"
+    else:
+        # As the end event would have told it: a spot reclaim requeues, no capacity waits.
+        outcome, why = actions.ended_outcome(record.service, state.phase, state.reason or state.service_status, None, record.cancel_requested)
+        reason = f"reconcile: missed end event ({state.service_status}: {why})"
     result = actions.finish(store=store, policy=settings.policy, job=record.name, incarnation=record.incarnation, outcome=outcome, reason=reason, now=now)
     return {"job": record.name, "pool": record.pool, "repair": Repair.MISSED_END.value, **result}
 

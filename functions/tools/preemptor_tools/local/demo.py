@@ -22,7 +22,7 @@ from .clock import SimClock
 from .fleet import FleetStop, SimulatedFleet
 from .hostile import HostileWorld, StopAttempt
 from .scenario import (
-    DEFAULT_SCENARIO, ROLE_ARN, CapacityError, Chaos, Scenario, StoppedByHand, local_pool, lowering_event, submission_event,
+    DEFAULT_SCENARIO, ROLE_ARN, CapacityError, Chaos, Scenario, StoppedByHand, cancellation_event, local_pool, lowering_event, submission_event,
     team_launch_request,
 )
 from preemptor.service.scheduling import explain as explaining
@@ -174,6 +174,7 @@ def _replay(
     submissions = sorted(scenario.jobs, key=lambda j: (j.submit_at, j.name))
     interruptions = sorted(scenario.interruptions, key=lambda i: (i.at, i.job))
     lowerings = sorted(scenario.lowerings, key=lambda lw: (lw.at, lw.job))
+    cancellations = sorted(scenario.cancellations, key=lambda c: (c.at, c.job))
     teams = {j.name: j.team for j in scenario.jobs}
     by_hand = sorted((f for f in scenario.faults if isinstance(f, StoppedByHand)), key=lambda f: (f.at, f.job))
     horizon = scenario.horizon or (
@@ -222,6 +223,13 @@ def _replay(
             stack.emit(lowering_event(lowering, team, clock.now(), stack.region))
             stack.pump(on_event)
             changed = True
+        while cancellations and cancellations[0].at <= elapsed:
+            cancel = cancellations.pop(0)
+            team = cancel.team or teams[cancel.job]
+            result.timeline.append(TimelineEntry(elapsed, "workload", cancel.job, f"cancelled by {team}", "Job Cancelled"))
+            stack.emit(cancellation_event(cancel, team, clock.now(), stack.region))
+            stack.pump(on_event)
+            changed = True
         while interruptions and interruptions[0].at <= elapsed:
             cut = interruptions.pop(0)
             record = store.get(cut.job)
@@ -237,7 +245,7 @@ def _replay(
         if elapsed >= horizon:
             return
         target = clock.now() + tick_s
-        for upcoming in (submissions[:1], interruptions[:1], by_hand[:1], lowerings[:1]):
+        for upcoming in (submissions[:1], interruptions[:1], by_hand[:1], lowerings[:1], cancellations[:1]):
             if upcoming:
                 target = min(target, START + getattr(upcoming[0], "submit_at", getattr(upcoming[0], "at", 0)))
         clock.advance_to(target)
@@ -305,6 +313,8 @@ def _event_entry(routed: RoutedEvent, at: float) -> TimelineEntry | None:
     outcome = routed.results[0] if routed.results else {"outcome": "unrouted", "reason": "no rule matched"}
     if event.get("detail-type") == "Job Submitted":
         return TimelineEntry(at, "aws", detail.get("name", "?"), "Job Submitted", f"intake: {outcome['outcome']}")
+    if event.get("detail-type") == "Job Cancelled":
+        return TimelineEntry(at, "aws", detail.get("name", "?"), "Job Cancelled", f"intake: {outcome['outcome']} ({outcome['reason']})")
     if event.get("detail-type") == "Job Priority Lowered":
         return TimelineEntry(at, "aws", detail.get("name", "?"), "Priority Lowered", f"intake: {outcome['outcome']} ({outcome['reason']})")
     if event.get("source") == "aws.sagemaker":

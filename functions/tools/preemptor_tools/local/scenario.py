@@ -11,6 +11,8 @@ jobs:
 Times are seconds from the start of the scenario; `priority` is 0..1000 or a tier name.
 Batch pools take `gpus` per job instead of `instances`, and may list spot interruptions:
 `interruptions: [{at: 1800, job: sweep}]` reclaims the instance under the job's current run.
+A team may lower a job (`lowerings: [{at, job, priority}]`) or cancel it (`cancellations:
+[{at, job}]`), by the events `preemptor lower` and `preemptor cancel` put on the bus.
 
 A hostile world (see `hostile.py`): `chaos: {seed, throttle_rate, duplicate_rate, reorder_rate,
 transaction_conflict_rate, crash_rate}` and `faults: [{type: stop_denied, at, job, duration},
@@ -81,6 +83,17 @@ class Lowering(BaseModel):
     job: str
     priority: int | str
     note: str = ""
+    team: str | None = None
+
+
+class Cancellation(BaseModel):
+    """At `at`, a team puts a "Job Cancelled" event for `job` (`team`: the sending team, by
+    default the job's own; another one is refused)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    at: float = Field(ge=0)
+    job: str
     team: str | None = None
 
 
@@ -176,6 +189,7 @@ class Scenario(BaseModel):
     jobs: list[ScenarioJob]
     interruptions: list[SpotInterruption] = Field(default_factory=list)
     lowerings: list[Lowering] = Field(default_factory=list)
+    cancellations: list[Cancellation] = Field(default_factory=list)
     chaos: Chaos | None = None
     faults: list[Fault] = Field(default_factory=list)
     policy: dict[str, Any] = Field(default_factory=dict)
@@ -226,6 +240,9 @@ class Scenario(BaseModel):
         for lowering in self.lowerings:
             if lowering.job not in by_name:
                 raise ValueError(f"lowering at {lowering.at}: unknown job {lowering.job!r}")
+        for cancel in self.cancellations:
+            if cancel.job not in by_name:
+                raise ValueError(f"cancellation at {cancel.at}: unknown job {cancel.job!r}")
         for fault in self.faults:
             job_name = getattr(fault, "job", None)
             if job_name is not None and job_name not in by_name:
@@ -299,6 +316,11 @@ def lowering_event(lowering: Lowering, team: str, at: float, region: str) -> dic
     """The "Job Priority Lowered" event `team` puts on the stack's bus (`preemptor lower`)."""
     detail = {"name": lowering.job, "priority": lowering.priority} | ({"note": lowering.note} if lowering.note else {})
     return team_event("Job Priority Lowered", team, f"lower/{lowering.job}/{lowering.at}/{team}", at, region, detail)
+
+
+def cancellation_event(cancel: Cancellation, team: str, at: float, region: str) -> dict:
+    """The "Job Cancelled" event `team` puts on the stack's bus (`preemptor cancel`)."""
+    return team_event("Job Cancelled", team, f"cancel/{cancel.job}/{cancel.at}/{team}", at, region, {"name": cancel.job})
 
 
 def submission_event(job: ScenarioJob, pool: PoolConfig, bucket: str, at: float, region: str) -> dict:
