@@ -12,7 +12,7 @@ from eventfiles import all_event_files, load_raw
 
 import pytest
 
-from aws_faults import answer_lost, aws_says_no, error_response, is_job_insert
+from aws_faults import THROTTLING, answer_lost, aws_says_no, error_response, is_job_insert
 from preemptor.adapters.store import JobsStore
 from preemptor.config import JobDefinition, PoolConfig
 from preemptor.core.errors import EventInProgress, Throttled
@@ -692,6 +692,46 @@ def test_cancel_of_a_running_job_stops_it_and_frees_its_gpus(service):
         assert job.status is JobState.CANCELLED and job.outcome_reason.startswith("cancelled")
         assert [e["kind"] for e in env.store.history("running")][-1] == "cancelled"
         assert (env.store.pool(pool) or {}).get("used_gpus", 0) == 0
+
+def test_a_cancel_tells_its_stop_whatever_fails_after_it_is_sent():
+    with emulation() as env:
+        env.submit(name="running", team="a", priority=200, pool="p5", instances=8, duration=3600)
+        env.advance(300)
+        fn = env.stack.resources["IntakeFunction"]
+        # When the team cancels the running job and a decision-log line written on its own
+        # is refused (the function would die there), then the run ends before a second handling
+        def log_line(params: dict) -> dict | None:
+            return THROTTLING["dynamodb"] if params["Item"]["sk"]["S"].startswith("LOG#") else None
+
+        with aws_says_no(env.store.client, "PutItem", log_line) as refused:
+            assert env.stack.invoke_lambda(fn, _cancel("running", team="a"))["reason"] == "stopping-for-cancel"
+        env.advance(300)
+        # Then the stop was told with the cancel request, before it was sent: one line, and
+        # the job ended cancelled; no line needed a write of its own
+        assert refused == []
+        kinds = env.kinds("running")
+        assert kinds.count("cancel-requested") == 1 and kinds[-1] == "cancelled"
+        assert env.job("running").status is JobState.CANCELLED
+        # And a handling again of the same cancel changes nothing
+        assert env.stack.invoke_lambda(fn, _cancel("running", team="a"))["outcome"] == "duplicate"
+        assert env.kinds("running") == kinds
+
+
+def test_a_cancel_whose_stop_was_throttled_stops_the_run_when_handled_again_and_tells_it_once():
+    with emulation() as env:
+        env.submit(name="running", team="a", priority=200, pool="p5", instances=8, duration=3600)
+        env.advance(300)
+        sagemaker, fn = env.stack.deps().runners["sagemaker"].client, env.stack.resources["IntakeFunction"]
+        # When the first handling's stop is throttled (the function fails, the event is retried)
+        with aws_says_no(sagemaker, "StopTrainingJob", THROTTLING["sagemaker"]), pytest.raises(Exception, match="Throttl"):
+            env.stack.invoke_lambda(fn, _cancel("running", team="a"))
+        assert env.job("running").status is JobState.RUNNING
+        # Then the retried handling stops it, and the cancel is told once
+        assert env.stack.invoke_lambda(fn, _cancel("running", team="a"))["reason"] == "stopping-for-cancel"
+        env.advance(300)
+        assert env.job("running").status is JobState.CANCELLED
+        assert env.kinds("running").count("cancel-requested") == 1
+
 
 def test_stale_events_of_an_old_incarnation_are_ignored():
     with emulation() as env:

@@ -843,30 +843,35 @@ class JobsStore:
         `transition`; returns the written record."""
         return self.transition(record, record.with_changes(**changes), expect)
 
-    def request_cancel(self, record: JobRecord, now: float) -> bool:
+    def request_cancel(self, record: JobRecord, now: float, log: LogLine | None = None) -> bool:
         """Record that the job's owner cancelled it, whatever it is doing (a field-level
-        write that bumps the version, so no transition decided before it can undo it).
-        False if the job meanwhile left the status it was read in."""
+        write that bumps the version, so no transition decided before it can undo it), with
+        `log` in the same transaction: the line is written before the stop it tells is sent,
+        or not at all. False if the job meanwhile left the status it was read in."""
+        update = {
+            "TableName": self.table,
+            "Key": job_key(record.name),
+            "UpdateExpression": "SET cancel_requested = :t, cancel_requested_at = if_not_exists(cancel_requested_at, :now), #ver = if_not_exists(#ver, :zero) + :one",
+            "ConditionExpression": "#st = :st AND #inc = :inc",
+            "ExpressionAttributeNames": {"#st": "status", "#inc": "incarnation", "#ver": "version"},
+            "ExpressionAttributeValues": {
+                ":t": _to_attr(True),
+                ":now": _to_attr(now),
+                ":zero": _to_attr(0),
+                ":one": _to_attr(1),
+                ":st": {"S": record.status.value},
+                ":inc": _to_attr(record.incarnation),
+            },
+        }
         try:
-            self._call(
-                "update_item",
-                TableName=self.table,
-                Key=job_key(record.name),
-                UpdateExpression="SET cancel_requested = :t, cancel_requested_at = :now, "
-                "#ver = if_not_exists(#ver, :zero) + :one",
-                ConditionExpression="#st = :st AND #inc = :inc",
-                ExpressionAttributeNames={"#st": "status", "#inc": "incarnation", "#ver": "version"},
-                ExpressionAttributeValues={
-                    ":t": _to_attr(True),
-                    ":now": _to_attr(now),
-                    ":zero": _to_attr(0),
-                    ":one": _to_attr(1),
-                    ":st": {"S": record.status.value},
-                    ":inc": _to_attr(record.incarnation),
-                },
-            )
+            if log is None:
+                self._call("update_item", **update)
+            else:
+                self._transact([{"Update": update}, self._log_put(log)])
             return True
-        except ConflictError:
+        except ConflictError as e:
+            if log is not None and e.reasons[:1] != ("ConditionalCheckFailed",):
+                raise
             return False
 
     def _set_fields(self, name: str, update: str, condition: str, values: dict, names: dict | None = None) -> bool:

@@ -946,14 +946,17 @@ def cancel(*, store: JobsStore, runners: dict[str, Runner], job: str, now: float
             if result["reason"] == "conflict":
                 continue
             return {"outcome": "accepted", "reason": "cancelled-admitted"}
-        if not store.request_cancel(record, now):
+        # The line is written with the request, before the stop: a function that dies between
+        # the two leaves a stop told (a cancel handled again, the job still running, sends
+        # it again and leaves one line: keyed by the incarnation).
+        line = LogLine(job, record.cancel_requested_at or now, "cancel-requested", "job-cancelled", f"stopping {record.run_name}", once=f"cancel#{record.incarnation}")
+        if not store.request_cancel(record, now, line):
             continue
         if record.run_id:
             try:
                 runners[record.service].stop(record.run_id, "preemptor: cancelled")
             except ServiceJobNotFound:
                 pass  # already gone: its end event (or reconcile) records the end
-        store.log(job, now, "cancel-requested", "job-cancelled", f"stopping {record.run_name}")
         return {"outcome": "accepted", "reason": "stopping-for-cancel"}
     return {"outcome": "ignored", "reason": "job kept moving while cancelling; retry"}
 
