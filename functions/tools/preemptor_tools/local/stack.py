@@ -616,7 +616,15 @@ class EmulatedStack:
 
     def fire_schedules(self, on_event: Callable[[RoutedEvent], None] | None = None) -> int:
         """Invoke every scheduled function whose rate has come round since the stack started
-        (EventBridge's "Scheduled Event"), letting the workflows it starts finish; returns how many."""
+        (EventBridge's "Scheduled Event"), letting the workflows it starts finish; returns how many.
+        What the fleet emits meanwhile is routed by `drain`, told to `on_event` too."""
+        self._on_event = on_event
+        try:
+            return self._fire_schedules(on_event)
+        finally:
+            self._on_event = None
+
+    def _fire_schedules(self, on_event: Callable[[RoutedEvent], None] | None) -> int:
         fired = 0
         for rule in self.schedules:
             if rule.next_at is None:
