@@ -264,6 +264,47 @@ def preemptors_outrank_their_victims(result: DemoResult, scenario: Scenario) -> 
     return out
 
 
+# Decision-log kinds that start and end a job's hold on its pool's GPUs (the controller's count).
+_HOLD_STARTS = {"admitted"}
+_HOLD_ENDS = {"requeued", "completed", "failed", "cancelled", "admission-released"}
+IDLE_BOUND_S = 900.0  # three reconcile rounds
+
+
+def gpus_never_idle_while_a_job_that_fits_waits(result: DemoResult, scenario: Scenario, bound_s: float = IDLE_BOUND_S) -> list[str]:
+    """Liveness: GPUs the controller counts free never stay free longer than `bound_s` while
+    a job of the pool that fits them waits (one pool; sizes from the scenario). Not among
+    `INVARIANTS`: under the sweep's rates most plan steps fail their seven attempts, and a
+    pool may idle for half an hour though nothing unsafe happens; it is checked where the
+    world is hostile as the example scenario is (examples/scenarios/hostile-world.yaml)."""
+    pool = scenario.pools[0]
+    size = {j.name: j.gpus if j.gpus is not None else j.instances * (pool.gpus_per_instance or 8) for j in scenario.jobs}
+    waits, _ = _waits_and_priorities(result, scenario)
+    events = sorted(result.history, key=lambda e: e["at"])
+    held, holding, since, out = 0, set(), None, []
+    for i, e in enumerate(events):
+        job, kind = e["job"], e["kind"]
+        if kind in _HOLD_STARTS and job not in holding:
+            holding.add(job)
+            held += size.get(job, 0)
+        elif kind in _HOLD_ENDS and job in holding:
+            holding.discard(job)
+            held -= size.get(job, 0)
+        if i + 1 < len(events) and events[i + 1]["at"] == e["at"]:
+            continue  # the moment's other lines first
+        at, free = e["at"], pool.capacity_gpus - held
+        fitting = sorted(
+            j for j, spans in waits.items()
+            if size.get(j, free + 1) <= free and any(s <= at and (u is None or u > at) for s, u in spans)
+        )
+        if fitting and since is None:
+            since = (at, free, fitting)
+        elif not fitting and since is not None:
+            if at - since[0] > bound_s:
+                out.append(f"pool {pool.name}: {since[1]} GPUs free from {since[0] - START:.0f} s to {at - START:.0f} s while {', '.join(since[2])} waited")
+            since = None
+    return out
+
+
 INVARIANTS = (
     decision_log_tells_every_change,
     fleet_never_above_capacity,

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 from storm.chaos_sweep import CHAOS
-from storm.invariants import violations
+from storm.invariants import gpus_never_idle_while_a_job_that_fits_waits, violations
 from storm.random_story import random_story
 
 from preemptor_tools.local import demo
@@ -36,3 +36,48 @@ def test_a_random_story_in_a_hostile_world_keeps_every_promise(service: str) -> 
     # And every invariant holds (storm/invariants.py): every accepted job settled, none
     # stopped for nobody, none oversubscribed the pool
     assert violations(result, scenario) == []
+
+
+# The example scenario's rates (examples/scenarios/hostile-world.yaml): hostile, yet most
+# plan steps get through, so the pool must not idle while work that fits waits.
+EXAMPLE_CHAOS = {"throttle_rate": 0.3, "duplicate_rate": 0.15, "reorder_rate": 0.15, "transaction_conflict_rate": 0.1,
+                 "crash_rate": 0.03, "index_lag_rate": 0.2, "answer_lost_rate": 0.02}
+
+
+def test_a_random_story_in_the_examples_hostile_world_never_idles_gpus_a_waiting_job_fits() -> None:
+    # Given seed 226's story on Batch (a job of the whole pool, four cancels) at the
+    # example scenario's rates
+    scenario = random_story("batch", 226, EXAMPLE_CHAOS)
+
+    # When it is replayed
+    result = demo.run(scenario, tick_s=60)
+
+    # Then no GPUs stayed free more than 15 minutes while a job that fits them waited, and
+    # every invariant holds
+    assert gpus_never_idle_while_a_job_that_fits_waits(result, scenario) == []
+    assert violations(result, scenario) == []
+
+
+def test_the_idle_check_finds_gpus_left_free_while_a_job_that_fits_waits() -> None:
+    # Given a 64-GPU pool held by one job until 600 s, and a job of the whole pool waiting
+    # since 300 s, admitted 20 minutes after the end (then, in another log, 10 minutes after)
+    scenario = random_story("sagemaker", 0, jobs=2)
+    first, second = scenario.jobs
+    first.instances, second.instances = 8, 8
+
+    def line(job: str, at: float, kind: str, detail: str = "") -> dict:
+        return {"job": job, "at": demo.START + at, "kind": kind, "reason": kind, "detail": detail, "extra": {}}
+
+    def result(admitted_at: float) -> demo.DemoResult:
+        history = [
+            line(first.name, 0, "submitted", "priority 50"), line(first.name, 0, "admitted"),
+            line(second.name, 300, "submitted", "priority 50"), line(first.name, 600, "completed"),
+            line(second.name, admitted_at, "admitted"),
+        ]
+        return demo.DemoResult(history=history)
+
+    # When the check reads each log, then the 20 minutes are found, the 10 are not
+    assert gpus_never_idle_while_a_job_that_fits_waits(result(600 + 1200), scenario) == [
+        f"pool p5: 64 GPUs free from 600 s to 1800 s while {second.name} waited"
+    ]
+    assert gpus_never_idle_while_a_job_that_fits_waits(result(600 + 600), scenario) == []
