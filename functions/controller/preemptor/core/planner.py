@@ -44,7 +44,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from functools import cached_property, partial
 from operator import attrgetter, is_not
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from . import progress
 from .model import (
@@ -619,19 +619,8 @@ class PoolPlanner:
         if late <= 0:
             return
         self.releasing_late -= late
-        for entry in self._late:
-            if late <= 0:
-                break
-            v, left, _ = entry
-            if not left:
-                continue
-            taken = min(left, late)
-            late -= taken
-            entry[1] = left - taken
-            if not self._may_stop(r, v):
-                continue  # it waits for the GPUs, but the stop is not made for it
-            entry[2] = True
-            if self.judge_late(r, v):
+        for entry in self._claim(self._late, late, r):
+            if self.judge_late(r, entry[0]):
                 # Stopped now: its GPUs not yet claimed come back within the grace too.
                 self.releasing_late -= entry[1]
                 entry[1] = 0
@@ -641,17 +630,25 @@ class PoolPlanner:
         yet that wait for no checkpoint (they come back within the grace too), in order."""
         taken = min(max(0, gpus), self.releasing_unsent)
         self.releasing_unsent -= taken
-        for entry in self._unsent:
-            if taken <= 0:
-                break
+        for _ in self._claim(self._unsent, taken, r):
+            pass
+
+    def _claim(self, entries: list[list], gpus: int, r: RankedJob) -> Iterator[list]:
+        """`r` takes `gpus` from `entries` ([victim, GPUs not claimed yet, wanted]) in order;
+        yields each entry it took from whose victim it may preempt, marked wanted (a job
+        that only waits for the GPUs neither keeps nor judges a stop not made for it)."""
+        for entry in entries:
+            if gpus <= 0:
+                return
             v, left, _ = entry
             if not left:
                 continue
-            part = min(left, taken)
-            taken -= part
+            part = min(left, gpus)
+            gpus -= part
             entry[1] = left - part
-            if not entry[2] and self._may_stop(r, v):
+            if self._may_stop(r, v):
                 entry[2] = True
+                yield entry
 
     def _may_stop(self, r: RankedJob, v: RunningJob) -> bool:
         """Whether `r` may preempt `v`, a victim being stopped, by the pool's rules (its
