@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import threading
 
+import pytest
+
 from aws_faults import THROTTLING, answer_lost_after_applied, aws_says_no, error_response, is_lease_taking
 from emulation import P5, emulation
 from notice_queues import received, subscribe
@@ -729,3 +731,31 @@ def test_a_launch_that_gives_up_after_creating_its_run_records_that_run_rather_t
         assert env.store.pool("p5")["used_gpus"] == 8
         first = _executions(env, "ScheduleStateMachine")[0]
         assert "Give the launch up" in env.states_visited(first["executionArn"])
+
+
+@pytest.mark.parametrize("checkpoint_age_s, told", [(100, "fresh-checkpoint"), (1000, "checkpoint-aged")])
+def test_a_stop_step_that_comes_late_judges_the_checkpoint_again(checkpoint_age_s, told):
+    emitted: list[dict] = []
+    with emulation(metrics=emitted) as env:
+        # Given a job being preempted whose workflow found its checkpoint fresh, and whose
+        # stop step comes when that checkpoint is `checkpoint_age_s` of work old (a step
+        # throttled and retried for minutes)
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=30000)
+        env.advance(1200)
+        sweep = env.job("sweep")
+        now = env.clock.now()
+        env.store.transition(
+            sweep,
+            sweep.with_changes(status=JobState.PREEMPTING, preempted_by="prod", preempting_since=now, last_checkpoint_at=now - checkpoint_age_s),
+            [JobState.RUNNING],
+        )
+        # When the stop step runs with the check's "fresh"
+        step = {"action": "stop", "job": "sweep", "incarnation": 1, "fresh": True, "since": now}
+        result = env.stack.invoke_lambda(env.stack.resources["JobControlFunction"], step)
+        # Then the stop goes, told as it is: fresh within checkpoint_max_age_s (900 s), else
+        # aged past it and counted as a stop without a fresh checkpoint
+        assert result == {"stopping": True, "fresh": told == "fresh-checkpoint"}
+        [line] = [e for e in env.store.history("sweep") if e["kind"] == "stop-requested"]
+        assert line["reason"] == told
+        unfresh = sum(sum(v) if isinstance(v := d["StopsWithoutFreshCheckpoint"], list) else v for d in emitted if "StopsWithoutFreshCheckpoint" in d)
+        assert unfresh == (0 if told == "fresh-checkpoint" else 1)

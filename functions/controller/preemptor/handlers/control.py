@@ -41,8 +41,8 @@ def handler(step, context: LambdaContext) -> dict:
                 emit("LaunchesGivenUp", 1, Pool=result["pool"])
             return result
         case Stop(fresh=fresh, since=since):
-            result = actions.stop(**common, runners=d.runners, fresh=fresh, now=now, since=since)
-            if result.get("stopping") and not fresh:
+            result = actions.stop(**common, runners=d.runners, fresh=fresh, now=now, since=since, policy=d.settings.policy)
+            if result.get("stopping") and not result.get("fresh", fresh):
                 metrics.add_metric(name="StopsWithoutFreshCheckpoint", unit=MetricUnit.Count, value=1)
             return result
         case RunState():

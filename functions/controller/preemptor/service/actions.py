@@ -360,11 +360,22 @@ def _preemption_rule(store: JobsStore, victim: JobRecord) -> PreemptionRule | No
 
 
 def stop(
-    *, store: JobsStore, runners: dict[str, Runner], job: str, incarnation: int, fresh: bool, now: float, since: float | None = None
+    *,
+    store: JobsStore,
+    runners: dict[str, Runner],
+    job: str,
+    incarnation: int,
+    fresh: bool,
+    now: float,
+    since: float | None = None,
+    policy: Policy | None = None,
 ) -> dict:
     """Stop the run of a job being preempted (or cancelled). Stopping twice is harmless.
     `since`: the preemption the step stops for (its mark's time); a job no longer in it is
-    not stopped (`_other_preemption`)."""
+    not stopped (`_other_preemption`). `fresh`: the workflow found its checkpoint fresh;
+    judged again at the stop against the pool's `checkpoint_max_age_s` (`policy`), as a
+    step retried under throttling may come minutes after the check. Returns whether it
+    stopped, and with a fresh checkpoint."""
     record = _current(store, job, incarnation)
     if _other_preemption(record, since) or (record is not None and record.status is JobState.RUNNING and not record.preempted_by):
         # Released while it waited for its checkpoint (the operator raised its priority:
@@ -400,13 +411,21 @@ def stop(
         # Raised for the workflow to give up loudly; reconcile repairs the preemption.
         store.log(job, now, "stop-refused", "access-denied", str(e))
         raise
+    max_age_s = policy.for_pool(record.pool).checkpoint_max_age_s if policy is not None else None
+    aged = fresh and max_age_s is not None and not is_fresh(record.last_checkpoint_at, record.started_at, signal_at, max_age_s)
+    if aged:
+        # Fresh when the workflow checked, no longer when the stop goes (its step came late:
+        # throttled, retried): told as it is, and counted as a stop without a fresh checkpoint.
+        fresh = False
+        why += f"; its checkpoint, fresh when checked, is over checkpoint_max_age_s {max_age_s:g} at the stop"
     detail = why + ("" if fresh else "; WITHOUT a fresh checkpoint: work since the last one is lost")
-    # Why it goes now: its checkpoint is fresh; the plan said not to wait (issue 10); or the wait ran out.
-    reason = "fresh-checkpoint" if fresh else "stop-at-once" if record.stop_at_once else "checkpoint-timeout"
+    # Why it goes now: its checkpoint is fresh (or aged past the bound since it was checked);
+    # the plan said not to wait (issue 10); or the wait ran out.
+    reason = "fresh-checkpoint" if fresh else "checkpoint-aged" if aged else "stop-at-once" if record.stop_at_once else "checkpoint-timeout"
     # Once per preemption however often the step is retried (keyed by the claim's time).
     store.log(job, signal_at, "stop-requested", reason, detail, once=f"stop#{record.incarnation}#{signal_at:.3f}")
     learning.stop_sent(store, record, fresh, signal_at)  # issue 10
-    return {"stopping": True}
+    return {"stopping": True, "fresh": fresh}
 
 
 def run_state(*, store: JobsStore, runners: dict[str, Runner], job: str, incarnation: int) -> dict:
