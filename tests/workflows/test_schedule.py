@@ -358,3 +358,30 @@ def test_gpus_reclaimed_from_a_borrowing_team_go_to_the_reclaimer_not_back_to_th
         assert preempting["reason"] == "reclaims-borrowed-capacity"
         prod, sweep = env.job("prod"), env.job("sweep")
         assert prod.status is JobState.COMPLETED and sweep.incarnation == 2 and sweep.started_at >= prod.ended_at
+
+
+def test_a_retried_plan_that_reads_its_own_admission_still_pending_preempts_nobody_for_it(monkeypatch):
+    from dataclasses import replace
+
+    from preemptor.service import scheduling
+
+    with emulation() as env:
+        # Given a low job on half the pool and a critical one admitted into the other half
+        env.submit(name="low", team="research", priority="low", pool="p5", instances=4, duration=7200, checkpoint_every=300)
+        env.submit(name="crit", team="production", priority="critical", pool="p5", instances=4, duration=7200)
+        env.advance(300)
+        crit = env.job("crit")
+        assert crit.status is JobState.RUNNING
+        # And a pool index that still answers the critical job pending, as it was before its
+        # admission (a plan step retried a moment after its first attempt admitted it)
+        stale = replace(crit, status=JobState.PENDING, version=crit.version - 1, started_at=None)
+        store = env.store
+        monkeypatch.setattr(store, "pending", lambda pool, limit: [stale])
+        # When the pool is planned
+        result = scheduling.plan_cycle(store=store, settings=env.stack.deps().settings, pool_name="p5", owner="retried", now=env.clock.now())
+        # Then the job is seen holding its GPUs, not waiting: nothing is admitted or preempted for it
+        assert (result.admits, result.preemptions) == ([], [])
+        assert env.job("low").status is JobState.RUNNING and env.job("crit").status is JobState.RUNNING
+        # And the views are told apart by version: a copy newer than the holding one waits
+        newer = replace(stale, version=crit.version + 1)
+        assert scheduling.newest_views([newer], [crit]) == ([newer], [])

@@ -366,12 +366,29 @@ def read_snapshot(
         # is read again, so the GPUs just freed are planned now, not at the next event or
         # reconcile.
         active = store.still_holding(pool_name, active)
+    pending, active = newest_views(pending, active)
     window = history_window_s(knobs)  # the budget's, the checkpoint forecast's
     history = store.preemptions_since(pool_name, now - window) if window is not None else []
     snapshot = build_snapshot(
         Pool(pool_name, pool_cfg.capacity_gpus), pending, active, store.team_usage(pool_name, knobs.fair_share.half_life_s), history, settings
     )
     return pending, active, snapshot
+
+
+def newest_views(pending: list[JobRecord], active: list[JobRecord]) -> tuple[list[JobRecord], list[JobRecord]]:
+    """A job the index shows both waiting and holding GPUs, in the view it reached last (its
+    version; a tie keeps it holding). The index is eventually consistent: a plan step
+    retried a moment after its first attempt admitted a job read that job still pending,
+    planned it again into a full pool and preempted a victim for a job already running."""
+    holding = {r.name: r for r in active}
+    both = {r.name for r in pending if r.name in holding}
+    if not both:
+        return pending, active
+    waiting = {r.name: r for r in pending}
+    return (
+        [r for r in pending if r.name not in both or r.version > holding[r.name].version],
+        [r for r in active if r.name not in both or r.version >= waiting[r.name].version],
+    )
 
 
 def explain(*, store: JobsStore, settings: Settings, job: str, now: float) -> dict:
