@@ -994,7 +994,8 @@ def ended_outcome(service: str, outcome: str, reason: str, secondary: str | None
     and SageMaker's `secondary` status) means for its job, as `finish` takes it: the same
     whether its end event told it (the intake) or reconcile found it ended (the event lost).
     A Batch run whose instance went away is interrupted (requeued), not failed; one that
-    met no capacity waits for it; a stopped run is cancelled (by its team, or by hand)."""
+    met no capacity waits for it; a stopped run is cancelled (by its team, or by hand), as is
+    a failed one its team cancelled (Batch ends a terminated job FAILED)."""
     if outcome == "failed" and service == "batch" and reason.startswith(SPOT_RECLAIM_PREFIX):
         return "interrupted", f"spot reclaim: {reason}"
     if outcome == "failed" and service == "batch" and reason.startswith(BATCH_CAPACITY_PREFIX):
@@ -1006,6 +1007,8 @@ def ended_outcome(service: str, outcome: str, reason: str, secondary: str | None
         return "capacity-error", reason  # no instances to be had: it did not fail
     if outcome == "stopped":
         return "cancelled", "cancelled" if cancel_requested else "stopped outside the controller"
+    if outcome == "failed" and cancel_requested:
+        return "cancelled", "cancelled"
     return outcome, reason
 
 
@@ -1021,12 +1024,9 @@ def finish(
     alerts: Alerts | None = None,
 ) -> dict:
     """Record that a run ended for good; free its GPUs once. A run that met no capacity
-    (`capacity-error`) sends its job back to wait for capacity instead. A job its team
-    cancelled ends CANCELLED however its run ended but complete (Batch ends a terminated
-    job FAILED, SageMaker Stopped)."""
+    (`capacity-error`) sends its job back to wait for capacity instead. `outcome` is the
+    run's end as `ended_outcome` reads it."""
     record = _current(store, job, incarnation)
-    if record is not None and record.cancel_requested and outcome == "failed":
-        outcome, reason = "cancelled", f"cancelled ({reason})"
     if record is not None and record.status is OUTCOMES.get(outcome):
         # This run's end is recorded already: a retried step whose first attempt wrote it
         # and lost its answer, or the same end reported again. Its GPUs were freed then;

@@ -220,9 +220,11 @@ def plan_cycle(
     if checkpoints is not None and decision.checkpoint_requests:
         learning.request_ahead(store, checkpoints, decision, by_name, now)  # issue 10: ahead of preemption
     cut = learning.cut_waits(store, decision, by_name, now) if decision.wait_cuts else []
-    called_off = actions.unneeded_preemptions(store=store, call_offs=decision.call_offs, by_name=by_name, now=now, alerts=alerts) if decision.call_offs else []
     store.remember_waits(pool_name, waiting, now)
     rerun = store.release_lease(pool_name, owner)
+    # After the lease: each call-off is conditional on the victim as read, and its notice
+    # (an SNS call) need not hold the pool from the next cycle.
+    called_off = actions.unneeded_preemptions(store=store, call_offs=decision.call_offs, by_name=by_name, now=now, alerts=alerts) if decision.call_offs else []
     handed, marked = _cycle_reservations(store, pool_name, mark, admits, preemptions)
     retried = bool(earlier_admits or earlier_victims or len(handed) > len(admits) or len(marked) > len(preemptions))
     admits, preemptions = handed, marked
