@@ -1131,6 +1131,35 @@ def test_a_second_training_job_of_the_same_name_is_resource_in_use(emulation: Em
     assert sagemaker.describe_training_job(TrainingJobName="train-once")["TrainingJobStatus"] == "InProgress"
 
 
+def test_a_training_job_over_the_accounts_instance_quota_is_refused_resource_limit_exceeded(emulation: Emulation) -> None:
+    # Given an account that may run 2 ml.p5.48xlarge in training jobs at once, both held
+    # (moto alone has no quota: a pool's owner would see more instances than it owns)
+    fleet = emulation.fleet(instance_quotas={"ml.p5.48xlarge": 2})
+    create_training_job(emulation, "holds-one", {"PREEMPTOR_SIM_DURATION_S": "600"}, "jobs/one")
+    create_training_job(emulation, "holds-two", {"PREEMPTOR_SIM_DURATION_S": "600"}, "jobs/two")
+
+    # When a third is created, whoever asks
+    with pytest.raises(ClientError) as raised:
+        create_training_job(emulation, "one-too-many", {"PREEMPTOR_SIM_DURATION_S": "600"}, "jobs/three")
+
+    # Then SageMaker refuses it as AWS does, in its own words, and nothing is created
+    error = raised.value.response["Error"]
+    assert (raised.value.response["ResponseMetadata"]["HTTPStatusCode"], error["Code"]) == (400, "ResourceLimitExceeded")
+    assert error["Message"].startswith(
+        "The account-level service limit 'ml.p5.48xlarge for training job usage' is 2 Instances, "
+        "with current utilization of 2 Instances and a request delta of 1 Instances."
+    )
+    with pytest.raises(ClientError):
+        emulation.client("sagemaker").describe_training_job(TrainingJobName="one-too-many")
+    assert [(r.run, r.holding) for r in fleet.quota_refusals] == [("one-too-many", {"holds-one": 1, "holds-two": 1})]
+    # And once a run has ended (a stopped one holds its instance until Stopped), one fits again
+    emulation.client("sagemaker").stop_training_job(TrainingJobName="holds-one")
+    with pytest.raises(ClientError):
+        create_training_job(emulation, "one-too-many", {"PREEMPTOR_SIM_DURATION_S": "600"}, "jobs/three")
+    emulation.clock.advance(600)
+    create_training_job(emulation, "one-too-many", {"PREEMPTOR_SIM_DURATION_S": "600"}, "jobs/three")
+
+
 def test_stopping_an_unknown_training_job_is_a_validation_error(emulation: Emulation) -> None:
     # Given no training job, When one is stopped, Then SageMaker says ValidationException
     with pytest.raises(ClientError) as error:

@@ -292,20 +292,55 @@ def test_an_adopted_batch_job_counts_the_gpus_batch_says_it_requires(tag, requir
 @pytest.mark.parametrize(
     "tags, policy, reason",
     [
-        pytest.param({"preemptor:priority": "critical"}, {"teams": {"research": {"max_priority": "low"}}},
-                     "above-team-ceiling: priority 1000 is above team 'research''s ceiling 50", id="priority-above-team-ceiling"),
-        pytest.param({}, {"teams": {"production": {}}}, "unknown-team: team 'research' is not configured", id="unlisted-team"),
         pytest.param({"preemptor:team": "Research Team\n"}, {}, "bad-tag: tag preemptor:team: team must be", id="malformed-team"),
         pytest.param({"preemptor:pool": "nowhere"}, {}, "unknown-pool: no sagemaker pool 'nowhere'", id="unknown-pool"),
     ],
 )
-def test_adoption_claims_beyond_the_configuration_are_refused(tags, policy, reason):
+def test_adoption_claims_that_cannot_be_read_are_refused(tags, policy, reason):
     with emulation(policy=policy) as env:
         event = _sample(ADOPTABLE_SAGEMAKER)
         event["detail"]["Tags"].update(tags)
         result = env.put(event).results[0]
         assert result["outcome"] == "rejected" and result["reason"].startswith(reason)
         assert (env.store.pool("p5") or {}).get("used_gpus", 0) == 0
+
+
+@pytest.mark.parametrize(
+    "tags, policy, granted, refused",
+    [
+        pytest.param({"preemptor:priority": "critical"}, {"teams": {"research": {"max_priority": "low"}}}, 50,
+                     "above-team-ceiling", id="priority-above-team-ceiling-counted-at-the-ceiling"),
+        pytest.param({"preemptor:priority": "critical"}, {"teams": {"production": {}}}, 50,
+                     "unknown-team", id="unlisted-team-counted-at-the-lowest-tier"),
+    ],
+)
+@pytest.mark.parametrize("first_handling_died", [False, True], ids=["", "redelivered-after-a-handling-died"])
+def test_a_run_claiming_more_than_its_team_is_granted_is_counted_at_the_grant(monkeypatch, tags, policy, granted, refused, first_handling_died):
+    # Given the intake's per-reason metrics recorded as they are emitted
+    emitted: list[tuple[str, dict]] = []
+    monkeypatch.setattr(intake, "emit", lambda name, value, **dims: emitted.append((name, dims)))
+    with emulation(policy=policy) as env:
+        # Given a run its team launched on the pool's instance type (3 x 8 GPUs), whose tags
+        # claim a priority the policy does not grant its team (before: refused, and its GPUs
+        # were not counted: the controller filled the pool around it, 96 GPUs in a 64-GPU pool)
+        event = _sample(ADOPTABLE_SAGEMAKER)
+        event["detail"]["Tags"].update(tags)
+        if first_handling_died:  # its first handling inserted the run, then failed on its checkpoint alias
+            throttled = error_response("ThrottlingException", "Rate of requests exceeds the allowed throughput.", 400)
+            alias = lambda params: throttled if params.get("Item", {}).get("pk", {}).get("S", "").startswith("CKPT") else None  # noqa: E731
+            with aws_says_no(env.store.client, "PutItem", alias), pytest.raises(Throttled):
+                env.put(event)
+        # When its InProgress event reaches the intake
+        result = intake.handler(event, CONTEXT)
+        # Then it is adopted and its GPUs counted, at the priority the platform grants
+        assert (result["outcome"], result["reason"], result["refused"]) == ("accepted", "adopted", refused)
+        job = env.job(result["job"])
+        assert job.priority == granted and env.store.pool("p5")["used_gpus"] == 24
+        # And the refused claim is said on its line and counted by its reason
+        line = env.store.history(job.name)[-1]
+        assert line["kind"] == "adopted" and f"at priority {granted}" in line["detail"]
+        assert f"its priority tag claims 1000 ({refused}: " in line["detail"]
+        assert ("RefusedClaims", {"Reason": refused}) in emitted
 
 
 def test_a_run_of_another_instance_type_is_not_adopted_into_the_pool():

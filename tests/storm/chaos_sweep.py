@@ -7,7 +7,8 @@ for `make test`), a probe for the next invariant that breaks. Each seed replays 
 prints one line per seed (job states, events dead-lettered, index queries answered lagging,
 answers lost, violated invariants) and the count of seeds with a violation. `--random`
 replays each seed's random story (storm/random_story.py: eight jobs of every tier, teams
-lowering and cancelling, runs stopped by hand, stops denied) instead of the two-job one.
+lowering and cancelling, runs stopped by hand, stops denied) instead of the two-job one;
+`--knobs` too, under the seed's random policy, team launches and capacity outages.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ def main() -> int:
     parser.add_argument("first", type=int, help="first seed")
     parser.add_argument("end", type=int, help="seed after the last")
     parser.add_argument("--random", action="store_true", help="each seed's random story (storm/random_story.py)")
+    parser.add_argument("--knobs", action="store_true", help="with --random: under the seed's random policy and faults")
     args = parser.parse_args()
     bad = 0
     for seed in range(args.first, args.end):
-        scenario = random_story(args.service, seed, CHAOS) if args.random else story(args.service, chaos={"seed": seed, **CHAOS})
+        scenario = random_story(args.service, seed, CHAOS, knobs=args.knobs) if args.random else story(args.service, chaos={"seed": seed, **CHAOS})
         started = time.monotonic()
         result = demo.run(scenario, tick_s=60)
         found = violations(result, scenario)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from preemptor.core.policy import CheckpointTimeoutAction, Policy
+from preemptor.core.policy import CheckpointTimeoutAction, Policy, PreemptionMode, ReclaimMode
 from preemptor_tools.local.demo import START, DemoResult
 from preemptor_tools.local.scenario import Scenario
 
@@ -42,12 +42,35 @@ def fleet_never_above_capacity(result: DemoResult, scenario: Scenario) -> list[s
     ]
 
 
+def launches_fit_what_the_controller_counts(result: DemoResult, scenario: Scenario) -> list[str]:
+    """A launch of the controller the account's quota refuses (`ResourceLimitExceeded`: the
+    pool's instances are all held) is one the controller could not have known was too many:
+    its own runs and the runs it had adopted by the job's admission leave room for it, and
+    the rest is held by runs launched outside it that it had not heard of yet."""
+    tags = {run["name"]: run["tags"] for run in result.runs}
+    out = []
+    for refusal in result.quota_refusals:
+        job = refusal.tags.get("preemptor:job")
+        if job is None:
+            continue  # a team's own launch
+        admitted = [e["at"] for e in result.history if e["job"] == job and e["kind"] == "admitted" and e["at"] <= refusal.at]
+        since = admitted[-1] if admitted else refusal.at
+        adopted = {e["job"] for e in result.history if e["kind"] == "adopted" and e["at"] <= since}
+        known = sum(n for run, n in refusal.holding.items() if "preemptor:job" in tags.get(run, {}) or run in adopted)
+        if known + refusal.requested > refusal.quota:
+            out.append(
+                f"launch of {refusal.run} at {refusal.at - START:.0f} s refused by the account's quota: the controller's own "
+                f"and adopted runs held {known} of {refusal.quota} {refusal.instance_type}, it asked {refusal.requested}"
+            )
+    return out
+
+
 def accepted_jobs_settle(result: DemoResult, scenario: Scenario) -> list[str]:
     """Each accepted job ends in a terminal state, or is pending with a reason."""
     stuck = {s["name"]: s for s in result.report["stuck"]}
     out = []
     for job in result.report["jobs"]:
-        if job["state"] == "Rejected" or job["state"] in TERMINAL:
+        if job["state"] in ("Rejected", "Refused by AWS") or job["state"] in TERMINAL:
             continue
         if job["state"] == "Pending" and stuck.get(job["name"], {}).get("reason"):
             continue
@@ -189,8 +212,9 @@ def decision_log_tells_every_change(result: DemoResult, scenario: Scenario) -> l
     return out
 
 
-# Decision-log kinds that start and end a job's wait for GPUs.
-_WAIT_STARTS = {"submitted", "requeued", "admission-released"}
+# Decision-log kinds that start and end a job's wait for GPUs (a launch that met no
+# capacity gives its GPUs back: the job waits again, and may preempt for them).
+_WAIT_STARTS = {"submitted", "requeued", "admission-released", "capacity-wait"}
 _WAIT_ENDS = {"admitted", "cancelled", "failed", "completed"}
 
 
@@ -207,7 +231,7 @@ def _waits_and_priorities(result: DemoResult, scenario: Scenario) -> tuple[dict,
             spans.append([at, None])
         elif kind in _WAIT_ENDS and spans and spans[-1][1] is None:
             spans[-1][1] = at
-        if kind == "submitted" and (m := re.search(r"priority (\d+)", e["detail"])):
+        if kind in ("submitted", "adopted") and (m := re.search(r"priority (\d+)", e["detail"])):
             priorities.setdefault(job, []).append((at, int(m.group(1))))
         elif kind == "priority-changed" and (m := re.search(r"priority \d+ -> (\d+)", e["detail"])):
             priorities.setdefault(job, []).append((at, int(m.group(1))))
@@ -228,13 +252,28 @@ def _waiting_at(spans: list[list], at: float) -> bool:
     return any(start <= at and (end is None or end >= at) for start, end in spans)
 
 
+def _may_preempt(policy: Policy, team: str, priority: int, victim_team: str, victim_priority: int) -> bool:
+    """Whether a job of `team` at `priority` may ever stop a victim of `victim_team` at
+    `victim_priority` under `policy`'s modes (an equal priority where newer equal work may be
+    stopped; any priority across teams where a quota may reclaim what was borrowed)."""
+    mode = policy.within_team if team == victim_team else policy.across_teams
+    if mode is PreemptionMode.LOWER_PRIORITY and victim_priority < priority:
+        return True
+    if mode is PreemptionMode.LOWER_OR_NEWER_EQUAL_PRIORITY and victim_priority <= priority:
+        return True
+    return bool(policy.quotas) and policy.reclaim_within_pool is not ReclaimMode.NEVER and team != victim_team
+
+
 def stops_serve_a_waiting_job(result: DemoResult, scenario: Scenario) -> list[str]:
-    """A victim's stop is sent only while a job of its pool that outranks it waits for GPUs:
+    """A victim's stop is sent only while a job of its pool that may preempt it (by the
+    policy's modes and quotas: under the defaults, one that outranks it) waits for GPUs:
     one sent after every such job ran in GPUs freed otherwise, was cancelled or lowered
     below it throws the victim's restart (and its work since the checkpoint) away for
-    nobody. (The pools' default modes: only a higher priority preempts.)"""
+    nobody."""
+    policy = Policy(**scenario.policy)
     waits, priorities = _waits_and_priorities(result, scenario)
     pool_of = {j.name: j.pool for j in scenario.jobs}
+    team_of = {j.name: j.team for j in scenario.jobs}
     out = []
     for stop in result.history:
         if stop["kind"] != "stop-requested" or not stop["detail"].startswith("preempted by"):
@@ -246,10 +285,11 @@ def stops_serve_a_waiting_job(result: DemoResult, scenario: Scenario) -> list[st
         served = [
             job for job, spans in waits.items()
             if job != victim and pool_of.get(job) == pool_of.get(victim) and job in priorities
-            and _priority_at(priorities[job], at) > below and _waiting_at(spans, at)
+            and _may_preempt(policy, team_of.get(job), _priority_at(priorities[job], at), team_of.get(victim), below)
+            and _waiting_at(spans, at)
         ]
         if not served:
-            out.append(f"job {victim}: stopped at {at - START:.0f} s ({stop['detail']}) while no job above its priority {below} waited")
+            out.append(f"job {victim}: stopped at {at - START:.0f} s ({stop['detail']}) while no job that may preempt it (priority {below}) waited")
     return out
 
 
@@ -269,6 +309,80 @@ def preemptors_outrank_their_victims(result: DemoResult, scenario: Scenario) -> 
         if pj <= pv:
             out.append(f"job {e['job']} (priority {pv}) preempted at {e['at'] - START:.0f} s for {preemptor} (priority {pj})")
     return out
+
+
+def protections_hold(result: DemoResult, scenario: Scenario) -> list[str]:
+    """No victim is preempted more often than `max_preemptions` allows (protected, or failed
+    instead of relaunched, after that many), nor before it ran `min_runtime_s` (counted from
+    its launch line, which is never after its start) unless its preemptor was escalated."""
+    policy = Policy(**scenario.policy)
+    out = []
+    requeues: dict[str, int] = {}
+    for e in result.history:
+        if e["kind"] == "requeued" and e["reason"] == "preempted":
+            requeues[e["job"]] = requeues.get(e["job"], 0) + 1
+    if policy.max_preemptions is not None:
+        out += [
+            f"job {job}: requeued {n} times for preemptions (max_preemptions {policy.max_preemptions})"
+            for job, n in sorted(requeues.items()) if n > policy.max_preemptions
+        ]
+    if policy.min_runtime_s:
+        for started in (e for e in result.history if e["kind"] == "preemption-started"):
+            preemptor = started.get("extra", {}).get("preemptor")
+            escalated = any(e["job"] == preemptor and e["kind"] == "escalated" and e["at"] <= started["at"] for e in result.history)
+            launches = [
+                e["at"] for e in result.history
+                if e["job"] == started["job"] and e["kind"] in ("launched", "relaunched", "adopted") and e["at"] <= started["at"]
+            ]
+            if launches and not escalated and started["at"] - launches[-1] < policy.min_runtime_s:
+                out.append(
+                    f"job {started['job']}: preemption started {started['at'] - launches[-1]:.0f} s after its launch "
+                    f"for {preemptor} (min_runtime_s {policy.min_runtime_s:g})"
+                )
+    return out
+
+
+def budget_never_exceeded(result: DemoResult, scenario: Scenario) -> list[str]:
+    """A pool's preemptions in any `budget.window_s` (those started and not called off by
+    then) never exceed `budget.max_preemptions`."""
+    budget = Policy(**scenario.policy).budget
+    if budget is None or budget.max_preemptions is None:
+        return []
+    pool_of = {j.name: j.pool for j in scenario.jobs}
+    started = [e for e in result.history if e["kind"] == "preemption-started"]
+    ended = [e for e in result.history if e["kind"] == "preemption-cancelled"]
+
+    def counted(e: dict, at: float) -> bool:  # in the budget at `at`: not called off before it
+        return not any(c["job"] == e["job"] and e["at"] <= c["at"] < at for c in ended)
+
+    out = []
+    for e in started:
+        within = [
+            o for o in started
+            if pool_of.get(o["job"]) == pool_of.get(e["job"]) and e["at"] - budget.window_s < o["at"] <= e["at"] and counted(o, e["at"])
+        ]
+        if len(within) > budget.max_preemptions:
+            out.append(
+                f"pool {pool_of.get(e['job'])}: {len(within)} preemptions in the {budget.window_s:g} s to "
+                f"{e['at'] - START:.0f} s (budget {budget.max_preemptions})"
+            )
+    return sorted(set(out))
+
+
+def priorities_within_team_ceilings(result: DemoResult, scenario: Scenario) -> list[str]:
+    """No job is ever at a priority its team is not granted (`teams`): a submission above
+    it is refused, a run whose tags claim more is counted at the ceiling."""
+    policy = Policy(**scenario.policy)
+    if policy.teams is None:
+        return []
+    _, priorities = _waits_and_priorities(result, scenario)
+    logged = {e["job"] for e in result.history if e["kind"] in ("submitted", "adopted")}
+    team_of = {j.name: j.team for j in scenario.jobs}
+    return [
+        f"job {job}: priority {p} from {at - START:.0f} s, above team {team_of[job]}'s ceiling {policy.max_priority(team_of[job])}"
+        for job, changes in sorted(priorities.items()) if job in logged
+        for at, p in changes if p > policy.max_priority(team_of[job])
+    ]
 
 
 # Decision-log kinds that start and end a job's hold on its pool's GPUs (the controller's count).
@@ -315,6 +429,7 @@ def gpus_never_idle_while_a_job_that_fits_waits(result: DemoResult, scenario: Sc
 INVARIANTS = (
     decision_log_tells_every_change,
     fleet_never_above_capacity,
+    launches_fit_what_the_controller_counts,
     accepted_jobs_settle,
     no_run_launched_twice,
     no_stop_without_required_checkpoint,
@@ -322,6 +437,9 @@ INVARIANTS = (
     preemptions_resolve_within_their_waits,
     stops_serve_a_waiting_job,
     preemptors_outrank_their_victims,
+    protections_hold,
+    budget_never_exceeded,
+    priorities_within_team_ceilings,
 )
 
 

@@ -5,6 +5,12 @@ dies, a Batch instance is reclaimed). Each seed gives one story, the same on eve
 with every chaos rate of the sweep on top, they probe the invariants where the two-job
 preemption story cannot: several preemptions at once, preemptors that run elsewhere, are
 lowered or cancelled while their victims checkpoint.
+
+With `knobs`, the seed also draws (from a generator of its own, so the story above stays
+the same) a policy of random knobs (quotas and reclaim, the preemption modes, team
+ceilings, protections, a budget, delays, aging, the checkpoint timeout's action), runs
+teams launch themselves on SageMaker (adopted, some claiming more than their team is
+granted) and the service running out of capacity for a while.
 """
 
 from __future__ import annotations
@@ -18,8 +24,9 @@ TEAMS = ("research", "applied", "production")
 INSTANCES = 8  # the pool: 8 instances of 8 GPUs (SageMaker), or 64 GPUs (Batch)
 
 
-def random_story(service: str, seed: int, chaos: dict | None = None, jobs: int = 8) -> Scenario:
-    """The story of `seed` on a `service` pool ("sagemaker" or "batch"), under `chaos`."""
+def random_story(service: str, seed: int, chaos: dict | None = None, jobs: int = 8, knobs: bool = False) -> Scenario:
+    """The story of `seed` on a `service` pool ("sagemaker" or "batch"), under `chaos`; with
+    `knobs`, under a random policy and more of the world's faults (`_knobs`)."""
     rng = random.Random(seed)
     if service == "sagemaker":
         pool = {"name": "p5", "service": "sagemaker", "instance_type": "ml.p5.48xlarge", "instances": INSTANCES, "gpus_per_instance": 8}
@@ -53,9 +60,48 @@ def random_story(service: str, seed: int, chaos: dict | None = None, jobs: int =
             faults.append({"type": "spot_interruption", "at": later, "job": spec["name"]})
     if rng.random() < 0.3:
         faults.append({"type": "workflow_crash", "at": 60 * rng.randrange(0, 60)})
+    policy = _knobs(random.Random(f"knobs-{seed}"), service, specs, faults) if knobs else {}
     return Scenario.model_validate(
         {
             "pools": [pool], "jobs": specs, "lowerings": lowerings, "cancellations": cancellations, "faults": faults,
-            "chaos": {"seed": seed, **(chaos or {})},
+            "chaos": {"seed": seed, **(chaos or {})}, "policy": policy,
         }
     )
+
+
+def _knobs(rng: random.Random, service: str, specs: list[dict], faults: list[dict]) -> dict:
+    """A random policy for the story's pool; changes `specs` (runs their teams launch) and
+    `faults` (a capacity outage) in place."""
+    if service == "sagemaker":
+        for spec in specs:
+            if rng.random() < 0.2:
+                spec["launched_by"], spec["runs_training_helper"] = "team", False
+    if rng.random() < 0.3:
+        faults.append({"type": "capacity_error", "at": 60 * rng.randrange(0, 40), "pool": "p5", "duration": 60 * rng.randrange(5, 25)})
+    policy: dict = {}
+    if rng.random() < 0.4:
+        cuts = sorted(rng.sample(range(1, INSTANCES), 2))
+        nominal = [8 * n for n in (cuts[0], cuts[1] - cuts[0], INSTANCES - cuts[1])]
+        policy["quotas"] = [
+            {"team": team, "nominal_gpus": gpus, "borrowing_limit": rng.choice((None, 0, 16)),
+             "lending_limit": rng.choice((None, gpus // 2))}
+            for team, gpus in zip(TEAMS, nominal)
+        ]
+        policy["reclaim_within_pool"] = rng.choice(("Never", "LowerPriority", "Any"))
+    if rng.random() < 0.3:
+        # A ceiling below some of the story's jobs: their submissions are refused, and a run
+        # their team launched claiming more is counted at the ceiling.
+        policy["teams"] = {team: {"max_priority": rng.choice(TIERS)} for team in TEAMS}
+    for mode in ("within_team", "across_teams"):
+        policy[mode] = rng.choice(("LowerPriority", "LowerPriority", "LowerOrNewerEqualPriority", "Never"))
+    policy["min_runtime_s"] = rng.choice((0, 0, 600, 1800))
+    policy["near_completion"] = rng.choice(({}, {}, {"progress": 0.9}))
+    policy["max_preemptions"] = rng.choice((None, None, 1, 2))
+    policy["on_max_preemptions"] = rng.choice(("protect", "fail"))
+    policy["budget"] = rng.choice((None, None, {"window_s": 1800, "max_preemptions": 2}, {"window_s": 3600, "max_gpu_hours": 4}))
+    policy["preemption_delay_s"] = rng.choice((0, 0, 120, 600))
+    policy["on_checkpoint_timeout"] = rng.choice(("stop-anyway", "stop-anyway", "spare"))
+    policy["checkpoint_max_age_s"] = rng.choice((900, 900, 300, 1800))
+    if rng.random() < 0.3:
+        policy["aging"] = {"rate_per_hour": 120, "starving_after_s": 1800}
+    return policy

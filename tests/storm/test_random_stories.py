@@ -38,6 +38,28 @@ def test_a_random_story_in_a_hostile_world_keeps_every_promise(service: str) -> 
     assert violations(result, scenario) == []
 
 
+def test_a_random_story_under_a_random_policy_keeps_every_promise_and_the_platforms_grants() -> None:
+    # Given seed 85's story with its random knobs: team quotas, team ceilings below what its
+    # teams ask, runs the teams launch themselves claiming more than their ceiling (one of
+    # the whole pool), and a run stopped by hand
+    scenario = random_story("sagemaker", 85, CHAOS, knobs=True)
+    policy = scenario.policy
+    assert policy["quotas"] and policy["teams"] and any(j.launched_by == "team" for j in scenario.jobs)
+
+    # When it is replayed under every chaos rate at once
+    result = demo.run(scenario, tick_s=60)
+
+    # Then the teams' runs were counted at the priority their team is granted, saying so,
+    # and the submissions above a ceiling were refused
+    adopted = [e for e in result.history if e["kind"] == "adopted"]
+    assert sum("its priority tag claims" in e["detail"] for e in adopted) >= 2, adopted
+    assert any(j["state"] == "Rejected" for j in result.report["jobs"])
+    # And every invariant holds: none above its grant, the protections, the quotas' modes,
+    # the pool never over what it owns (the account's quota refuses a team's launch into a
+    # full pool, as AWS does)
+    assert violations(result, scenario) == []
+
+
 # The example scenario's rates (examples/scenarios/hostile-world.yaml): hostile, yet most
 # plan steps get through, so the pool must not idle while work that fits waits.
 EXAMPLE_CHAOS = {"throttle_rate": 0.3, "duplicate_rate": 0.15, "reorder_rate": 0.15, "transaction_conflict_rate": 0.1,

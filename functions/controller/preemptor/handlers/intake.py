@@ -1,7 +1,9 @@
 """EventBridge → intake: SageMaker/Batch state changes, EC2 warnings, submissions, cancels.
 
 Never raises for a bad event: a malformed or unknown event is logged with its reason and
-counted (metric `RejectedEvents`), so EventBridge does not retry it into a storm. Raises
+counted (metric `RejectedEvents`), so EventBridge does not retry it into a storm; a claim
+accepted only in part (a run's priority tag above its team's ceiling) is counted too
+(`RefusedClaims`). Raises
 for an event another handling still holds (`EventInProgress`) or a failed one: Lambda
 retries the delivery, then sends it to the dead-letter queue.
 """
@@ -41,6 +43,11 @@ def handler(event: dict, context: LambdaContext) -> dict:
         emit("RejectedEventsByReason", 1, Reason=result.code)
     else:
         logger.info("event handled", extra=result.to_dict())
+    if result.refused:
+        # Accepted without what its tags claimed beyond the platform's grant (an adopted run
+        # counted at its team's ceiling): the claim is refused, and counted.
+        logger.warning("claim refused", extra={"reason": result.refused, "job": result.job, "event_id": _event_id(event)})
+        emit("RefusedClaims", 1, Reason=result.refused)
     if result.code == "escalated":
         emit("Escalations", 1)
     return result.to_dict()

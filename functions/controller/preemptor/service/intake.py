@@ -47,9 +47,13 @@ class IntakeResult:
     reason: str
     job: str | None = None
     workflow: str | None = None
+    # Accepted, with one of its claims refused (a Refusal's value): a run adopted at less
+    # than its tags claim (metric `RefusedClaims`).
+    refused: str | None = None
 
     def to_dict(self) -> dict:
-        return {"outcome": self.outcome, "reason": self.reason, "job": self.job, "workflow": self.workflow}
+        out = {"outcome": self.outcome, "reason": self.reason, "job": self.job, "workflow": self.workflow}
+        return {**out, "refused": self.refused} if self.refused else out
 
     @property
     def code(self) -> str:
@@ -330,7 +334,13 @@ class Intake:
         if record is None or record.incarnation != incarnation:
             return IntakeResult("ignored", f"stale: event for incarnation {incarnation} of {name}", name)
         if record.adopted and record.submitted_by == event.event_id:
-            return self._complete_adoption(record, event.event_id, "", now, again=True)  # the event that adopted it
+            # The event that adopted it, again (its handling died after the insert).
+            try:
+                claims = ev.adoption_tags(event.tags or {}, tiers=self.settings.policy.tiers)
+            except ev.EventRejected:
+                claims = None  # read otherwise since (the tiers changed): the record stands
+            _, claimed, refused = self._granted(claims)
+            return self._complete_adoption(record, event.event_id, claimed, now, again=True, refused=refused)
         outcome = outcomes.get(status)
         secondary = getattr(event, "secondary_status", None)
         if outcome is None and service == "sagemaker" and secondary in MANAGED_SPOT_PROGRESS:
@@ -392,11 +402,11 @@ class Intake:
             claims = ev.adoption_tags(tags, tiers=self.settings.policy.tiers)
         except ev.EventRejected as e:
             return self._refuse(e.reason, e.detail)
-        if claims is None or not running:
+        if claims is None:
             return IntakeResult("ignored", f"not managed: {service} run {run_id} has no preemptor tags")
-        refusal = self._team_refusal(claims.team, claims.priority)
-        if refusal:
-            return self._refuse(*refusal)
+        if not running:
+            return IntakeResult("ignored", f"not managed: {service} run {run_id} was not adopted (it is {status}; a run is adopted running)")
+        priority, claimed, refused = self._granted(claims)
         pool = self.settings.pool(claims.pool) if claims.pool else self._pool_for_service(service)
         if pool is None or pool.service != service:
             return self._refuse(Refusal.UNKNOWN_POOL, f"no {service} pool {claims.pool!r} for run {run_id}")
@@ -447,7 +457,7 @@ class Intake:
         record = JobRecord(
             name=name,
             team=claims.team,
-            priority=claims.priority,
+            priority=priority,
             pool=pool.name,
             service=service,
             gpus=gpus,
@@ -468,13 +478,17 @@ class Intake:
             existing = self.store.get(name)
             if existing is None or existing.submitted_by != event.event_id or not existing.adopted:
                 return IntakeResult("duplicate", f"{name} already known", name)
-            return self._complete_adoption(existing, event.event_id, "", now, again=True)  # adopted by a concurrent handling
-        return self._complete_adoption(record, event.event_id, shared, now)
+            return self._complete_adoption(existing, event.event_id, claimed, now, again=True, refused=refused)  # adopted by a concurrent handling
+        return self._complete_adoption(record, event.event_id, claimed + shared, now, refused=refused)
 
-    def _complete_adoption(self, record: JobRecord, event_id: str, shared: str, now: float, again: bool = False) -> IntakeResult:
+    def _complete_adoption(
+        self, record: JobRecord, event_id: str, note: str, now: float, again: bool = False, refused: str | None = None
+    ) -> IntakeResult:
         """An adopted run, inserted: its checkpoint location claimed and its log line written,
         also `again` for the same event (a redelivery after a handling that died after the
-        insert, `_run_changed`): then each is done only if not done already."""
+        insert, `_run_changed`): then each is done only if not done already. `note` ends its
+        line; `refused`: the refusal of a claim of its tags it was adopted without
+        (`IntakeResult.refused`)."""
         name, uri = record.name, record.checkpoint_s3_uri
         holder = self.store.claim_checkpoint_alias(uri, name) if uri else None
         if holder is not None:
@@ -490,9 +504,27 @@ class Intake:
             stop = "stoppable" if record.stoppable else "not stoppable (no preemptor:managed=true tag)"
             self.store.log(
                 name, record.submitted_at, "adopted", "tagged-outside-controller",
-                f"{record.gpus} GPUs counted in {record.pool}, {stop}{shared}", once=f"adopted#{event_id}",
+                f"{record.gpus} GPUs counted in {record.pool} at priority {record.priority}, {stop}{note}",
+                once=f"adopted#{event_id}",
             )
-        return IntakeResult("accepted", "adopted", name)
+        return IntakeResult("accepted", "adopted", name, refused=refused)
+
+    def _granted(self, claims: ev.AdoptionTags | None) -> tuple[int | None, str, str | None]:
+        """The priority an adopted run's `claims` are granted, what its line says of a claim
+        refused and the refusal's code ('' and None when none was).
+
+        Its GPUs are in use whatever its tags claim: a run refused for claiming too much
+        would not be counted, and the pool would be oversubscribed around it. So it is
+        counted at the priority the platform grants its team: its ceiling, or the lowest
+        tier for a team the policy does not list."""
+        if claims is None:
+            return None, "", None
+        refusal = self._team_refusal(claims.team, claims.priority)
+        if refusal is None:
+            return claims.priority, "", None
+        policy = self.settings.policy
+        granted = policy.max_priority(claims.team) if policy.team_listed(claims.team) else min(policy.tiers.values())
+        return granted, f"; its priority tag claims {claims.priority} ({refusal[0]}: {refusal[1]}), not granted", refusal[0].value
 
     def _job_shaped(self, checkpoint: str) -> bool:
         """Whether an adopted run's location may be its own: anywhere outside the controller's

@@ -19,7 +19,7 @@ from preemptor.core.explain import STOPPED_RUN_KINDS
 from preemptor.core.model import JobState
 from .alarms import WaitAlarm
 from .clock import SimClock
-from .fleet import FleetStop, SimulatedFleet
+from .fleet import FleetStop, QuotaRefusal, SimulatedFleet
 from .hostile import HostileWorld, StopAttempt
 from .scenario import (
     DEFAULT_SCENARIO, ROLE_ARN, CapacityError, Chaos, Scenario, StoppedByHand, cancellation_event, local_pool, lowering_event, submission_event,
@@ -70,6 +70,8 @@ class DemoResult:
     stop_attempts: list[StopAttempt] = field(default_factory=list)
     stopped_by_hand: list[str] = field(default_factory=list)
     history: list[dict] = field(default_factory=list)
+    quota_refusals: list[QuotaRefusal] = field(default_factory=list)  # runs the account's quota refused
+    refused_launches: list[str] = field(default_factory=list)  # jobs whose team's own launch AWS refused
 
 
 def run(
@@ -112,6 +114,7 @@ def run(
             ecs_client=stack.client("ecs"),
             ec2_client=stack.client("ec2"),
             classify=pool_classifier(scenario),
+            instance_quotas=instance_quotas(scenario),
         )
         for fault in scenario.faults:
             if isinstance(fault, CapacityError):
@@ -132,7 +135,8 @@ def run(
         result.timeline += [
             TimelineEntry(t - START, "workload", name, "spot warning" if what.startswith("spot") else what.split(":")[0], what)
             for t, name, what in fleet.history
-            if not what.startswith("periodic") and ("checkpoint" in what or "resumed" in what or "spot" in what)
+            if not what.startswith("periodic")
+            and ("checkpoint" in what or "resumed" in what or "spot" in what or what.startswith("refused"))
         ]
         store = stack.deps().store
         decisions = [
@@ -141,13 +145,14 @@ def run(
         ]
         order = {"aws": 0, "workload": 1, "controller": 2}
         result.timeline = sorted(result.timeline + decisions, key=lambda t: (round(t.at, 3), order[t.source]))
-        result.report = build_report(store, scenario)
+        result.report = build_report(store, scenario, refused=set(result.refused_launches))
         result.report["pools"] = [
             {"name": p.name, "capacity_gpus": p.capacity_gpus, "max_gpus_in_use": fleet.max_gpus_in_use().get(p.name, 0)}
             for p in scenario.pools
         ]
         result.runs = fleet.runs()
         result.fleet_stops = list(fleet.stops)
+        result.quota_refusals = list(fleet.quota_refusals)
         result.history = store.all_history()
         if hostile is not None:
             result.stop_attempts = list(hostile.stops)
@@ -198,8 +203,17 @@ def _replay(
                 # Outside the controller: the team creates its run itself; the fleet's
                 # events tell the controller, which adopts it.
                 stack.pump(on_event)  # the submissions before it first
-                stack.client("sagemaker").create_training_job(**team_launch_request(job, scenario.pool(job.pool), bucket))
-                result.timeline.append(TimelineEntry(elapsed, "workload", job.name, "launched by its team", "CreateTrainingJob outside the controller"))
+                sagemaker = stack.client("sagemaker")
+                try:
+                    sagemaker.create_training_job(**team_launch_request(job, scenario.pool(job.pool), bucket))
+                except sagemaker.exceptions.ClientError as e:
+                    # The account's quota is full (the pool's instances are all in use): the
+                    # run never exists, and the controller never hears of it.
+                    result.refused_launches.append(job.name)
+                    why = f"CreateTrainingJob refused: {e.response['Error']['Code']}"
+                    result.timeline.append(TimelineEntry(elapsed, "workload", job.name, "refused to its team", why))
+                else:
+                    result.timeline.append(TimelineEntry(elapsed, "workload", job.name, "launched by its team", "CreateTrainingJob outside the controller"))
             else:
                 # Every submission due now reaches the bus at this moment (in a hostile
                 # world, duplicated and delayed like any other event): `pump` routes them together.
@@ -269,6 +283,16 @@ def _stop_by_hand(stack: EmulatedStack, record) -> str | None:
     except stack.client("sagemaker").exceptions.ClientError:
         return None  # already ending: nothing to stop
     return record.run_name or record.run_id
+
+
+def instance_quotas(scenario: Scenario) -> dict[str, int]:
+    """The account's SageMaker quota per instance type: the instances its pools own. A run
+    launched outside the controller into a full pool is refused by SageMaker, as on AWS."""
+    quotas: dict[str, int] = {}
+    for p in scenario.pools:
+        if p.service == "sagemaker" and p.instance_type and p.instances:
+            quotas[p.instance_type] = quotas.get(p.instance_type, 0) + p.instances
+    return quotas
 
 
 def pool_classifier(scenario: Scenario):
@@ -356,11 +380,12 @@ def create_batch_queues(stack: EmulatedStack, scenario: Scenario) -> None:
         )
 
 
-def build_report(store, scenario: Scenario) -> dict:
+def build_report(store, scenario: Scenario, refused: set[str] = frozenset()) -> dict:
     """The summary: per job wait, preemptions and lost work; totals; checkpoint discipline.
 
     `preemptions` counts stops for another job; stops before a spot instance goes away are
-    `interruptions`. Lost work counts both.
+    `interruptions`. Lost work counts both. A job the controller has no record of was
+    rejected, or is one of `refused`: its team launched it itself and AWS refused the launch.
     """
     records = {r.name: r for r in store.all_jobs()}
     history = store.all_history()
@@ -370,7 +395,7 @@ def build_report(store, scenario: Scenario) -> dict:
         r = records.get(spec.name)
         if r is None:
             jobs.append(
-                {"name": spec.name, "state": "Rejected", "wait_s": None, "preemptions": 0, "interruptions": 0, "lost_gpu_seconds": 0.0}
+                {"name": spec.name, "state": "Refused by AWS" if spec.name in refused else "Rejected", "wait_s": None, "preemptions": 0, "interruptions": 0, "lost_gpu_seconds": 0.0}
             )
             continue
         wait = None if r.first_started_at is None else round(r.first_started_at - r.submitted_at, 3)

@@ -9,6 +9,9 @@ and `PREEMPTOR_CHECKPOINT_S3_URI` gives a Batch job its checkpoint location (a S
 uses `CheckpointConfig.S3Uri`).
 
 Life of a job, all in simulated time:
+- a CreateTrainingJob that would take the account's instances of a type over its quota
+  (`instance_quotas`: what the pools own) is refused `ResourceLimitExceeded`, whoever asks,
+  and nothing is created (`quota_refusals` records it, with the runs that held the type).
 - created/submitted: SageMaker `InProgress`/`Starting`; Batch `RUNNABLE`.
 - after the startup delay: SageMaker `InProgress`/`Training`; Batch `STARTING` then `RUNNING`.
   Work resumes from the newest complete checkpoint under the checkpoint prefix, found as the
@@ -123,6 +126,20 @@ class FleetStop:
     unsaved_work_s: float  # work since its newest checkpoint (or its start): what a stop loses
 
 
+@dataclass(frozen=True)
+class QuotaRefusal:
+    """A CreateTrainingJob the account's instance quota refused (`ResourceLimitExceeded`):
+    the runs of the type that held the instances then, by name (with their count)."""
+
+    at: float
+    run: str
+    tags: dict[str, str]
+    instance_type: str
+    requested: int
+    quota: int
+    holding: dict[str, int]
+
+
 # (pool, GPUs) that a run occupies, from its service and request; None if in no pool.
 Classify = Callable[[str, dict], "tuple[str, int] | None"]
 
@@ -201,6 +218,7 @@ class SimulatedFleet:
         s3_events: bool = True,
         classify: Classify | None = None,
         keep_checkpoints: int = 2,
+        instance_quotas: dict[str, int] | None = None,
     ) -> None:
         if keep_checkpoints < 1:
             raise ValueError(f"keep_checkpoints must be >= 1, got {keep_checkpoints}")
@@ -238,6 +256,10 @@ class SimulatedFleet:
             self._image = ec2_client.register_image(
                 Name="preemptor-emulated-gpu-node", Architecture="x86_64", RootDeviceName="/dev/xvda", VirtualizationType="hvm"
             )["ImageId"]
+        # The account's SageMaker quota per instance type (instances in training jobs at
+        # once): a CreateTrainingJob over it is refused, as on AWS, whoever calls.
+        self._instance_quotas = dict(instance_quotas or {})
+        self.quota_refusals: list[QuotaRefusal] = []
         self._lock = threading.RLock()
         self._jobs: dict[str, _Job] = {}
         self._queue: list[_Transition] = []
@@ -246,6 +268,7 @@ class SimulatedFleet:
         self._unsubscribe = [
             clock.on_advance(self._on_advance),
             clock.on_due(self.next_due),
+            moto_patches.check_training_job_create(self._quota_refusal),
             moto_patches.on_training_job_created(self._on_training_job_created),
             moto_patches.on_training_job_stop_requested(self._on_training_job_stop_requested),
             moto_patches.on_batch_job_submitted(self._on_batch_job_submitted),
@@ -341,6 +364,33 @@ class SimulatedFleet:
         self._process(self._clock.now())
 
     # ------------------------------------------------------------------ moto listeners
+
+    def _quota_refusal(self, name: str, request: dict) -> str | None:
+        """SageMaker's `ResourceLimitExceeded` message when `request` would take the account's
+        instances of a type over its quota (runs not ended hold theirs, Stopping ones too)."""
+        wanted = _instances(request)
+        with self._lock:
+            for instance_type, requested in wanted.items():
+                quota = self._instance_quotas.get(instance_type)
+                if quota is None:
+                    continue
+                holding = {
+                    j.name: n for j in self._jobs.values()
+                    if j.service == SAGEMAKER and j.phase != "ended" and (n := _instances(j.request).get(instance_type, 0))
+                }
+                used = sum(holding.values())
+                if used + requested <= quota:
+                    continue
+                now = self._clock.now()
+                self.quota_refusals.append(QuotaRefusal(now, name, _tags(SAGEMAKER, request), instance_type, requested, quota, holding))
+                self.history.append((now, name, f"refused: ResourceLimitExceeded ({used} + {requested} {instance_type} > {quota})"))
+                return (
+                    f"The account-level service limit '{instance_type} for training job usage' is {quota} Instances, "
+                    f"with current utilization of {used} Instances and a request delta of {requested} Instances. "
+                    "Please use AWS Service Quotas to request an increase for this quota. If AWS Service Quotas "
+                    "is not available, contact AWS support to request an increase for this quota."
+                )
+        return None
 
     def _on_training_job_created(self, name: str, request: dict) -> None:
         now = self._clock.now()
@@ -861,6 +911,18 @@ class SimulatedFleet:
             duration_s=job.duration_s,
             last_checkpoint_at=job.last_checkpoint_at,
         )
+
+
+def _instances(request: dict) -> dict[str, int]:
+    """Instances per type a CreateTrainingJob request asks for (instance groups in full)."""
+    config = request.get("ResourceConfig") or {}
+    groups = config.get("InstanceGroups") or [config]
+    out: dict[str, int] = {}
+    for group in groups:
+        kind = group.get("InstanceType")
+        if kind:
+            out[kind] = out.get(kind, 0) + int(group.get("InstanceCount") or 0)
+    return out
 
 
 def _tags(service: str, request: dict) -> dict[str, str]:

@@ -72,6 +72,7 @@ from .events import on_events_put  # noqa: E402
 from .lambda_ import LambdaRuntimeExited  # noqa: E402
 from .send import StaleInvocation, around_send  # noqa: E402
 from .sagemaker import (  # noqa: E402
+    check_training_job_create,
     get_training_job,
     on_training_job_created,
     on_training_job_stop_requested,
@@ -93,6 +94,7 @@ __all__ = [
     "LambdaRuntimeExited",
     "StaleInvocation",
     "around_send",
+    "check_training_job_create",
     "install",
     "uninstall",
     "get_batch_job",

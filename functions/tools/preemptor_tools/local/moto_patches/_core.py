@@ -73,10 +73,14 @@ def subscribe(topic: str, callback: Callable) -> Callable[[], None]:
     return unsubscribe
 
 
-def notify(topic: str, *args: Any) -> None:
+def listeners(topic: str) -> list[Callable]:
+    """The listeners of `topic` now (a copy)."""
     with _STATE.lock:
-        callbacks = list(_STATE.listeners.get(topic, []))
-    for callback in callbacks:
+        return list(_STATE.listeners.get(topic, []))
+
+
+def notify(topic: str, *args: Any) -> None:
+    for callback in listeners(topic):
         callback(*args)
 
 

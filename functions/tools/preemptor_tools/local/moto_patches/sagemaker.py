@@ -8,6 +8,9 @@ Gaps filled:
 - moto's CreateTrainingJob silently replaces a job of the same name; AWS answers
   `ResourceInUse` (names are unique per account and region), so a launch retried after it
   succeeded cannot start a second run here either.
+- moto enforces no account quota: CreateTrainingJob over the account's limit for an instance
+  type is `ResourceLimitExceeded` on AWS, before any job exists. The simulated fleet holds
+  the limits (`check_training_job_create`); the patch answers with the error it names.
 - moto has no StopTrainingJob at all (backend nor response): `InProgress` -> `Stopping`, the
   fleet ends it `Stopped` after the grace; a missing job or a job in another status is a
   `ValidationException`, as on AWS.
@@ -21,14 +24,17 @@ from typing import Any
 
 from moto.core.responses import EmptyResult
 from moto.sagemaker import models as sagemaker_models
-from moto.sagemaker.exceptions import ResourceInUseException, ValidationError
+from moto.sagemaker.exceptions import ResourceInUseException, SagemakerClientError, ValidationError
 from moto.sagemaker.models import SageMakerModelBackend, sagemaker_backends
 from moto.sagemaker.responses import SageMakerResponse
 
-from ._core import _STATE, notify, replace, sim_utcnow, subscribe, utc_naive
+from ._core import _STATE, listeners, notify, replace, sim_utcnow, subscribe, utc_naive
 
 TrainingJobCreated = Callable[[str, dict], None]
 TrainingJobStopRequested = Callable[[str], None]
+# Before CreateTrainingJob: the refusal of the account's quota (a message), or None.
+TrainingJobCreateCheck = Callable[[str, dict], "str | None"]
+_CREATE_CHECK = "training_job_create_check"
 _CREATED = "training_job_created"
 _STOP_REQUESTED = "training_job_stop_requested"
 _TERMINAL = {"Completed", "Failed", "Stopped"}
@@ -44,6 +50,21 @@ def patch() -> None:
 def on_training_job_created(callback: TrainingJobCreated) -> Callable[[], None]:
     """`callback(name, create_training_job_request)` after CreateTrainingJob; returns unsubscribe."""
     return subscribe(_CREATED, callback)
+
+
+def check_training_job_create(check: TrainingJobCreateCheck) -> Callable[[], None]:
+    """`check(name, request)` before CreateTrainingJob creates anything: a message it returns
+    is the call's `ResourceLimitExceeded` answer; returns unsubscribe."""
+    return subscribe(_CREATE_CHECK, check)
+
+
+class ResourceLimitExceeded(SagemakerClientError):
+    """SageMaker's answer to a request over an account-level service quota (HTTP 400)."""
+
+    code = "ResourceLimitExceeded"
+
+    def __init__(self, message: str):
+        super().__init__(message)
 
 
 def on_training_job_stop_requested(callback: TrainingJobStopRequested) -> Callable[[], None]:
@@ -63,6 +84,10 @@ def _create_training_job(self: SageMakerResponse) -> Any:
             message=f"Training job names must be unique within an AWS account and region, and a training job "
             f"with this name already exists ({existing.arn})"
         )
+    for check in listeners(_CREATE_CHECK):
+        refusal = check(name, request)
+        if refusal:
+            raise ResourceLimitExceeded(refusal)
     result = _ORIGINAL_CREATE_TRAINING_JOB(self)
     job = self.sagemaker_backend.training_jobs[name]
     now = utc_naive(_STATE.require_clock().now())

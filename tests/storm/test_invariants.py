@@ -1,0 +1,106 @@
+"""The policy invariants (storm/invariants.py) read synthetic logs: each finds what breaks
+its promise and passes what keeps it, so a sweep that reports nothing has checked something.
+"""
+
+from __future__ import annotations
+
+from storm.invariants import (
+    budget_never_exceeded,
+    launches_fit_what_the_controller_counts,
+    priorities_within_team_ceilings,
+    protections_hold,
+    stops_serve_a_waiting_job,
+)
+from storm.random_story import random_story
+
+from preemptor_tools.local import demo
+from preemptor_tools.local.fleet import QuotaRefusal
+
+
+def _line(job: str, at: float, kind: str, reason: str = "", detail: str = "", **extra: str) -> dict:
+    return {"job": job, "at": demo.START + at, "kind": kind, "reason": reason or kind, "detail": detail, "extra": extra}
+
+
+def _story(**policy):
+    scenario = random_story("sagemaker", 0, jobs=3)
+    scenario.policy = policy
+    return scenario
+
+
+def test_the_budget_check_counts_preemptions_in_the_window_less_those_called_off() -> None:
+    scenario = _story(budget={"window_s": 1800, "max_preemptions": 1})
+    a, b, c = (j.name for j in scenario.jobs)
+    started = [_line(a, 0, "preemption-started", preemptor=c), _line(b, 600, "preemption-started", preemptor=c)]
+    # Two preemptions 10 minutes apart under a budget of one per 30 minutes: found
+    assert budget_never_exceeded(demo.DemoResult(history=started), scenario) == [
+        "pool p5: 2 preemptions in the 1800 s to 600 s (budget 1)"
+    ]
+    # The first called off before the second: within the budget; so is a second 31 minutes on
+    called_off = [started[0], _line(a, 300, "preemption-cancelled"), started[1]]
+    assert budget_never_exceeded(demo.DemoResult(history=called_off), scenario) == []
+    later = [started[0], _line(b, 1860, "preemption-started", preemptor=c)]
+    assert budget_never_exceeded(demo.DemoResult(history=later), scenario) == []
+
+
+def test_the_protection_check_finds_a_victim_preempted_too_often_or_too_soon() -> None:
+    scenario = _story(max_preemptions=1, min_runtime_s=600)
+    a, b, c = (j.name for j in scenario.jobs)
+    twice = [_line(a, 0, "requeued", "preempted"), _line(a, 900, "requeued", "preempted")]
+    assert protections_hold(demo.DemoResult(history=twice), scenario) == [f"job {a}: requeued 2 times for preemptions (max_preemptions 1)"]
+    soon = [_line(a, 0, "launched"), _line(a, 300, "preemption-started", preemptor=c)]
+    assert protections_hold(demo.DemoResult(history=soon), scenario) == [
+        f"job {a}: preemption started 300 s after its launch for {c} (min_runtime_s 600)"
+    ]
+    # An escalated preemptor lifts the minimum runtime
+    escalated = [_line(a, 0, "launched"), _line(c, 200, "escalated"), _line(a, 300, "preemption-started", preemptor=c)]
+    assert protections_hold(demo.DemoResult(history=escalated), scenario) == []
+
+
+def test_the_ceiling_check_finds_a_job_adopted_above_its_teams_grant() -> None:
+    scenario = _story(teams={"research": {"max_priority": "low"}, "applied": {}, "production": {}})
+    research = next(j.name for j in scenario.jobs if j.team == "research")
+    above = [_line(research, 0, "adopted", "tagged-outside-controller", "64 GPUs counted in p5 at priority 1000, stoppable")]
+    assert priorities_within_team_ceilings(demo.DemoResult(history=above), scenario) == [
+        f"job {research}: priority 1000 from 0 s, above team research's ceiling 50"
+    ]
+    at_the_ceiling = [_line(research, 0, "adopted", "tagged-outside-controller", "64 GPUs counted in p5 at priority 50, stoppable")]
+    assert priorities_within_team_ceilings(demo.DemoResult(history=at_the_ceiling), scenario) == []
+
+
+def test_the_quota_check_blames_the_controller_only_for_runs_it_knew_of() -> None:
+    scenario = _story()
+    job = scenario.jobs[0].name
+    runs = [{"name": "mine", "tags": {"preemptor:job": "other"}}, {"name": "teams", "tags": {"preemptor:team": "research"}}]
+    history = [_line(job, 100, "admitted"), _line("teams", 50, "adopted")]
+
+    def refused(holding: dict[str, int]) -> demo.DemoResult:
+        refusal = QuotaRefusal(demo.START + 120, job, {"preemptor:job": job}, "ml.p5.48xlarge", 4, 8, holding)
+        return demo.DemoResult(history=history, runs=runs, quota_refusals=[refusal])
+
+    # The controller's run and a run it adopted before the admission held 6 of 8: its own mistake
+    assert launches_fit_what_the_controller_counts(refused({"mine": 2, "teams": 4}), scenario) == [
+        f"launch of {job} at 120 s refused by the account's quota: the controller's own and adopted runs held 6 of 8 ml.p5.48xlarge, it asked 4"
+    ]
+    # A team's run it had not heard of held them: not the controller's to know
+    assert launches_fit_what_the_controller_counts(refused({"mine": 2, "unheard-of": 4}), scenario) == []
+
+
+def test_a_stop_serves_a_job_the_modes_let_preempt_it() -> None:
+    scenario = _story(across_teams="LowerOrNewerEqualPriority", within_team="Never")
+    victim, teammate, other = scenario.jobs  # applied, applied, research
+    assert (victim.team, teammate.team, other.team) == ("applied", "applied", "research")
+
+    def stopped_while(waiting: str, priority: int) -> list[str]:
+        history = [
+            _line(victim.name, 0, "submitted", detail="priority 200"),
+            _line(waiting, 0, "submitted", detail=f"priority {priority}"),
+            _line(victim.name, 60, "stop-requested", "fresh-checkpoint", f"preempted by {waiting}"),
+        ]
+        return stops_serve_a_waiting_job(demo.DemoResult(history=history), scenario)
+
+    # Another team's job of equal priority may stop newer equal work here: served
+    assert stopped_while(other.name, 200) == []
+    # A teammate may preempt nobody of its team, whatever its priority: a stop for nobody
+    assert stopped_while(teammate.name, 1000) == [
+        f"job {victim.name}: stopped at 60 s (preempted by {teammate.name}) while no job that may preempt it (priority 200) waited"
+    ]
