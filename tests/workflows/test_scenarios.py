@@ -360,3 +360,25 @@ def test_a_team_lowers_its_own_sweep_for_its_eval_and_nobody_else_may():
     assert (p["victim"], p["preemptor"]) == ("sweep", "eval") and p["checkpoint_confirmed_before_stop"]
     assert all(j["state"] == "Completed" for j in run.result.report["jobs"])
     assert violations(run.result, scenario) == []
+
+
+def test_a_teams_own_run_claiming_more_than_its_ceiling_is_counted_at_it_and_one_into_a_full_pool_is_refused():
+    from preemptor_tools.local import demo
+
+    # Given research (at most "low") launching its own run tagged "critical", a high and a
+    # medium job submitted to the controller, and applied launching its own run once the pool
+    # is full (team-launches.yaml)
+    scenario = Scenario.load(SCENARIOS / "team-launches.yaml")
+    result = demo.run(scenario, tick_s=60)
+    jobs = _jobs(result.report)
+    # Then research's run was adopted at low, its GPUs counted, the claim said
+    [adopted] = [e for e in result.history if e["job"] == "tagged-critical" and e["kind"] == "adopted"]
+    assert "at priority 50" in adopted["detail"] and "its priority tag claims 1000 (above-team-ceiling" in adopted["detail"]
+    # And, at low, it is the one the medium fine-tune preempted (not the high evaluation)
+    assert jobs["tagged-critical"]["preemptions"] == 1 and jobs["nightly-eval"]["preemptions"] == 0
+    assert jobs["prod-finetune"]["state"] == jobs["nightly-eval"]["state"] == "Completed"
+    # And applied's own run into the full pool never existed: SageMaker refused it
+    assert jobs["applied-own-run"]["state"] == "Refused by AWS"
+    assert [(r.run, r.requested, r.quota) for r in result.quota_refusals] == [("applied-own-run", 2, 8)]
+    assert max(p["max_gpus_in_use"] for p in result.report["pools"]) <= 64
+    assert violations(result, scenario) == []

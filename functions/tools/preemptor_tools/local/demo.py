@@ -135,8 +135,7 @@ def run(
         result.timeline += [
             TimelineEntry(t - START, "workload", name, "spot warning" if what.startswith("spot") else what.split(":")[0], what)
             for t, name, what in fleet.history
-            if not what.startswith("periodic")
-            and ("checkpoint" in what or "resumed" in what or "spot" in what or what.startswith("refused"))
+            if not what.startswith("periodic") and ("checkpoint" in what or "resumed" in what or "spot" in what)
         ]
         store = stack.deps().store
         decisions = [
