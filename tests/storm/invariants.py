@@ -313,8 +313,8 @@ def preemptors_outrank_their_victims(result: DemoResult, scenario: Scenario) -> 
 
 def protections_hold(result: DemoResult, scenario: Scenario) -> list[str]:
     """No victim is preempted more often than `max_preemptions` allows (protected, or failed
-    instead of relaunched, after that many), nor before it ran `min_runtime_s` (counted from
-    its launch line, which is never after its start) unless its preemptor was escalated."""
+    instead of relaunched, after that many), nor before it ran `min_runtime_s` (from its
+    launch, as the planner counts it) unless its preemptor was escalated."""
     policy = Policy(**scenario.policy)
     out = []
     requeues: dict[str, int] = {}
@@ -330,15 +330,15 @@ def protections_hold(result: DemoResult, scenario: Scenario) -> list[str]:
         for started in (e for e in result.history if e["kind"] == "preemption-started"):
             preemptor = started.get("extra", {}).get("preemptor")
             escalated = any(e["job"] == preemptor and e["kind"] == "escalated" and e["at"] <= started["at"] for e in result.history)
-            launches = [
-                e["at"] for e in result.history
-                if e["job"] == started["job"] and e["kind"] in ("launched", "relaunched", "adopted") and e["at"] <= started["at"]
-            ]
-            if launches and not escalated and started["at"] - launches[-1] < policy.min_runtime_s:
-                out.append(
-                    f"job {started['job']}: preemption started {started['at'] - launches[-1]:.0f} s after its launch "
-                    f"for {preemptor} (min_runtime_s {policy.min_runtime_s:g})"
-                )
+            job, at = started["job"], started["at"]
+            lines = [e["at"] for e in result.history if e["job"] == job and e["kind"] in ("launched", "relaunched", "adopted") and e["at"] <= at]
+            # A run reconcile found launched counts from its creation, before reconcile's line.
+            created = [r["created_at"] for r in result.runs if job in (r["tags"].get("preemptor:job"), r["name"]) and r["created_at"] <= at]
+            if not lines or escalated:
+                continue
+            since = min(lines[-1], max(created)) if created else lines[-1]
+            if at - since < policy.min_runtime_s:
+                out.append(f"job {job}: preemption started {at - since:.0f} s after its launch for {preemptor} (min_runtime_s {policy.min_runtime_s:g})")
     return out
 
 
