@@ -3,9 +3,8 @@
 Never raises for a bad event: a malformed or unknown event is logged with its reason and
 counted (metric `RejectedEvents`), so EventBridge does not retry it into a storm; a claim
 accepted only in part (a run's priority tag above its team's ceiling) is counted too
-(`RefusedClaims`). Raises
-for an event another handling still holds (`EventInProgress`) or a failed one: Lambda
-retries the delivery, then sends it to the dead-letter queue.
+(`RefusedClaims`). Raises for an event another handling still holds (`EventInProgress`)
+or a failed one: Lambda retries the delivery, then sends it to the dead-letter queue.
 """
 
 from aws_lambda_powertools.metrics import MetricUnit
