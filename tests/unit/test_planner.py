@@ -542,6 +542,11 @@ def rich_snapshots(draw, max_pending: int = 8):
     builder._pools = []
     for name, gpus in pools:
         builder.pool(name, gpus)
+    # Now and then the service has no capacity for a pool (its launches met none), or had none
+    builder._pools = [
+        replace(pool, no_capacity_until=draw(st.sampled_from([None, None, None, NOW + 300, NOW])))
+        for pool in builder._pools
+    ]
     recent = st.one_of(st.floats(NOW - 900, NOW), st.floats(0, NOW))
     for pool_name, capacity in pools:
         used = 0
@@ -667,8 +672,12 @@ def test_rich_properties(snap, p):
         # capacity is never exceeded
         held = sum(j.gpus for j in snap.running if j.pool == pool.name)
         assert held + sum(a.gpus for a in decision.admits if a.pool == pool.name) <= pool.gpus
-        # the budget is never exceeded by new preemptions
+        # the budget is never exceeded by new preemptions, and nothing is stopped while the
+        # service has no capacity for the pool
         new = [x for x in decision.preemptions if x.pool == pool.name]
+        if pool.no_capacity_until is not None and NOW < pool.no_capacity_until:
+            assert not new
+            assert all(e.reason is not Reason.PREEMPTS_LOWER_PRIORITY for e in decision.explanations)
         if knobs.budget is not None and knobs.budget.max_preemptions is not None and new:
             window = [h for h in snap.preemption_history if h.pool == pool.name and NOW - knobs.budget.window_s < h.at <= NOW]
             assert len(window) + len(new) <= knobs.budget.max_preemptions

@@ -385,3 +385,41 @@ def test_a_retried_plan_that_reads_its_own_admission_still_pending_preempts_nobo
         # And the views are told apart by version: a copy newer than the holding one waits
         newer = replace(stale, version=crit.version + 1)
         assert scheduling.newest_views([newer], [crit]) == ([newer], [])
+
+
+def _p5_runs(service: str, request: dict) -> tuple[str, int] | None:
+    """The fleet's pool of a run: every SageMaker run is in p5 (8 GPUs an instance)."""
+    return ("p5", 8 * int(request["ResourceConfig"]["InstanceCount"])) if service == "sagemaker" else None
+
+
+def test_while_the_service_has_no_capacity_a_plan_stops_nobody_for_instances_it_would_hand_back():
+    with emulation(classify=_p5_runs) as env:
+        # Given a low sweep holding half the pool, then SageMaker out of p5 capacity for an hour
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=4, duration=7200, checkpoint_every=300)
+        env.advance(300)
+        env.fleet.capacity_outage("p5", env.clock.now(), env.clock.now() + 3600)
+        # And a medium job launched into the free half, whose run met no capacity
+        env.submit(name="probe", team="applied", priority="medium", pool="p5", instances=4, duration=600)
+        env.advance(150)
+        assert "capacity-wait" in env.kinds("probe")
+        # When a high job that needs the whole pool arrives
+        env.submit(name="urgent", team="production", priority="high", pool="p5", instances=8, duration=1800)
+        # Then nobody is stopped: the sweep's instances would go back to SageMaker, which has
+        # none to give urgent (before: the sweep was stopped, urgent met no capacity, and the
+        # sweep's relaunch met none either)
+        assert env.job("sweep").status is JobState.RUNNING and "preemption-started" not in env.kinds("sweep")
+        waits = {w["job"]: w for w in json.loads(env.store.pool("p5")["last_waits"])}
+        assert waits["urgent"]["reason"] == "no-service-capacity"
+        assert "the service has had no capacity for p5" in waits["urgent"]["detail"] and "sweep" in waits["urgent"]["detail"]
+
+
+def test_a_run_that_gets_its_instances_tells_the_pool_the_service_has_capacity_again():
+    with emulation(classify=_p5_runs) as env:
+        # Given a pool whose launches met no capacity a moment ago: its plans stop nobody
+        env.store.mark_unavailable("p5", env.store.ANY_OFFERING, env.clock.now() + 600, cache="no_capacity")
+        assert env.store.no_capacity_until(env.store.pool("p5"), ("*",), env.clock.now()) == env.clock.now() + 600
+        # When a run of the pool gets its instances (SageMaker: InProgress/Training)
+        env.submit(name="train", team="research", priority="low", pool="p5", instances=1, duration=3600)
+        env.advance(150)
+        # Then the mark is forgotten: the pool's plans may stop jobs again
+        assert env.store.no_capacity_until(env.store.pool("p5"), ("*",), env.clock.now()) is None

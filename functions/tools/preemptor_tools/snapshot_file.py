@@ -36,6 +36,7 @@ class _Pool(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str
     gpus: int = Field(gt=0)
+    no_capacity_until: float | None = None
 
 
 class _Job(BaseModel):
@@ -148,5 +149,5 @@ def load_snapshot(data: Mapping, tiers: Mapping[str, int] = DEFAULT_TIERS) -> tu
         for team, u in sorted(doc.usage.items())
     )
     history = tuple(PastPreemption(h.pool, h.at, h.gpus, h.lost_gpu_seconds, h.victim) for h in doc.preemption_history)
-    pools = tuple(Pool(p.name, p.gpus) for p in doc.pools)
+    pools = tuple(Pool(p.name, p.gpus, p.no_capacity_until) for p in doc.pools)
     return doc.now, Snapshot(pools, running, pending, usage, history)

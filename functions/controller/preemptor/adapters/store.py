@@ -363,24 +363,59 @@ class JobsStore:
             ExpressionAttributeValues={":c": _to_attr(capacity_gpus), ":zero": _to_attr(0), ":name": _to_attr(name)},
         )
 
-    def mark_unavailable(self, pool: str, instance_type: str, until: float) -> None:
+    def mark_unavailable(self, pool: str, instance_type: str, until: float, cache: str = "unavailable") -> None:
         """Remember that `instance_type` just had no capacity for `pool`: launches avoid it
-        until `until` (the unavailable-offerings cache, on the pool item)."""
+        until `until` (the unavailable-offerings cache, on the pool item). `cache`
+        "no_capacity": the service itself had none (`no_capacity_until`), not the account's
+        quota."""
         self._call(
             "update_item",
             TableName=self.table,
             Key=pool_key(pool),
-            UpdateExpression="SET unavailable = if_not_exists(unavailable, :empty)",
+            UpdateExpression="SET #c = if_not_exists(#c, :empty)",
+            ExpressionAttributeNames={"#c": cache},
             ExpressionAttributeValues={":empty": {"M": {}}},
         )
         self._call(
             "update_item",
             TableName=self.table,
             Key=pool_key(pool),
-            UpdateExpression="SET unavailable.#t = :until",
-            ExpressionAttributeNames={"#t": instance_type},
+            UpdateExpression="SET #c.#t = :until",
+            ExpressionAttributeNames={"#c": cache, "#t": instance_type},
             ExpressionAttributeValues={":until": _to_attr(until)},
         )
+
+    def capacity_seen(self, pool: str, offering: str) -> bool:
+        """A run of `pool` on `offering` got its instances: the service has capacity there
+        again, and `no_capacity_until` forgets it (False: it was not marked)."""
+        try:
+            self._call(
+                "update_item",
+                TableName=self.table,
+                Key=pool_key(pool),
+                UpdateExpression="REMOVE no_capacity.#t",
+                ConditionExpression="attribute_exists(no_capacity.#t)",
+                ExpressionAttributeNames={"#t": offering},
+            )
+        except ConflictError:
+            return False
+        return True
+
+    # The offering of a pool without a choice of them (one instance type or queue).
+    ANY_OFFERING = "*"
+
+    @staticmethod
+    def no_capacity_until(item: dict | None, offerings: tuple[str, ...], now: float) -> float | None:
+        """Until when (about) the service has no capacity for any offering of a pool whose
+        item is `item`: its launches met none (CapacityError, InsufficientCapacity, a Batch
+        queue without instances) on each of `offerings` ("*" for a pool without a choice)
+        within UNAVAILABLE_OFFERING_S and no run got instances since. None: capacity may be
+        there."""
+        marks = (item or {}).get("no_capacity") or {}
+        untils = [float(marks[o]) for o in offerings if o in marks]
+        if len(untils) < len(offerings) or not untils or min(untils) <= now:
+            return None
+        return min(untils)
 
     def unavailable_offerings(self, pool: str, now: float) -> set[str]:
         """Instance types of `pool` that had no capacity a moment ago (still cached at `now`)."""

@@ -78,6 +78,7 @@ class Reason(StrEnum):
     BLOCKED_BY_HIGHER_RANKED = "blocked-by-higher-ranked-job"
     OVER_QUOTA = "over-quota"
     BUDGET_EXHAUSTED = "preemption-budget-exhausted"
+    NO_SERVICE_CAPACITY = "no-service-capacity"  # the service has no instances: stopping would free none for it
     PREEMPTION_DELAYED = "preemption-delayed"
     STARVATION_RESERVATION = "reserves-capacity-after-starving"
     LARGER_THAN_POOL = "larger-than-pool"
@@ -158,10 +159,17 @@ _VICTIM_REASONS = {
 
 @dataclass(frozen=True, slots=True)
 class Pool:
-    """A unit of GPU capacity the user owns, e.g. 64 x ml.p5.48xlarge = 512 GPUs."""
+    """A unit of GPU capacity the user owns, e.g. 64 x ml.p5.48xlarge = 512 GPUs.
+
+    `no_capacity_until`: the service has had no instances for any of the pool's offerings
+    (its launches met CapacityError or the like) and is expected to have none until about
+    then. Meanwhile nothing is stopped in the pool: a victim's instances would go back to
+    the service, not to the job waiting for them, which would then meet no capacity all the
+    same (and the victim too, relaunched)."""
 
     name: str
     gpus: int
+    no_capacity_until: float | None = None
 
 
 @dataclass(frozen=True, slots=True, init=False)

@@ -172,6 +172,12 @@ class PoolPlanner:
         self._fail_at = knobs.max_preemptions if fails else None
         self._starving_after = knobs.aging.starving_after_s
         self.free = max(0, pool.gpus - sum(v.gpus for v in running))
+        # The service has no instances for the pool (`Pool.no_capacity_until`): nothing is stopped.
+        outage = pool.no_capacity_until
+        self._outage = (
+            f"the service has had no capacity for {pool.name} (until about {outage - now:.0f} s from now)"
+            if outage is not None and now < outage else ""
+        )
         self.releasing = 0
         # Stops that still wait for a checkpoint: their GPUs come back late. Each is judged
         # again, soonest first, for the job that comes to wait on it (`_take_releasing`);
@@ -811,6 +817,12 @@ class PoolPlanner:
             self._wait(job, Reason.PREEMPTION_DELAYED, detail)
             self._note_likely(choice.victims, job.name, "whose preemption is delayed")
             return
+        if self._outage:
+            self._hold(r, bucket)
+            detail = f"needs {job.gpus} GPUs; {self._outage}: stopping {_names(victims)} would hand their instances back to it"
+            self._wait(job, Reason.NO_SERVICE_CAPACITY, detail)
+            self._note_likely(choice.victims, job.name, "whose preemption waits for the service's capacity")
+            return
         over = self._over_budget(victims) if k.budget is not None else ""
         if over:
             self._hold(r, bucket)
@@ -829,7 +841,7 @@ class PoolPlanner:
         job, now = r.job, self.now
         soon = available - self.releasing_late
         waiting = self.late_costs(r, job.gpus - self.free)
-        if not waiting or not self.waited_enough(r):
+        if not waiting or not self.waited_enough(r) or self._outage:
             return False
         reclaim = self.quotas.may_reclaim(bucket, job.gpus, self.knobs.reclaim_within_pool)
         if soon + self.victim_bound(r, reclaim) < job.gpus:

@@ -802,12 +802,20 @@ def capacity_backoff_s(job: str, retries: int) -> float:
 
 
 def _wait_for_capacity(
-    store: JobsStore, alerts: Alerts | None, record: JobRecord, reason: str, now: float, *, run_created: bool
+    store: JobsStore, alerts: Alerts | None, record: JobRecord, reason: str, now: float, *, run_created: bool, outage: bool = True
 ) -> dict:
     """The launch met no capacity: the job goes back to the queue until `not_before`, its
     GPUs released. A run the service created (and failed) used the incarnation's name, which
     SageMaker never gives again: the next launch is a new incarnation. After
-    MAX_CAPACITY_RETRIES the job is failed with the reason and an alert."""
+    MAX_CAPACITY_RETRIES the job is failed with the reason and an alert.
+
+    `outage`: the service itself had no instances (not the account's quota): the offering is
+    remembered as such, and while every offering of the pool is, its plans stop nobody
+    (`Pool.no_capacity_until`): a victim's instances would go back to the service, not to
+    the job that waits for them."""
+    if outage:
+        offering = record.launched_instance_type or store.ANY_OFFERING
+        store.mark_unavailable(record.pool, offering, now + UNAVAILABLE_OFFERING_S, cache="no_capacity")
     retries = record.capacity_retries + 1
     if retries > MAX_CAPACITY_RETRIES:
         why = f"no capacity after {MAX_CAPACITY_RETRIES} launches; last: {reason}"
@@ -874,7 +882,9 @@ def _launch_refused(
     if error.code in CAPACITY_CODES:
         if instance_type:
             record = record.with_changes(launched_instance_type=instance_type)  # the offering that was refused
-        result = _wait_for_capacity(store, alerts, record, f"{error.code}: {error}", now, run_created=False)
+        # ResourceLimitExceeded is the account's quota: a victim's stop does give it room.
+        outage = error.code != "ResourceLimitExceeded"
+        result = _wait_for_capacity(store, alerts, record, f"{error.code}: {error}", now, run_created=False, outage=outage)
         return {"launched": False, **result}
     attempts = record.launch_attempts + 1
     reason = f"launch-rejected: {error.code or type(error).__name__}"

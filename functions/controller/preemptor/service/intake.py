@@ -38,6 +38,8 @@ from . import actions, escalation
 # SageMaker managed spot, while the job is InProgress: the service restarts it by itself.
 MANAGED_SPOT_PROGRESS = ("Interrupted", "Restarting")
 SAGEMAKER_OUTCOMES = {"Completed": "completed", "Failed": "failed", "Stopped": "stopped"}
+# SageMaker secondary statuses of a run whose instances were provisioned.
+PROVISIONED = frozenset({"Downloading", "Training"})
 BATCH_OUTCOMES = {"SUCCEEDED": "completed", "FAILED": "failed"}
 
 
@@ -347,6 +349,9 @@ class Intake:
             return self._managed_spot(record, secondary, now)
         if outcome is None:
             placed = self._note_instance(event, name, incarnation, status, now)
+            if status == "RUNNING" or secondary in PROVISIONED:
+                # Its instances came: the service has capacity for its offering again.
+                self.store.capacity_seen(record.pool, record.launched_instance_type or self.store.ANY_OFFERING)
             return IntakeResult("ignored", f"progress: {service} {run_id} is {status}{placed}", name)
         if record.status is JobState.PREEMPTING and outcome in ("stopped", "failed"):
             # Our own stop: the preemption workflow requeues the job once the stop is final.

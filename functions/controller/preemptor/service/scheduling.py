@@ -194,8 +194,7 @@ def plan_cycle(
     mark = f"{owner}#{cycle}"
     # The pool's count as read at the cycle's start: after whatever write started the cycle
     # (a victim requeued, a run's end), which the index may not show yet.
-    used = int(stored.get("used_gpus", 0)) if stored is not None else None
-    pending, active, snapshot = read_snapshot(store, settings, pool_name, now, used_gpus=used)
+    pending, active, snapshot = read_snapshot(store, settings, pool_name, now, pool_item=stored)
     earlier_admits, earlier_victims = _reserved_by(active, mark)
     decision = plan(snapshot, settings.policy, now)
     waiting = [
@@ -341,12 +340,13 @@ def _victim_item(victim: JobRecord, preemptor: str, marked_at: float, lost_gpu_s
 
 
 def read_snapshot(
-    store: JobsStore, settings: Settings, pool_name: str, now: float, include: str | None = None, used_gpus: int | None = None
+    store: JobsStore, settings: Settings, pool_name: str, now: float, include: str | None = None, pool_item: dict | None = None
 ) -> tuple[list[JobRecord], list[JobRecord], Snapshot]:
     """What the planner sees of one pool: a bounded number of reads, whatever the queue length.
 
     `include` adds one pending job even when it ranks beyond the window (for `explain`).
-    `used_gpus`: the pool's count, when the caller read it already (else it is read).
+    `pool_item`: the pool's item (its count, its offerings that met no capacity), when the
+    caller read it already (else it is read).
     """
     pool_cfg = settings.pool(pool_name)
     knobs = settings.policy.for_pool(pool_name)
@@ -359,8 +359,9 @@ def read_snapshot(
     # Checkpoint times come from the table (kept current by S3 events and the checkpoint
     # steps; reconcile refreshes them from S3), not from listing S3 on every decision.
     active = store.active(pool_name)
-    if used_gpus is None:
-        used_gpus = store.used_gpus(pool_name)
+    if pool_item is None:
+        pool_item = store.pool(pool_name) or {}
+    used_gpus = int(pool_item.get("used_gpus", 0))
     if sum(r.gpus for r in active if r.status.holds_capacity) > used_gpus:
         # The index still shows GPUs given back (it is eventually consistent, and a cycle
         # often runs the moment a run ends or a victim is requeued): the pool's own count,
@@ -371,9 +372,9 @@ def read_snapshot(
     pending, active = newest_views(pending, active)
     window = history_window_s(knobs)  # the budget's, the checkpoint forecast's
     history = store.preemptions_since(pool_name, now - window) if window is not None else []
-    snapshot = build_snapshot(
-        Pool(pool_name, pool_cfg.capacity_gpus), pending, active, store.team_usage(pool_name, knobs.fair_share.half_life_s), history, settings
-    )
+    offerings = pool_cfg.offerings if len(pool_cfg.offerings) > 1 else (store.ANY_OFFERING,)  # as launches mark them
+    pool = Pool(pool_name, pool_cfg.capacity_gpus, store.no_capacity_until(pool_item, offerings, now))
+    snapshot = build_snapshot(pool, pending, active, store.team_usage(pool_name, knobs.fair_share.half_life_s), history, settings)
     return pending, active, snapshot
 
 
