@@ -677,7 +677,8 @@ def test_rich_properties(snap, p):
         new = [x for x in decision.preemptions if x.pool == pool.name]
         if pool.no_capacity_until is not None and NOW < pool.no_capacity_until:
             assert not new
-            assert all(e.reason is not Reason.PREEMPTS_LOWER_PRIORITY for e in decision.explanations)
+            mine = [e for e in decision.explanations if e.job in pend and pend[e.job].pool == pool.name]
+            assert all(e.reason is not Reason.PREEMPTS_LOWER_PRIORITY for e in mine)
         if knobs.budget is not None and knobs.budget.max_preemptions is not None and new:
             window = [h for h in snap.preemption_history if h.pool == pool.name and NOW - knobs.budget.window_s < h.at <= NOW]
             assert len(window) + len(new) <= knobs.budget.max_preemptions

@@ -317,3 +317,46 @@ def test_a_reclaimed_batch_run_whose_every_event_was_lost_is_requeued_by_reconci
         env.advance(120)
         job = env.job("spotty")
         assert (job.status, job.incarnation) == (JobState.RUNNING, 2)
+
+
+def test_a_teams_tagged_run_whose_events_never_came_is_adopted_by_reconcile_not_stopped():
+    from emulation import START
+    from iam_policy import StackPolicies
+
+    from preemptor_tools.local.scenario import ROLE_ARN
+
+    with emulation() as env:
+        # Given a run research launched itself on the pool's instance type, tagged to be
+        # adopted (and preempted: managed), whose every event was lost (no fleet to tell)
+        env.fleet.close()
+        tags = {"preemptor:team": "research", "preemptor:priority": "medium", "preemptor:pool": "p5", "preemptor:managed": "true"}
+        env.stack.client("sagemaker").create_training_job(
+            TrainingJobName="research-own-run",
+            AlgorithmSpecification={"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:1", "TrainingInputMode": "File"},
+            RoleArn=ROLE_ARN,
+            OutputDataConfig={"S3OutputPath": "s3://research-output/out"},
+            ResourceConfig={"InstanceType": "ml.p5.48xlarge", "InstanceCount": 2, "VolumeSizeInGB": 100},
+            StoppingCondition={"MaxRuntimeInSeconds": 86_400},
+            Tags=[{"Key": k, "Value": v} for k, v in tags.items()],
+        )
+        env.advance(UNKNOWN_RUN_GRACE_S + 60)
+        assert env.store.get("research-own-run") is None
+        # When reconcile runs
+        result = env.stack.invoke_lambda("preemptor-ReconcileFunction", {})
+        env.stack.drain()
+        # Then the run is not stopped as unknown (before: "its job is unknown", stopped,
+        # a team's work thrown away): it is adopted as its event would have, and counted
+        assert not [r for r in result["repairs"] if r["repair"] == "unknown-run-stopped"]
+        [adopted] = [r for r in result["repairs"] if r["repair"] == "run-adopted"]
+        assert (adopted["run"], adopted["job"], adopted["pool"]) == ("research-own-run", "research-own-run", "p5")
+        job = env.job("research-own-run")
+        assert job.adopted and job.status is JobState.RUNNING and job.priority == 200 and job.gpus == 16
+        assert env.store.pool("p5")["used_gpus"] == 16 and env.kinds("research-own-run") == ["adopted"]
+        status = env.stack.client("sagemaker").describe_training_job(TrainingJobName="research-own-run")["TrainingJobStatus"]
+        assert status == "InProgress"
+        # And the next pass finds it known: nothing more to do
+        again = env.stack.invoke_lambda("preemptor-ReconcileFunction", {})
+        assert not [r for r in again["repairs"] if r["repair"] in ("run-adopted", "unknown-run-stopped")]
+        # And reconcile did it with the rights it has (its IAM policy allows every call)
+        assert StackPolicies.of(env.stack).denials(env.stack.calls.calls) == []
+        assert START < env.clock.now()

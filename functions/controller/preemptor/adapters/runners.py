@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from botocore.exceptions import ClientError, HTTPClientError, ParamValidationError
@@ -66,6 +67,17 @@ class Runner(Protocol):
     def live_runs(self, job_queue: str | None) -> list[LiveRun]: ...
 
     def tags_of(self, run: LiveRun) -> dict[str, str]: ...
+
+    def described(self, run: LiveRun) -> dict | None: ...
+
+
+def _json_times(value: Any) -> Any:
+    """`value` with every datetime an ISO-8601 string, as events carry them."""
+    if isinstance(value, dict):
+        return {k: _json_times(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_times(v) for v in value]
+    return value.isoformat() if isinstance(value, datetime) else value
 
 
 def controller_tags(record: JobRecord) -> dict[str, str]:
@@ -191,6 +203,18 @@ class SageMakerRunner:
             raise translate(e, "ListTrainingJobs") from e
         return out
 
+    def described(self, run: LiveRun) -> dict | None:
+        """The training job as its state-change event's `detail` carries it (DescribeTrainingJob,
+        with its tags as a map); None when SageMaker no longer knows it."""
+        try:
+            job = self.client.describe_training_job(TrainingJobName=run.run_id)
+        except ClientError as e:
+            if is_sagemaker_not_found(e):
+                return None
+            raise translate(e, f"DescribeTrainingJob {run.run_id}") from e
+        job.pop("ResponseMetadata", None)
+        return {**_json_times(job), "Tags": self.tags_of(run)}
+
     def tags_of(self, run: LiveRun) -> dict[str, str]:
         if run.tags is not None:
             return run.tags
@@ -315,6 +339,15 @@ class BatchRunner:
 
     def tags_of(self, run: LiveRun) -> dict[str, str]:
         return run.tags or {}
+
+    def described(self, run: LiveRun) -> dict | None:
+        """The job as its state-change event's `detail` carries it (DescribeJobs, tags
+        included); None when Batch no longer knows it."""
+        try:
+            jobs = self.client.describe_jobs(jobs=[run.run_id]).get("jobs", [])
+        except ClientError as e:
+            raise translate(e, f"DescribeJobs {run.run_id}") from e
+        return _json_times(jobs[0]) if jobs else None
 
     def state(self, run_id: str) -> RunState:
         try:

@@ -22,6 +22,7 @@ from ..adapters.runners import INCARNATION_TAG, JOB_TAG, MANAGED_TAG, Runner
 from ..adapters.store import JobsStore, LogLine
 from ..adapters.workflows import WorkflowStarter, execution_name
 from ..config import Settings
+from ..core import events as ev
 from ..core.errors import ConflictError, ServiceJobNotFound
 from ..core.model import JobState
 from ..core.pools import describe_offering
@@ -58,6 +59,7 @@ class Repair(StrEnum):
     ORPHANED_LEASE_CLEARED = "orphaned-lease-cleared"  # a holder died with the pool's lease
     USAGE_RECOUNTED = "usage-recounted"  # the pool's used GPUs drifted from its holders
     UNKNOWN_RUN_STOPPED = "unknown-run-stopped"  # a managed run no job accounts for: stopped
+    RUN_ADOPTED = "run-adopted"  # a team's tagged run whose events never came: adopted, counted
     STUCK_RUNNABLE_REQUEUED = "stuck-runnable-requeued"  # a Batch run found no capacity: a capacity wait
     NOTICE_PUBLISHED = "notice-published"  # a team's notice its writer did not publish
 
@@ -89,7 +91,8 @@ def reconcile(
     try:
         # A run this pass has just stopped is still live for a while (its grace): not unknown.
         stopped = {r["run_id"] for r in repairs if r.get("repair") == Repair.STUCK_RUNNABLE_REQUEUED.value and r.get("run_id")}
-        repairs += _stop_unknown_runs(store, runners, settings, now, errors, stopped)
+        adopt = _adopter(store, runners, workflows, checkpoints, settings, alerts, now)
+        repairs += _stop_unknown_runs(store, runners, settings, now, errors, stopped, adopt)
     except Exception as error:  # noqa: BLE001 - retried at the next run
         errors.append({"pool": "*", "part": "unknown-runs", "error": type(error).__name__, "detail": str(error)[:500]})
     configured = {p.name for p in settings.pools}
@@ -156,9 +159,16 @@ def _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now,
 
 
 def _stop_unknown_runs(
-    store: JobsStore, runners: dict[str, Runner], settings: Settings, now: float, errors: list[dict], stopped: set[str] = frozenset()
+    store: JobsStore,
+    runners: dict[str, Runner],
+    settings: Settings,
+    now: float,
+    errors: list[dict],
+    stopped: set[str] = frozenset(),
+    adopt: Callable[[str, Any], dict | None] | None = None,
 ) -> list[dict]:
-    """Stop every live run the controller launched that no job accounts for.
+    """Stop every live run the controller launched that no job accounts for; adopt (with
+    `adopt`) every run a team launched and tagged whose events never reached the intake.
 
     Such a run holds GPUs the pools do not count (a launch whose record was lost, a run of
     an incarnation the job has left behind, a job that ended or was never stored): left
@@ -166,9 +176,10 @@ def _stop_unknown_runs(
     run (a RUNNING or PREEMPTING job of the same incarnation and run id), or a run of the
     job's current incarnation that the job will take up (ADMITTED or PENDING: the launch
     finds it by name or tags and uses it instead of starting another). Runs younger than
-    UNKNOWN_RUN_GRACE_S are left to the launch recording them; runs without the managed tag
-    are not the controller's to stop (IAM would refuse it). Tags are read only for runs the
-    table cannot place.
+    UNKNOWN_RUN_GRACE_S are left to the launch recording them (or, a team's, to its events);
+    runs without the managed tag are not the controller's to stop (IAM would refuse it), nor
+    a team's own run, managed tag or not: that is adopted, as its events would have. Tags
+    are read only for runs the table cannot place.
     """
     queues: dict[str, set[str | None]] = {}
     for pool in settings.pools:
@@ -184,7 +195,7 @@ def _stop_unknown_runs(
                 if now - run.created_at < UNKNOWN_RUN_GRACE_S or run.run_id in stopped:
                     continue
                 try:
-                    repair = _check_live_run(store, runner, service, run, now)
+                    repair = _check_live_run(store, runner, service, run, now, adopt)
                 except Exception as error:  # noqa: BLE001 - one run's failure never stops the scan
                     errors.append({"run": run.run_id, "error": type(error).__name__, "detail": str(error)[:500]})
                     continue
@@ -193,13 +204,22 @@ def _stop_unknown_runs(
     return repairs
 
 
-def _check_live_run(store: JobsStore, runner: Runner, service: str, run, now: float) -> dict | None:
+def _check_live_run(
+    store: JobsStore, runner: Runner, service: str, run, now: float, adopt: Callable[[str, Any], dict | None] | None = None
+) -> dict | None:
     known = store.find_run(service, run.run_id)
     if known:
         record = store.get(known[0])
         if record and record.incarnation == known[1] and record.run_id == run.run_id and record.status.holds_capacity:
             return None
     tags = runner.tags_of(run)
+    if not ev.launched_by_controller(tags):
+        # A team's own run (the controller's carry its job tags): never stopped as unknown.
+        # Known (adopted) or not the scheduler's (no preemptor tags), it is left alone;
+        # otherwise its events never came, and it is adopted as they would have.
+        if known or adopt is None or not {ev.PRIORITY_TAG, ev.TEAM_TAG} <= set(tags):
+            return None
+        return adopt(service, run)
     if tags.get(MANAGED_TAG) != "true":
         return None
     name = tags.get(JOB_TAG) or (known[0] if known else None)
@@ -360,6 +380,44 @@ def preemption_deadline_s(settings: Settings, pool: str) -> float:
     checkpoint wait and stop wait, plus the steps' retries."""
     knobs = settings.policy.for_pool(pool)
     return knobs.checkpoint_wait_max_s + knobs.stop_wait_max_s + PREEMPTION_SLACK_S
+
+
+# The state-change event a run's description stands in for, per service.
+_STATE_CHANGE = {"sagemaker": ("aws.sagemaker", "SageMaker Training Job State Change"), "batch": ("aws.batch", "Batch Job State Change")}
+
+
+def _adopter(store, runners, workflows, checkpoints, settings, alerts, now: float) -> Callable[[str, Any], dict | None]:
+    """Adopts a live run a team launched and tagged whose events never reached the intake
+    (all dead-lettered, or lost): its description goes through the intake as the event it
+    stands in for (its id names the run and its status, so a later pass meets a status it
+    has not seen: a Batch run adopted once RUNNING), so it is judged as its event would
+    have been (the tags' claims, its demand, its checkpoint location)."""
+    from .intake import Intake  # the intake imports this module's neighbours, not this one
+
+    intake = Intake(
+        store=store, workflows=workflows, runners=runners, settings=settings, alerts=alerts, clock=lambda: now, checkpoints=checkpoints
+    )
+
+    def adopt(service: str, run) -> dict | None:
+        detail = runners[service].described(run)
+        if detail is None:
+            return None  # gone meanwhile
+        status = detail.get("TrainingJobStatus") or detail.get("status") or ""
+        source, detail_type = _STATE_CHANGE[service]
+        event = {
+            "version": "0", "id": f"reconcile-{service}-{run.run_id}-{status}", "detail-type": detail_type, "source": source,
+            "account": "", "time": None, "region": "", "resources": [run.arn] if run.arn else [], "detail": detail,
+        }
+        result = intake.handle(event, now)
+        if result.reason != "adopted":
+            return None  # not running yet, refused (its tags unreadable) or adopted meanwhile
+        found = store.get(result.job) if result.job else None
+        return {
+            "pool": found.pool if found else "", "repair": Repair.RUN_ADOPTED.value, "run": run.run_id, "job": result.job,
+            **({"refused": result.refused} if result.refused else {}),
+        }
+
+    return adopt
 
 
 def _check_run(store: JobsStore, runners: dict[str, Runner], workflows: WorkflowStarter, settings: Settings, record, now: float) -> dict | None:
