@@ -27,6 +27,7 @@ from ..core.errors import ConflictError, ServiceJobNotFound
 from ..core.model import JobState
 from ..core.pools import describe_offering
 from . import actions
+from .intake import Intake
 from .scheduling import LEASE_TTL_S, oldest_wait_by_tier, preemption_names
 
 STUCK_ADMISSION_S = 30 * 60  # the launch step retries for minutes, not half an hour
@@ -392,8 +393,6 @@ def _adopter(store, runners, workflows, checkpoints, settings, alerts, now: floa
     stands in for (its id names the run and its status, so a later pass meets a status it
     has not seen: a Batch run adopted once RUNNING), so it is judged as its event would
     have been (the tags' claims, its demand, its checkpoint location)."""
-    from .intake import Intake  # the intake imports this module's neighbours, not this one
-
     intake = Intake(
         store=store, workflows=workflows, runners=runners, settings=settings, alerts=alerts, clock=lambda: now, checkpoints=checkpoints
     )
