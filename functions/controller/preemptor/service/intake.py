@@ -505,14 +505,17 @@ class Intake:
                     break
                 except ConflictError:
                     continue
-        if not again or "adopted" not in {e["kind"] for e in self.store.history(name)}:
+        said = not again or "adopted" not in {e["kind"] for e in self.store.history(name)}
+        if said:
             stop = "stoppable" if record.stoppable else "not stoppable (no preemptor:managed=true tag)"
             self.store.log(
                 name, record.submitted_at, "adopted", "tagged-outside-controller",
                 f"{record.gpus} GPUs counted in {record.pool} at priority {record.priority}, {stop}{note}",
                 once=f"adopted#{event_id}",
             )
-        return IntakeResult("accepted", "adopted", name, refused=refused)
+        # A refused claim is counted with its line, once (a concurrent handling of the same
+        # event that finds the line written does not count it again).
+        return IntakeResult("accepted", "adopted", name, refused=refused if said else None)
 
     def _granted(self, claims: ev.AdoptionTags | None) -> tuple[int | None, str, str | None]:
         """The priority an adopted run's `claims` are granted, what its line says of a claim
