@@ -360,3 +360,34 @@ def test_a_teams_tagged_run_whose_events_never_came_is_adopted_by_reconcile_not_
         # And reconcile did it with the rights it has (its IAM policy allows every call)
         assert StackPolicies.of(env.stack).denials(env.stack.calls.calls) == []
         assert START < env.clock.now()
+
+
+def test_an_adopted_run_that_meets_no_capacity_ends_failed_and_is_never_planned_for_a_relaunch():
+    from preemptor_tools.local.scenario import ROLE_ARN
+
+    p5_runs = lambda service, request: ("p5", 8 * int(request["ResourceConfig"]["InstanceCount"]))  # noqa: E731
+    with emulation(classify=p5_runs) as env:
+        # Given SageMaker out of p5 capacity, and a run research launched itself there, tagged
+        # critical and managed: adopted while it starts, then Failed with CapacityError
+        env.fleet.capacity_outage("p5", env.clock.now(), env.clock.now() + 7200)
+        tags = {"preemptor:team": "research", "preemptor:priority": "critical", "preemptor:pool": "p5", "preemptor:managed": "true"}
+        env.stack.client("sagemaker").create_training_job(
+            TrainingJobName="research-own-run",
+            AlgorithmSpecification={"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:1", "TrainingInputMode": "File"},
+            RoleArn=ROLE_ARN,
+            OutputDataConfig={"S3OutputPath": "s3://research-output/out"},
+            ResourceConfig={"InstanceType": "ml.p5.48xlarge", "InstanceCount": 2, "VolumeSizeInGB": 100},
+            StoppingCondition={"MaxRuntimeInSeconds": 86_400},
+            Tags=[{"Key": k, "Value": v} for k, v in tags.items()],
+        )
+        env.advance(60)
+        assert env.job("research-own-run").adopted
+        env.advance(300)
+        # Then the run's end ends the job, failed with the reason, its GPUs freed (before: a
+        # capacity wait sent it back to the queue; the next plan preempted a running job for
+        # it, and its launch of nothing was refused three times)
+        job = env.job("research-own-run")
+        assert job.status is JobState.FAILED and "CapacityError" in job.outcome_reason and "its team relaunches it" in job.outcome_reason
+        assert env.store.pool("p5")["used_gpus"] == 0
+        kinds = env.kinds("research-own-run")
+        assert "capacity-wait" not in kinds and "launch-failed" not in kinds and kinds[-1] == "failed"

@@ -1034,7 +1034,8 @@ def finish(
     alerts: Alerts | None = None,
 ) -> dict:
     """Record that a run ended for good; free its GPUs once. A run that met no capacity
-    (`capacity-error`) sends its job back to wait for capacity instead. `outcome` is the
+    (`capacity-error`) sends its job back to wait for capacity instead, unless the job is an
+    adopted run (failed: its team relaunches it). `outcome` is the
     run's end as `ended_outcome` reads it."""
     record = _current(store, job, incarnation)
     if record is not None and record.status is OUTCOMES.get(outcome):
@@ -1047,6 +1048,10 @@ def finish(
         return {"released": False, "pool": None, "reason": "not-holding-capacity"}
     if outcome == "interrupted":
         return _back_to_queue(store, policy, record, False, now, "interrupted", reason)
+    if outcome == "capacity-error" and record.adopted:
+        # Its team's run met no capacity: the controller holds no request to create it again
+        # (a capacity wait would plan it, preempt for it, and have its launch refused).
+        outcome, reason = "failed", f"{reason}; launched outside the controller, it is not relaunched by it: its team relaunches it"
     if outcome == "capacity-error":
         return _wait_for_capacity(store, alerts, record, reason, now, run_created=True)
     state = OUTCOMES[outcome]
