@@ -391,3 +391,33 @@ def test_an_adopted_run_that_meets_no_capacity_ends_failed_and_is_never_planned_
         assert env.store.pool("p5")["used_gpus"] == 0
         kinds = env.kinds("research-own-run")
         assert "capacity-wait" not in kinds and "launch-failed" not in kinds and kinds[-1] == "failed"
+
+
+def test_an_adopted_batch_run_back_in_its_queue_is_neither_terminated_nor_requeued_by_reconcile():
+    from preemptor_tools.local import moto_patches
+
+    pool = PoolConfig(name="g5", service="batch", gpus=32, job_queue="g5-queue", runnable_timeout_s=600)
+    with emulation(pools=[pool]) as env:
+        # Given a Batch job a team submitted itself with the scheduler's tags, running, whose
+        # events never came (no fleet to tell): reconcile adopts it
+        batch_queues(env)
+        env.fleet.close()
+        tags = {"preemptor:team": "research", "preemptor:priority": "high", "preemptor:pool": "g5", "preemptor:gpus": "8"}
+        batch = env.stack.client("batch")
+        job_id = batch.submit_job(jobName="team-eval", jobQueue="g5-queue", jobDefinition="g5-training", tags=tags)["jobId"]
+        moto_patches.set_batch_job_status(job_id, "RUNNING")
+        env.advance(UNKNOWN_RUN_GRACE_S + 60)
+        first = env.stack.invoke_lambda("preemptor-ReconcileFunction", {})
+        env.stack.drain()
+        assert [r["job"] for r in first["repairs"] if r["repair"] == "run-adopted"] == ["team-eval"]
+        assert env.job("team-eval").adopted and env.store.pool("g5")["used_gpus"] == 8
+        # When Batch puts it back in its queue (its next attempt) past the pool's RUNNABLE limit
+        moto_patches.set_batch_job_status(job_id, "RUNNABLE")
+        env.advance(700)
+        second = env.stack.invoke_lambda("preemptor-ReconcileFunction", {})
+        env.stack.drain()
+        # Then reconcile leaves it to its team and Batch: not terminated, not requeued into a
+        # capacity wait (the controller holds no request to launch it again)
+        assert not [r for r in second["repairs"] if r["repair"] in ("stuck-runnable-requeued", "unknown-run-stopped")]
+        assert batch.describe_jobs(jobs=[job_id])["jobs"][0]["status"] == "RUNNABLE"
+        assert env.job("team-eval").status is JobState.RUNNING and "capacity-wait" not in env.kinds("team-eval")

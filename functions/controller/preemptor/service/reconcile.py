@@ -461,7 +461,9 @@ def _check_runnable(store: JobsStore, runners: dict[str, Runner], settings: Sett
     pool's next queue, when it has fallbacks: the queue is remembered as unavailable)."""
     pool = settings.pool(record.pool)
     waited = now - (record.started_at or now)
-    if pool is None or waited < pool.runnable_timeout_s:
+    if pool is None or waited < pool.runnable_timeout_s or record.adopted:
+        # An adopted run back in its queue (Batch's next attempt) is its team's: the
+        # controller holds no request to launch it again, and terminates none of it.
         return None
     queue = record.launched_instance_type or pool.job_queue
     store.log(
