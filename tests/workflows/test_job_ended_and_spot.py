@@ -319,26 +319,31 @@ def test_a_reclaimed_batch_run_whose_every_event_was_lost_is_requeued_by_reconci
         assert (job.status, job.incarnation) == (JobState.RUNNING, 2)
 
 
+def _team_run(env, name: str, tags: dict[str, str]) -> None:
+    """A SageMaker training job a team creates itself, on two of the pool's instances, with `tags`."""
+    from preemptor_tools.local.scenario import ROLE_ARN
+
+    env.stack.client("sagemaker").create_training_job(
+        TrainingJobName=name,
+        AlgorithmSpecification={"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:1", "TrainingInputMode": "File"},
+        RoleArn=ROLE_ARN,
+        OutputDataConfig={"S3OutputPath": "s3://research-output/out"},
+        ResourceConfig={"InstanceType": "ml.p5.48xlarge", "InstanceCount": 2, "VolumeSizeInGB": 100},
+        StoppingCondition={"MaxRuntimeInSeconds": 86_400},
+        Tags=[{"Key": k, "Value": v} for k, v in tags.items()],
+    )
+
+
 def test_a_teams_tagged_run_whose_events_never_came_is_adopted_by_reconcile_not_stopped():
     from emulation import START
     from iam_policy import StackPolicies
-
-    from preemptor_tools.local.scenario import ROLE_ARN
 
     with emulation() as env:
         # Given a run research launched itself on the pool's instance type, tagged to be
         # adopted (and preempted: managed), whose every event was lost (no fleet to tell)
         env.fleet.close()
         tags = {"preemptor:team": "research", "preemptor:priority": "medium", "preemptor:pool": "p5", "preemptor:managed": "true"}
-        env.stack.client("sagemaker").create_training_job(
-            TrainingJobName="research-own-run",
-            AlgorithmSpecification={"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:1", "TrainingInputMode": "File"},
-            RoleArn=ROLE_ARN,
-            OutputDataConfig={"S3OutputPath": "s3://research-output/out"},
-            ResourceConfig={"InstanceType": "ml.p5.48xlarge", "InstanceCount": 2, "VolumeSizeInGB": 100},
-            StoppingCondition={"MaxRuntimeInSeconds": 86_400},
-            Tags=[{"Key": k, "Value": v} for k, v in tags.items()],
-        )
+        _team_run(env, "research-own-run", tags)
         env.advance(UNKNOWN_RUN_GRACE_S + 60)
         assert env.store.get("research-own-run") is None
         # When reconcile runs
@@ -363,23 +368,13 @@ def test_a_teams_tagged_run_whose_events_never_came_is_adopted_by_reconcile_not_
 
 
 def test_an_adopted_run_that_meets_no_capacity_ends_failed_and_is_never_planned_for_a_relaunch():
-    from preemptor_tools.local.scenario import ROLE_ARN
-
     p5_runs = lambda service, request: ("p5", 8 * int(request["ResourceConfig"]["InstanceCount"]))  # noqa: E731
     with emulation(classify=p5_runs) as env:
         # Given SageMaker out of p5 capacity, and a run research launched itself there, tagged
         # critical and managed: adopted while it starts, then Failed with CapacityError
         env.fleet.capacity_outage("p5", env.clock.now(), env.clock.now() + 7200)
         tags = {"preemptor:team": "research", "preemptor:priority": "critical", "preemptor:pool": "p5", "preemptor:managed": "true"}
-        env.stack.client("sagemaker").create_training_job(
-            TrainingJobName="research-own-run",
-            AlgorithmSpecification={"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:1", "TrainingInputMode": "File"},
-            RoleArn=ROLE_ARN,
-            OutputDataConfig={"S3OutputPath": "s3://research-output/out"},
-            ResourceConfig={"InstanceType": "ml.p5.48xlarge", "InstanceCount": 2, "VolumeSizeInGB": 100},
-            StoppingCondition={"MaxRuntimeInSeconds": 86_400},
-            Tags=[{"Key": k, "Value": v} for k, v in tags.items()],
-        )
+        _team_run(env, "research-own-run", tags)
         env.advance(60)
         assert env.job("research-own-run").adopted
         env.advance(300)
