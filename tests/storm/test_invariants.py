@@ -7,6 +7,7 @@ from __future__ import annotations
 from storm.invariants import (
     budget_never_exceeded,
     launches_fit_what_the_controller_counts,
+    no_stop_without_required_checkpoint,
     priorities_within_team_ceilings,
     protections_hold,
     stops_serve_a_waiting_job,
@@ -104,3 +105,20 @@ def test_a_stop_serves_a_job_the_modes_let_preempt_it() -> None:
     assert stopped_while(teammate.name, 1000) == [
         f"job {victim.name}: stopped at 60 s (preempted by {teammate.name}) while no job that may preempt it (priority 200) waited"
     ]
+
+
+def test_the_checkpoint_check_judges_fresh_at_the_stops_claim_not_where_it_lands() -> None:
+    from preemptor_tools.local.fleet import FleetStop
+
+    scenario = _story(checkpoint_max_age_s=300)
+    job = scenario.jobs[0].name
+    line = _line(job, 100, "stop-requested", "fresh-checkpoint", "preempted by job-2")
+
+    def stopped(unsaved: float, lands_after: float) -> list[str]:
+        stop = FleetStop(job, "id", demo.START + 100 + lands_after, True, unsaved)
+        return no_stop_without_required_checkpoint(demo.DemoResult(history=[line], fleet_stops=[stop]), scenario)
+
+    # Judged fresh at 299 s of work; the stop landed 2 s later, at 301 s: kept
+    assert stopped(301, 2) == []
+    # At 310 s of work on landing 2 s after its claim, it was not fresh when judged: found
+    assert stopped(310, 2) == [f"run {job} stopped with 310 s of work since its checkpoint (policy: 300 s) and the controller called it fresh"]
