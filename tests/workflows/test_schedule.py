@@ -413,8 +413,21 @@ def test_while_the_service_has_no_capacity_a_plan_stops_nobody_for_instances_it_
         assert "the service has had no capacity for p5" in waits["urgent"]["detail"] and "sweep" in waits["urgent"]["detail"]
 
 
+def _removals(env) -> int:
+    """UpdateItems that removed a no-capacity mark from a pool item."""
+    return sum(
+        1 for c in env.stack.calls.calls
+        if c.api_action == "dynamodb:UpdateItem" and "REMOVE no_capacity" in str(c.params.get("UpdateExpression", ""))
+    )
+
+
 def test_a_run_that_gets_its_instances_tells_the_pool_the_service_has_capacity_again():
     with emulation(classify=_p5_runs) as env:
+        # Given a run's start in a pool with no mark: the pool item (admissions' hot item) is
+        # read, not written
+        env.submit(name="first", team="research", priority="low", pool="p5", instances=1, duration=3600)
+        env.advance(150)
+        assert _removals(env) == 0
         # Given a pool whose launches met no capacity a moment ago: its plans stop nobody
         env.store.mark_unavailable("p5", env.store.ANY_OFFERING, env.clock.now() + 600, cache="no_capacity")
         assert env.store.no_capacity_until(env.store.pool("p5"), ("*",), env.clock.now()) == env.clock.now() + 600
@@ -423,3 +436,4 @@ def test_a_run_that_gets_its_instances_tells_the_pool_the_service_has_capacity_a
         env.advance(150)
         # Then the mark is forgotten: the pool's plans may stop jobs again
         assert env.store.no_capacity_until(env.store.pool("p5"), ("*",), env.clock.now()) is None
+        assert _removals(env) == 1

@@ -387,7 +387,17 @@ class JobsStore:
 
     def capacity_seen(self, pool: str, offering: str) -> bool:
         """A run of `pool` on `offering` got its instances: the service has capacity there
-        again, and `no_capacity_until` forgets it (False: it was not marked)."""
+        again, and `no_capacity_until` forgets it (False: it was not marked).
+
+        Read first, written only when marked: every run's start comes here, and a write to
+        the pool item (its count, which admissions change in transactions) would cancel an
+        admission under way with a TransactionConflict for nothing."""
+        item = self._call(
+            "get_item", TableName=self.table, Key=pool_key(pool), ProjectionExpression="no_capacity.#t",
+            ExpressionAttributeNames={"#t": offering},
+        ).get("Item")
+        if not item:
+            return False
         try:
             self._call(
                 "update_item",
