@@ -16,6 +16,7 @@ from aws_faults import THROTTLING, answer_lost, aws_says_no, error_response, is_
 from preemptor.adapters.store import JobsStore
 from preemptor.config import JobDefinition, PoolConfig
 from preemptor.core.errors import EventInProgress, Throttled
+from preemptor.core.jobs import JobRecord
 from preemptor.core.model import JobState
 from preemptor.handlers import intake
 from preemptor_tools.local.stack import LambdaContext
@@ -366,16 +367,93 @@ def test_a_heterogeneous_cluster_is_counted_in_full():
         assert result["reason"] == "adopted" and env.job(result["job"]).gpus == 40
 
 
+def _admitted(env, name: str, team: str = "research", incarnation: int = 1) -> None:
+    """A job of the controller's at `incarnation`, admitted: its launch is under way."""
+    record = JobRecord(
+        name=name, team=team, priority=500, pool="p5", service="sagemaker", gpus=24, request={},
+        checkpoint_s3_uri=f"s3://preemptor-checkpoints/{team}/{name}", submitted_at=0.0, incarnation=incarnation,
+    )
+    assert env.store.put_new(record)
+    record = env.store.require(name)
+    env.store.transition(record, record.with_changes(status=JobState.ADMITTED, admitted_at=1.0), [JobState.PENDING], usage_delta=24, pool_limit=64)
+
+
+def _claiming_the_controllers_run(job: str, run: str, **tags) -> dict:
+    """The start event of training job `run` (3 x 8 GPUs of pool p5, team research) whose
+    tags claim the controller launched it for `job`."""
+    event = _sample(ADOPTABLE_SAGEMAKER)
+    event["detail"]["TrainingJobName"] = run
+    event["detail"]["Tags"].update({"preemptor:managed": "true", "preemptor:job": job, "preemptor:incarnation": "1", **tags})
+    return event
+
+
 def test_a_run_the_controller_launched_is_never_adopted_even_before_its_alias_exists():
     with emulation() as env:
-        # Given the start event of a run the controller launched (its job tags), arriving
+        # Given job x admitted, its launch under way, and its run's start event arriving
         # before the launch recorded the run's alias
-        event = _sample(ADOPTABLE_SAGEMAKER)
-        event["detail"]["Tags"].update({"preemptor:managed": "true", "preemptor:job": "x", "preemptor:incarnation": "1"})
-        # Then it is not adopted as a second job
-        result = env.put(event).results[0]
+        _admitted(env, "x")
+        result = env.put(_claiming_the_controllers_run("x", "x", **{"preemptor:controller": "preemptor"})).results[0]
+        # Then it is not adopted as a second job: its launch records it
         assert result["outcome"] == "ignored" and result["reason"].startswith("own run:")
-        assert env.store.all_jobs() == [] and (env.store.pool("p5") or {}).get("used_gpus", 0) == 0
+        assert [j.name for j in env.store.all_jobs()] == ["x"] and env.store.pool("p5")["used_gpus"] == 24
+
+
+@pytest.mark.parametrize(
+    "claimed_job, run, tags",
+    [
+        pytest.param("ghost", "ghost", {}, id="its-job-was-never-submitted"),
+        pytest.param("x", "research-own", {}, id="not-the-name-the-controller-gives-the-job"),
+        pytest.param("x", "x-r2", {"preemptor:incarnation": "2"}, id="an-incarnation-the-job-never-reached"),
+        pytest.param("x", "x-r2", {"preemptor:incarnation": "2", "preemptor:team": "vision", "reached": 2}, id="another-team-than-the-jobs"),
+        pytest.param("../x", "research-own", {}, id="a-job-tag-no-job-can-be-named"),
+    ],
+)
+def test_a_teams_run_wearing_the_controllers_tags_is_adopted_and_counted_not_trusted(monkeypatch, claimed_job, run, tags):
+    # Given the intake's per-reason metrics recorded as they are emitted
+    emitted: list[tuple[str, dict]] = []
+    monkeypatch.setattr(intake, "emit", lambda name, value, **dims: emitted.append((name, dims)))
+    with emulation() as env:
+        # Given the controller's job x admitted (research, incarnation 1 unless `reached`),
+        # and a team's own training job whose tags claim the controller launched it (before:
+        # "own run", ignored: its 24 GPUs never counted, the pool filled around it)
+        tags = dict(tags)
+        _admitted(env, "x", incarnation=tags.pop("reached", 1))
+        event = _claiming_the_controllers_run(claimed_job, run, **tags)
+        # When its start event arrives
+        result = intake.handler(event, CONTEXT)
+        # Then it is adopted as the team's run, its GPUs counted, and the claim refused,
+        # named in its line and counted
+        assert result["outcome"] == "accepted" and result["reason"] == "adopted"
+        adopted = env.job(result["job"])
+        assert adopted.adopted and adopted.name == run and adopted.gpus == 24 and adopted.stoppable
+        assert env.store.pool("p5")["used_gpus"] == 48 and env.job("x").status is JobState.ADMITTED
+        [line] = [e for e in env.store.history(run) if e["kind"] == "adopted"]
+        assert f"its tags claim it is the controller's run of job {claimed_job!r} (controller-tags" in line["detail"]
+        assert result["refused"] == "controller-tags" and ("RefusedClaims", {"Reason": "controller-tags"}) in emitted
+
+
+def test_a_run_wearing_the_controllers_tags_with_nothing_to_adopt_it_by_is_refused():
+    with emulation() as env:
+        # Given a run claiming to be the controller's, without the team and priority tags
+        # every run the controller launches carries
+        event = _claiming_the_controllers_run("ghost", "ghost")
+        for tag in ("preemptor:team", "preemptor:priority"):
+            del event["detail"]["Tags"][tag]
+        result = env.put(event).results[0]
+        # Then it is refused with the reason (reconcile stops it: it is tagged managed)
+        assert result["outcome"] == "rejected" and result["reason"].startswith("controller-tags:")
+        assert env.store.all_jobs() == []
+
+
+def test_another_controllers_run_is_left_to_it():
+    with emulation() as env:
+        # Given a second stack in the account, whose run names a job of the same name
+        _admitted(env, "x")
+        event = _claiming_the_controllers_run("x", "x", **{"preemptor:controller": "preemptor-staging"})
+        result = env.put(event).results[0]
+        # Then this controller neither takes it for its own job's run nor adopts it
+        assert result["outcome"] == "ignored" and result["reason"].startswith("another controller's run:")
+        assert [j.name for j in env.store.all_jobs()] == ["x"] and env.store.pool("p5")["used_gpus"] == 24
 
 
 def test_submission_sample_is_accepted_and_launched_and_resubmission_is_a_duplicate():

@@ -44,6 +44,9 @@ from template_support import REPO_ROOT
 # pytest with --dist loadgroup).
 pytestmark = pytest.mark.xdist_group(GROUP)
 
+# The tags every run the controller launches carries, of the emulated stack (`preemptor`).
+OWN_TAGS = {"preemptor:managed": "true", "preemptor:controller": "preemptor"}
+
 # Grants no scenario exercises, each with the reason it stays. A grant not listed here and
 # used by no recorded call is an over-grant: the test below fails on it.
 NOT_EXERCISED = {
@@ -317,29 +320,40 @@ def test_reconcile_may_look_up_and_start_only_preempt_executions(stack):
 
 
 def test_stopping_a_training_job_the_controller_did_not_launch_is_denied(stack):
-    # Given a run someone else created (adopted: no preemptor:managed tag)
+    # Given a run someone else created (adopted: no preemptor:managed tag), and a run of a
+    # second stack in the account (tagged managed, with that stack's name)
     sm = stack.client("sagemaker")
     sm.create_training_job(**_training_job(stack, "adopted-run", {"preemptor:team": "research"}))
-    # When the controller's job control and intake ask to stop it
-    for principal in ("JobControlFunction", "IntakeFunction"):
-        decisions = _decisions(stack, principal, lambda: sm.stop_training_job(TrainingJobName="adopted-run"))
-        # Then IAM refuses it: the stop is allowed only on runs tagged preemptor:managed=true
-        assert _verdict(decisions, "sagemaker:StopTrainingJob") is False, decisions
-    # and a run it launched (tagged managed) may be stopped
-    sm.create_training_job(**_training_job(stack, "managed-run", {"preemptor:managed": "true"}))
-    decisions = _decisions(stack, "JobControlFunction", lambda: sm.stop_training_job(TrainingJobName="managed-run"))
-    assert _verdict(decisions, "sagemaker:StopTrainingJob") is True, decisions
+    sm.create_training_job(**_training_job(stack, "staging-run", {"preemptor:managed": "true", "preemptor:controller": "preemptor-staging"}))
+    # When the controller's job control, intake and reconcile ask to stop them
+    for run in ("adopted-run", "staging-run"):
+        for principal in ("JobControlFunction", "IntakeFunction", "ReconcileFunction"):
+            decisions = _decisions(stack, principal, lambda: sm.stop_training_job(TrainingJobName=run))
+            # Then IAM refuses it: the stop is allowed only on runs tagged preemptor:managed=true,
+            # and never on another stack's
+            assert _verdict(decisions, "sagemaker:StopTrainingJob") is False, (run, principal, decisions)
+    # and a run it launched, or a team's run tagged managed (it may be preempted), may be stopped
+    sm.create_training_job(**_training_job(stack, "managed-run", OWN_TAGS))
+    sm.create_training_job(**_training_job(stack, "teams-managed-run", {"preemptor:managed": "true"}))
+    for run in ("managed-run", "teams-managed-run"):
+        decisions = _decisions(stack, "JobControlFunction", lambda: sm.stop_training_job(TrainingJobName=run))
+        assert _verdict(decisions, "sagemaker:StopTrainingJob") is True, (run, decisions)
 
 
 def test_terminating_a_batch_job_the_controller_did_not_launch_is_denied(stack):
-    # Given a Batch job submitted by someone else, untagged
+    # Given a Batch job submitted by someone else, untagged, and one of a second stack's
     batch = stack.client("batch")
     _batch_queue(stack)
-    job = batch.submit_job(jobName="foreign", jobQueue="g5-queue", jobDefinition="g5-training")["jobId"]
-    # When the controller asks to terminate it
-    decisions = _decisions(stack, "JobControlFunction", lambda: batch.terminate_job(jobId=job, reason="preempted"))
-    # Then IAM refuses it
-    assert _verdict(decisions, "batch:TerminateJob") is False, decisions
+    foreign = batch.submit_job(jobName="foreign", jobQueue="g5-queue", jobDefinition="g5-training")["jobId"]
+    staging = batch.submit_job(
+        jobName="staging", jobQueue="g5-queue", jobDefinition="g5-training",
+        tags={"preemptor:managed": "true", "preemptor:controller": "preemptor-staging"},
+    )["jobId"]
+    for job in (foreign, staging):
+        # When the controller asks to terminate it
+        decisions = _decisions(stack, "JobControlFunction", lambda: batch.terminate_job(jobId=job, reason="preempted"))
+        # Then IAM refuses it
+        assert _verdict(decisions, "batch:TerminateJob") is False, decisions
 
 
 def test_tagging_an_existing_training_job_as_managed_is_denied(stack):
@@ -357,16 +371,19 @@ def test_tagging_an_existing_training_job_as_managed_is_denied(stack):
 
 def test_creating_a_training_job_outside_the_configured_pools_is_denied(stack):
     sm = stack.client("sagemaker")
-    # Given a launch on an instance type of no pool, and one without the managed tag
+    # Given a launch on an instance type of no pool, one without the managed tag, and one
+    # without the stack's own name
     cases = {
-        "other-type": _training_job(stack, "other-type", {"preemptor:managed": "true"}, instance_type="ml.p4d.24xlarge"),
+        "other-type": _training_job(stack, "other-type", OWN_TAGS, instance_type="ml.p4d.24xlarge"),
         "untagged": _training_job(stack, "untagged", {"preemptor:team": "research"}),
-        "too-long": {**_training_job(stack, "too-long", {"preemptor:managed": "true"}), "StoppingCondition": {"MaxRuntimeInSeconds": 2419200}},
+        "unnamed": _training_job(stack, "unnamed", {"preemptor:managed": "true"}),
+        "another-stacks-name": _training_job(stack, "staging", {**OWN_TAGS, "preemptor:controller": "preemptor-staging"}),
+        "too-long": {**_training_job(stack, "too-long", OWN_TAGS), "StoppingCondition": {"MaxRuntimeInSeconds": 2419200}},
         # a run time left to SageMaker's default: the condition's key is missing from the request
-        "runtime-unstated": {**_training_job(stack, "runtime-unstated", {"preemptor:managed": "true"}), "StoppingCondition": {}},
+        "runtime-unstated": {**_training_job(stack, "runtime-unstated", OWN_TAGS), "StoppingCondition": {}},
         # no instance type at all: the multi-valued key has no value, which IAM takes as absent
         "no-instance-type": {
-            **_training_job(stack, "no-instance-type", {"preemptor:managed": "true"}),
+            **_training_job(stack, "no-instance-type", OWN_TAGS),
             "ResourceConfig": {"InstanceCount": 1, "VolumeSizeInGB": 50},
         },
     }
@@ -376,7 +393,7 @@ def test_creating_a_training_job_outside_the_configured_pools_is_denied(stack):
         # Then IAM refuses it
         assert _verdict(decisions, "sagemaker:CreateTrainingJob") is False, (name, decisions)
     # while a launch in the pool, tagged managed, is allowed, with its role passed and its tags added
-    ok = _decisions(stack, "JobControlFunction", lambda: sm.create_training_job(**_training_job(stack, "in-pool", {"preemptor:managed": "true"})))
+    ok = _decisions(stack, "JobControlFunction", lambda: sm.create_training_job(**_training_job(stack, "in-pool", OWN_TAGS)))
     assert all(allowed for _, _, allowed, _ in ok), ok
     assert {a for a, *_ in ok} == {"sagemaker:CreateTrainingJob", "iam:PassRole", "sagemaker:AddTags"}
 
@@ -400,7 +417,7 @@ def test_a_request_that_leaves_the_run_time_to_sagemaker_is_launched_with_it_sta
     admitted = admit(request, max_runtime_s=settings.max_training_runtime_s)
     assert admitted.request["StoppingCondition"] == {"MaxRuntimeInSeconds": 86_400}
     # and IAM allows it
-    body = {**admitted.request, "TrainingJobName": "runtime-stated", "Tags": [{"Key": "preemptor:managed", "Value": "true"}]}
+    body = {**admitted.request, "TrainingJobName": "runtime-stated", "Tags": [{"Key": k, "Value": v} for k, v in OWN_TAGS.items()]}
     decisions = _decisions(stack, "JobControlFunction", lambda: stack.client("sagemaker").create_training_job(**body))
     assert _verdict(decisions, "sagemaker:CreateTrainingJob") is True, decisions
     # When it asks for more than the stack's MaxTrainingRuntimeSeconds, Then it is refused with that reason
@@ -421,7 +438,7 @@ def test_submitting_an_untagged_batch_job_is_denied(stack):
     tagged = _decisions(
         stack,
         "JobControlFunction",
-        lambda: batch.submit_job(jobName="t", jobQueue="g5-queue", jobDefinition="g5-training", tags={"preemptor:managed": "true"}),
+        lambda: batch.submit_job(jobName="t", jobQueue="g5-queue", jobDefinition="g5-training", tags=OWN_TAGS),
     )
     # Then the first is refused on every resource, the second allowed on queue, definition and job
     assert not any(allowed for *_, allowed, _ in untagged), untagged

@@ -97,8 +97,15 @@ ALARMS = {
     "RejectedEventsAlarm",
 }
 
-MANAGED_TAG_CONDITION = {"StringEquals": {"aws:ResourceTag/preemptor:managed": "true"}}
-LAUNCH_TAG_CONDITION = {"StringEquals": {"aws:RequestTag/preemptor:managed": "true"}}
+# Runs tagged managed, and none of another stack's (a run without the controller tag is a
+# team's, or one launched before controllers named themselves).
+MANAGED_TAG_CONDITION = {
+    "StringEquals": {"aws:ResourceTag/preemptor:managed": "true"},
+    "StringEqualsIfExists": {"aws:ResourceTag/preemptor:controller": {"Ref": "AWS::StackName"}},
+}
+LAUNCH_TAG_CONDITION = {
+    "StringEquals": {"aws:RequestTag/preemptor:managed": "true", "aws:RequestTag/preemptor:controller": {"Ref": "AWS::StackName"}}
+}
 
 # Actions without resource-level permissions: the only ones an IAM role may grant on "*".
 ACTIONS_WITHOUT_RESOURCES = {

@@ -593,8 +593,9 @@ def test_reconcile_stops_a_managed_run_no_job_accounts_for_and_nothing_else():
         env.submit(name="train", team="research", priority=50, pool="p5", instances=2, duration=30000)
         assert env.job("train").status is JobState.RUNNING
         managed = {"preemptor:managed": "true", "preemptor:team": "research", "preemptor:pool": "p5"}
-        # And managed runs nobody accounts for: one of an incarnation the job has left
-        # behind, one of a job the table does not know
+        # And managed runs tagged as the controller's that no job accounts for, and no
+        # priority tag lets anyone adopt: one of an incarnation the job never reached, one
+        # of a job the table does not know
         _extra_training_job(env, "train-stale", {**managed, "preemptor:job": "train", "preemptor:incarnation": "7"})
         _extra_training_job(env, "ghost", {**managed, "preemptor:job": "ghost", "preemptor:incarnation": "1"})
         # And a run the controller did not launch (no managed tag): not its to stop
@@ -608,7 +609,8 @@ def test_reconcile_stops_a_managed_run_no_job_accounts_for_and_nothing_else():
 
         # Then exactly the two unaccounted managed runs were stopped, each with the reason
         assert sorted(r["run"] for r in repairs) == ["ghost", "train-stale"]
-        assert "unknown-run-stopped" in env.kinds("train")
+        assert {r["why"] for r in repairs} == {"the controller launched no such run"}
+        assert "unknown-run-stopped" not in env.kinds("train")  # not a run of train's
         status = {n: sagemaker.describe_training_job(TrainingJobName=n)["TrainingJobStatus"] for n in ("train", "train-stale", "ghost", "foreign")}
         assert status["train"] == "InProgress" and status["foreign"] == "InProgress"
         assert status["train-stale"] in ("Stopping", "Stopped") and status["ghost"] in ("Stopping", "Stopped")

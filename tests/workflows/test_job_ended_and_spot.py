@@ -217,11 +217,15 @@ def test_an_aws_health_scheduled_change_of_the_instance_asks_the_job_for_a_check
 
 def test_reconcile_stops_a_managed_batch_job_no_job_accounts_for():
     with emulation(pools=[G5]) as env:
-        # Given a Batch job the controller runs, and a managed job of the same queue that no
-        # job accounts for (its job ended long ago), and an unmanaged one
+        # Given a Batch job the controller runs, a second job of its incarnation (a SubmitJob
+        # sent twice), a managed job of the same queue tagged for a job the table does not
+        # know, and an unmanaged one
         batch_queues(env)
         env.submit(name="steady", team="a", priority=200, pool="g5", gpus=8, duration=30000)
         batch = env.stack.client("batch")
+        twice = {"preemptor:managed": "true", "preemptor:controller": "preemptor", "preemptor:job": "steady",
+                 "preemptor:incarnation": "1", "preemptor:team": "a", "preemptor:priority": "200", "preemptor:pool": "g5"}
+        duplicate = batch.submit_job(jobName="steady", jobQueue="g5-queue", jobDefinition="g5-training", tags=twice)["jobId"]
         managed = {"preemptor:managed": "true", "preemptor:job": "gone", "preemptor:incarnation": "1"}
         ghost = batch.submit_job(jobName="gone", jobQueue="g5-queue", jobDefinition="g5-training", tags=managed)["jobId"]
         foreign = batch.submit_job(jobName="theirs", jobQueue="g5-queue", jobDefinition="g5-training", tags={"owner": "x"})["jobId"]
@@ -229,13 +233,13 @@ def test_reconcile_stops_a_managed_batch_job_no_job_accounts_for():
         # When reconcile runs
         result = env.stack.invoke_lambda("preemptor-ReconcileFunction", {})
         env.stack.drain()
-        # Then only the unaccounted managed job was terminated, with the reason
-        stopped = [r for r in result["repairs"] if r["repair"] == "unknown-run-stopped"]
-        assert [r["run"] for r in stopped] == [ghost]
-        assert stopped[0]["why"] == "its job is unknown"
+        # Then only the unaccounted managed jobs were terminated, each with the reason
+        stopped = {r["run"]: r["why"] for r in result["repairs"] if r["repair"] == "unknown-run-stopped"}
+        assert stopped == {duplicate: "its job steady is RUNNING on incarnation 1", ghost: "the controller launched no such run"}
+        assert "unknown-run-stopped" in env.kinds("steady")
         env.advance(60)  # Batch's stop timeout
-        status = {j["jobId"]: j["status"] for j in batch.describe_jobs(jobs=[ghost, foreign])["jobs"]}
-        assert status[ghost] == "FAILED"
+        status = {j["jobId"]: j["status"] for j in batch.describe_jobs(jobs=[duplicate, ghost, foreign])["jobs"]}
+        assert status[duplicate] == status[ghost] == "FAILED"
         assert status[foreign] == "RUNNING"
         assert env.job("steady").status is JobState.RUNNING
 
@@ -365,6 +369,40 @@ def test_a_teams_tagged_run_whose_events_never_came_is_adopted_by_reconcile_not_
         # And reconcile did it with the rights it has (its IAM policy allows every call)
         assert StackPolicies.of(env.stack).denials(env.stack.calls.calls) == []
         assert START < env.clock.now()
+
+
+@pytest.mark.parametrize("stack", ["", "preemptor-staging"], ids=["a-team-wearing-the-controllers-tags", "a-second-stacks-run"])
+def test_reconcile_never_stops_a_run_whose_controller_tags_this_controller_did_not_put_there(stack):
+    from iam_policy import StackPolicies
+
+    with emulation() as env:
+        # Given a live run, whose events were lost, tagged as a run the controller launched
+        # for a job "ghost" (managed, job, incarnation, team, priority), older than the grace:
+        # a team's own run wearing those tags, or a run of a second stack in the account,
+        # which carries its own name (before: both stopped as "its job is unknown")
+        env.fleet.close()
+        tags = {
+            "preemptor:team": "research", "preemptor:priority": "medium", "preemptor:pool": "p5",
+            "preemptor:managed": "true", "preemptor:job": "ghost", "preemptor:incarnation": "1",
+        }
+        _team_run(env, "ghost", {**tags, **({"preemptor:controller": stack} if stack else {})})
+        env.advance(UNKNOWN_RUN_GRACE_S + 60)
+        # When reconcile runs
+        result = env.stack.invoke_lambda("preemptor-ReconcileFunction", {})
+        env.stack.drain()
+        # Then it is not stopped
+        assert not [r for r in result["repairs"] if r["repair"] == "unknown-run-stopped"]
+        status = env.stack.client("sagemaker").describe_training_job(TrainingJobName="ghost")["TrainingJobStatus"]
+        assert status == "InProgress"
+        adopted = [r for r in result["repairs"] if r["repair"] == "run-adopted"]
+        if stack:
+            # And another stack's run is left to it: neither adopted nor counted here
+            assert adopted == [] and env.store.get("ghost") is None
+        else:
+            # And the team's run is adopted, counted, its controller claim refused
+            assert [(r["run"], r["refused"]) for r in adopted] == [("ghost", "controller-tags")]
+            assert env.job("ghost").adopted and env.store.pool("p5")["used_gpus"] == 16
+        assert StackPolicies.of(env.stack).denials(env.stack.calls.calls) == []
 
 
 def test_an_adopted_run_that_meets_no_capacity_ends_failed_and_is_never_planned_for_a_relaunch():

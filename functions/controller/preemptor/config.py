@@ -23,6 +23,9 @@ class Settings(BaseModel):
     model_config = ConfigDict(frozen=True, allow_inf_nan=False)
 
     jobs_table: str
+    # The controller's name (its stack's), on every run it launches: a second stack in the
+    # account and region neither stops nor adopts this one's runs.
+    controller: str = ""
     alerts_topic_arn: str = ""
     mode: Mode = Mode.ENFORCE
     pools: tuple[PoolConfig, ...]
@@ -65,6 +68,7 @@ class Settings(BaseModel):
         """Read the function's environment (set by template.yaml)."""
         return cls(
             jobs_table=env["JOBS_TABLE"],
+            controller=env.get("CONTROLLER_NAME", ""),
             alerts_topic_arn=env.get("ALERTS_TOPIC_ARN", ""),
             mode=env.get("MODE", "enforce"),
             pools=[PoolConfig(**p) for p in json.loads(env.get("POOLS_CONFIG") or "[]")],

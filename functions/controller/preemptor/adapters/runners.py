@@ -1,7 +1,8 @@
 """SageMaker and AWS Batch behind one interface: launch a run, stop it, read its state.
 
-Runs launched by the controller carry the tag `preemptor:managed=true`; the IAM policy lets
-the controller stop or terminate only runs with that tag.
+Runs launched by the controller carry the tag `preemptor:managed=true` and the controller's
+name (`preemptor:controller`, its stack's); the IAM policy lets the controller stop or
+terminate only runs tagged managed, and none of another controller's.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .errors import ErrorKind, classify, code_of, is_sagemaker_not_found, transl
 MANAGED_TAG = "preemptor:managed"
 JOB_TAG = "preemptor:job"
 INCARNATION_TAG = "preemptor:incarnation"
+CONTROLLER_TAG = "preemptor:controller"
 CHECKPOINT_ENV = "PREEMPTOR_CHECKPOINT_S3_URI"
 
 
@@ -38,6 +40,11 @@ class LiveRun:
     arn: str = ""
     tags: dict[str, str] | None = None
     offering: str | None = None
+    name: str | None = None  # Batch's job name (a training job's is its id)
+
+    @property
+    def run_name(self) -> str:
+        return self.name or self.run_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +87,8 @@ def _json_times(value: Any) -> Any:
     return value.isoformat() if isinstance(value, datetime) else value
 
 
-def controller_tags(record: JobRecord) -> dict[str, str]:
-    return {
+def controller_tags(record: JobRecord, controller: str = "") -> dict[str, str]:
+    tags = {
         MANAGED_TAG: "true",
         JOB_TAG: record.name,
         INCARNATION_TAG: str(record.incarnation),
@@ -89,11 +96,34 @@ def controller_tags(record: JobRecord) -> dict[str, str]:
         "preemptor:priority": str(record.priority),
         "preemptor:pool": record.pool,
     }
+    return {**tags, CONTROLLER_TAG: controller} if controller else tags
 
 
-def is_own_run(tags: dict[str, str], record: JobRecord) -> bool:
-    """Does a run with these tags belong to this incarnation of this job?"""
-    return tags.get(JOB_TAG) == record.name and tags.get(INCARNATION_TAG) == str(record.incarnation)
+def is_own_run(tags: dict[str, str], record: JobRecord, controller: str = "") -> bool:
+    """Does a run with these tags belong to this incarnation of this job (of this
+    controller: another stack's job of the same name is not this one)?"""
+    return (
+        tags.get(JOB_TAG) == record.name
+        and tags.get(INCARNATION_TAG) == str(record.incarnation)
+        and tags.get(CONTROLLER_TAG, controller) == controller
+    )
+
+
+def may_be_own_run(tags: dict[str, str], record: JobRecord | None, run_name: str) -> bool:
+    """Whether a run whose tags claim it for the controller (`events.launched_by_controller`)
+    can be one it launched for `record`, the job its job tag names: the controller writes a
+    job before it launches any run of it and names each incarnation's run after the job, so
+    the job exists, of the tagged team, at or past the tagged incarnation, and the run bears
+    that incarnation's name. A team that puts the controller's tags on a run of its own
+    fails one of these unless it copies a run of the job exactly (then the controller's
+    SageMaker launch finds the name taken: `RunNameTaken`)."""
+    if record is None or tags.get("preemptor:team") != record.team:
+        return False
+    try:
+        incarnation = int(tags.get(INCARNATION_TAG, ""))
+    except ValueError:
+        return False
+    return 1 <= incarnation <= record.incarnation and run_name == record.run_name_of(incarnation)
 
 
 class SageMakerRunner:
@@ -108,8 +138,9 @@ class SageMakerRunner:
         "Failed": "failed",
     }
 
-    def __init__(self, client: Any):
+    def __init__(self, client: Any, controller: str = ""):
         self.client = client
+        self.controller = controller  # the name its runs carry (`controller_tags`)
 
     def launch(self, record: JobRecord, offering: str | None = None, offerings: tuple[str, ...] = ()) -> str:
         """Create the training job of the record's current incarnation (idempotent by name),
@@ -126,7 +157,7 @@ class SageMakerRunner:
         checkpoint["S3Uri"] = record.checkpoint_s3_uri
         request["CheckpointConfig"] = checkpoint
         tags = {t["Key"]: t["Value"] for t in request.get("Tags", [])}
-        tags.update(controller_tags(record))
+        tags.update(controller_tags(record, self.controller))
         request["Tags"] = [{"Key": k, "Value": v} for k, v in sorted(tags.items())]
         try:
             self.client.create_training_job(**request)
@@ -158,7 +189,7 @@ class SageMakerRunner:
             if is_sagemaker_not_found(e):
                 return None
             raise translate(e, f"DescribeTrainingJob {name}") from e
-        if not is_own_run(tags, record):
+        if not is_own_run(tags, record, self.controller):
             return None
         instance_type = (described.get("ResourceConfig") or {}).get("InstanceType")
         offering = None if not instance_type else instance_type + (SPOT if described.get("EnableManagedSpotTraining") else "")
@@ -232,8 +263,9 @@ class BatchRunner:
     service = "batch"
     _PHASES = {"SUCCEEDED": "completed", "FAILED": "failed"}
 
-    def __init__(self, client: Any, submit_client: Any = None):
+    def __init__(self, client: Any, submit_client: Any = None, controller: str = ""):
         self.client = client
+        self.controller = controller  # the name its runs carry (`controller_tags`)
         # SubmitJob has no idempotency token: a resend by botocore's own retries after a
         # lost answer would submit a second job. Sent again only after a throttle
         # (`wiring.resent_only_when_throttled`: Batch refused it, nothing was submitted);
@@ -264,7 +296,7 @@ class BatchRunner:
         env = [e for e in overrides.get("environment", []) if e.get("name") != CHECKPOINT_ENV]
         env.append({"name": CHECKPOINT_ENV, "value": record.checkpoint_s3_uri})
         overrides["environment"] = env
-        request["tags"] = {**request.get("tags", {}), **controller_tags(record)}
+        request["tags"] = {**request.get("tags", {}), **controller_tags(record, self.controller)}
         request["propagateTags"] = True
         try:
             return self.submit_client.submit_job(**request)["jobId"]
@@ -306,7 +338,7 @@ class BatchRunner:
             (
                 LiveRun(j["jobId"], j.get("createdAt", 0) / 1000.0, j.get("jobArn", ""), j.get("tags") or {}, queue)
                 for j in described
-                if is_own_run(j.get("tags") or {}, record)
+                if is_own_run(j.get("tags") or {}, record, self.controller)
             ),
             None,
         )
@@ -335,7 +367,10 @@ class BatchRunner:
             described = [j for i in range(0, len(ids), 100) for j in self.client.describe_jobs(jobs=ids[i : i + 100]).get("jobs", [])]
         except ClientError as e:
             raise translate(e, f"ListJobs {job_queue}") from e
-        return [LiveRun(j["jobId"], j.get("createdAt", 0) / 1000.0, j.get("jobArn", ""), j.get("tags") or {}) for j in described]
+        return [
+            LiveRun(j["jobId"], j.get("createdAt", 0) / 1000.0, j.get("jobArn", ""), j.get("tags") or {}, name=j.get("jobName"))
+            for j in described
+        ]
 
     def tags_of(self, run: LiveRun) -> dict[str, str]:
         return run.tags or {}

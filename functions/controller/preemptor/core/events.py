@@ -63,6 +63,8 @@ CHECKPOINT_TAG = "preemptor:checkpoint"  # Batch jobs: the job's checkpoint pref
 # never adopted, even when its start event arrives before the controller recorded the run.
 JOB_TAG = "preemptor:job"
 MANAGED_TAG = "preemptor:managed"
+# The stack that launched a run: a second stack in the account leaves the first's runs alone.
+CONTROLLER_TAG = "preemptor:controller"
 _GPUS_TEXT = re.compile(r"[0-9]{1,6}")
 _MAX_TAG_VALUE = 256
 
@@ -364,9 +366,22 @@ def team_of_source(source: str) -> str:
         raise EventRejected("bad-source", f"source: {error}") from error
 
 
-def launched_by_controller(tags: Mapping[str, str]) -> bool:
-    """Whether a run carries the job tags the controller puts on every run it launches."""
-    return JOB_TAG in tags
+def launched_by_controller(tags: Mapping[str, str], controller: str = "") -> bool:
+    """Whether a run's tags claim it for this controller: the job tags and
+    `preemptor:managed=true` it puts on every run it launches (IAM lets it create no other),
+    and its own name (`controller`, the stack's) where the run carries one (a run launched
+    before controllers named themselves carries none).
+
+    A claim only: a team can put these tags on its own run. The jobs table tells
+    (`adapters.runners.may_be_own_run`)."""
+    return JOB_TAG in tags and tags.get(MANAGED_TAG) == "true" and tags.get(CONTROLLER_TAG, controller) == controller
+
+
+def other_controller(tags: Mapping[str, str], controller: str = "") -> str | None:
+    """The name of another controller whose run this is (a second stack in the same account
+    and region, whose own controller counts and stops it), or None."""
+    other = tags.get(CONTROLLER_TAG)
+    return other if JOB_TAG in tags and other is not None and other != controller else None
 
 
 def adoption_tags(tags: Mapping[str, str], tiers: Mapping[str, int] = DEFAULT_TIERS) -> AdoptionTags | None:

@@ -118,7 +118,11 @@ class JobRecord:
     @property
     def next_run_name(self) -> str:
         """Service job name of the current incarnation: `name`, then `name-r2`, `name-r3`..."""
-        return self.name if self.incarnation == 1 else f"{self.name}-r{self.incarnation}"
+        return self.run_name_of(self.incarnation)
+
+    def run_name_of(self, incarnation: int) -> str:
+        """Service job name of an incarnation of the job."""
+        return self.name if incarnation == 1 else f"{self.name}-r{incarnation}"
 
     def waiting_since(self) -> float:
         """When its current wait began: when it last became pending (a requeued job's wait

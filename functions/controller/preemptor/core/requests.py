@@ -276,6 +276,7 @@ class Refusal(StrEnum):
     NOT_YOUR_JOB = "not-your-job"  # a cancel or a priority change from another team
     NOT_A_LOWERING = "not-a-lowering"  # a team's priority change that does not lower: raising is the platform's
     BAD_TAG = "bad-tag"  # an adoption tag that is malformed or out of bounds
+    CONTROLLER_TAGS = "controller-tags"  # a run's tags claim the controller launched it; it did not
 
 
 class RequestRefused(PreemptorError):

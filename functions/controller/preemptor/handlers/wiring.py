@@ -95,8 +95,10 @@ def deps() -> Deps:
         store=JobsStore(settings.jobs_table, client("dynamodb")),
         checkpoints=CheckpointStore(client("s3")),
         runners={
-            "sagemaker": SageMakerRunner(client("sagemaker")),
-            "batch": BatchRunner(client("batch"), submit_client=resent_only_when_throttled(client("batch"), "SubmitJob")),
+            "sagemaker": SageMakerRunner(client("sagemaker"), controller=settings.controller),
+            "batch": BatchRunner(
+                client("batch"), submit_client=resent_only_when_throttled(client("batch"), "SubmitJob"), controller=settings.controller
+            ),
         },
         workflows=WorkflowStarter(client("stepfunctions"), settings.workflow_arns),
         instances=InstanceResolver(client("ecs")),

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ..adapters.alerts import Alerts
 from ..adapters.checkpoints import CONTROL_DIR, MANIFEST, CheckpointStore, in_unsealed_helper_checkpoint
 from ..adapters.instances import InstanceResolver
-from ..adapters.runners import Runner
+from ..adapters.runners import Runner, may_be_own_run
 from ..adapters.store import JobsStore, LogLine
 from ..adapters.workflows import WorkflowStarter, execution_name, settled_schedule
 from ..config import Settings
@@ -61,6 +61,21 @@ class IntakeResult:
     def code(self) -> str:
         """The stable part of `reason` (before the first colon), for metrics and logs."""
         return self.reason.split(":", 1)[0]
+
+
+def controllers_job(store: JobsStore, tags: dict[str, str], run_name: str | None, controller: str = "") -> JobRecord | None:
+    """The job a run is of, if its tags claim the controller launched it
+    (`events.launched_by_controller`) and it may have (`runners.may_be_own_run`, against
+    the job its job tag names); None for any other run, whatever its tags claim."""
+    if not run_name or not ev.launched_by_controller(tags, controller):
+        return None
+    named = tags[ev.JOB_TAG]
+    try:
+        ev.validate_job_name(named)
+    except ValueError:
+        return None  # no job is named so
+    record = store.get(named)
+    return record if may_be_own_run(tags, record, run_name) else None
 
 
 class Intake:
@@ -341,7 +356,7 @@ class Intake:
                 claims = ev.adoption_tags(event.tags or {}, tiers=self.settings.policy.tiers)
             except ev.EventRejected:
                 claims = None  # read otherwise since (the tiers changed): the record stands
-            _, claimed, refused = self._granted(claims)
+            _, claimed, refused = self._granted(claims, event.tags or {})
             return self._complete_adoption(record, event.event_id, claimed, now, again=True, refused=refused)
         outcome = outcomes.get(status)
         secondary = getattr(event, "secondary_status", None)
@@ -400,18 +415,30 @@ class Intake:
     def _maybe_adopt(self, event, service: str, run_id: str, status: str, now: float) -> IntakeResult:
         running = status in ("InProgress", "RUNNING")
         tags = event.tags or {}
-        if ev.launched_by_controller(tags):
-            # Our own run, whose start event beat the run alias: the launch records it.
+        controller = self.settings.controller
+        other = ev.other_controller(tags, controller)
+        if other is not None:
+            # A second stack's run in the account: its own controller counts it and stops it.
+            return IntakeResult("ignored", f"another controller's run: {service} run {run_id} was launched by {other!r}")
+        claimed_ours = ev.launched_by_controller(tags, controller)
+        if controllers_job(self.store, tags, event.training_job_name if service == "sagemaker" else event.job_name, controller):
+            # Our own run, whose start event beat the run alias: the launch records it (or,
+            # a run of an incarnation its job has left, reconcile stops it).
             return IntakeResult("ignored", f"own run: {service} run {run_id} was launched by the controller")
         try:
             claims = ev.adoption_tags(tags, tiers=self.settings.policy.tiers)
         except ev.EventRejected as e:
             return self._refuse(e.reason, e.detail)
+        if claims is None and claimed_ours:
+            return self._refuse(
+                Refusal.CONTROLLER_TAGS,
+                f"{service} run {run_id} carries the controller's job tags, and the controller launched no such run",
+            )
         if claims is None:
             return IntakeResult("ignored", f"not managed: {service} run {run_id} has no preemptor tags")
         if not running:
             return IntakeResult("ignored", f"not managed: {service} run {run_id} was not adopted (it is {status}; a run is adopted running)")
-        priority, claimed, refused = self._granted(claims)
+        priority, claimed, refused = self._granted(claims, tags)
         pool = self.settings.pool(claims.pool) if claims.pool else self._pool_for_service(service)
         if pool is None or pool.service != service:
             return self._refuse(Refusal.UNKNOWN_POOL, f"no {service} pool {claims.pool!r} for run {run_id}")
@@ -517,22 +544,31 @@ class Intake:
         # event that finds the line written does not count it again).
         return IntakeResult("accepted", "adopted", name, refused=refused if said else None)
 
-    def _granted(self, claims: ev.AdoptionTags | None) -> tuple[int | None, str, str | None]:
-        """The priority an adopted run's `claims` are granted, what its line says of a claim
-        refused and the refusal's code ('' and None when none was).
+    def _granted(self, claims: ev.AdoptionTags | None, tags: dict[str, str]) -> tuple[int | None, str, str | None]:
+        """The priority an adopted run's `claims` are granted, what its line says of the
+        claims refused and the refusal's code ('' and None when none was).
 
         Its GPUs are in use whatever its tags claim: a run refused for claiming too much
         would not be counted, and the pool would be oversubscribed around it. So it is
         counted at the priority the platform grants its team: its ceiling, or the lowest
-        tier for a team the policy does not list."""
+        tier for a team the policy does not list. Tags that claim the controller launched it
+        (a run adopted is one it did not launch: `controllers_job`) are not believed either: the
+        run is the team's, and that refusal is the one counted."""
         if claims is None:
             return None, "", None
+        granted, note, refused = claims.priority, "", None
         refusal = self._team_refusal(claims.team, claims.priority)
-        if refusal is None:
-            return claims.priority, "", None
-        policy = self.settings.policy
-        granted = policy.max_priority(claims.team) if policy.team_listed(claims.team) else min(policy.tiers.values())
-        return granted, f"; its priority tag claims {claims.priority} ({refusal[0]}: {refusal[1]}), not granted", refusal[0].value
+        if refusal is not None:
+            policy = self.settings.policy
+            granted = policy.max_priority(claims.team) if policy.team_listed(claims.team) else min(policy.tiers.values())
+            note, refused = f"; its priority tag claims {claims.priority} ({refusal[0]}: {refusal[1]}), not granted", refusal[0].value
+        if ev.launched_by_controller(tags, self.settings.controller):
+            note += (
+                f"; its tags claim it is the controller's run of job {tags[ev.JOB_TAG]!r}"
+                f" ({Refusal.CONTROLLER_TAGS}: the controller launched no such run), not believed"
+            )
+            refused = Refusal.CONTROLLER_TAGS.value
+        return granted, note, refused
 
     def _job_shaped(self, checkpoint: str) -> bool:
         """Whether an adopted run's location may be its own: anywhere outside the controller's

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..adapters.alerts import Alerts
 from ..adapters.checkpoints import CheckpointStore
-from ..adapters.runners import INCARNATION_TAG, JOB_TAG, MANAGED_TAG, Runner
+from ..adapters.runners import INCARNATION_TAG, JOB_TAG, Runner
 from ..adapters.store import JobsStore, LogLine
 from ..adapters.workflows import WorkflowStarter, execution_name
 from ..config import Settings
@@ -27,7 +27,7 @@ from ..core.errors import ConflictError, ServiceJobNotFound
 from ..core.model import JobState
 from ..core.pools import describe_offering
 from . import actions
-from .intake import Intake
+from .intake import Intake, controllers_job
 from .scheduling import LEASE_TTL_S, oldest_wait_by_tier, preemption_names
 
 STUCK_ADMISSION_S = 30 * 60  # the launch step retries for minutes, not half an hour
@@ -196,7 +196,7 @@ def _stop_unknown_runs(
                 if now - run.created_at < UNKNOWN_RUN_GRACE_S or run.run_id in stopped:
                     continue
                 try:
-                    repair = _check_live_run(store, runner, service, run, now, adopt)
+                    repair = _check_live_run(store, runner, service, run, now, settings.controller, adopt)
                 except Exception as error:  # noqa: BLE001 - one run's failure never stops the scan
                     errors.append({"run": run.run_id, "error": type(error).__name__, "detail": str(error)[:500]})
                     continue
@@ -206,7 +206,13 @@ def _stop_unknown_runs(
 
 
 def _check_live_run(
-    store: JobsStore, runner: Runner, service: str, run, now: float, adopt: Callable[[str, Any], dict | None] | None = None
+    store: JobsStore,
+    runner: Runner,
+    service: str,
+    run,
+    now: float,
+    controller: str = "",
+    adopt: Callable[[str, Any], dict | None] | None = None,
 ) -> dict | None:
     known = store.find_run(service, run.run_id)
     if known:
@@ -214,23 +220,30 @@ def _check_live_run(
         if record and record.incarnation == known[1] and record.run_id == run.run_id and record.status.holds_capacity:
             return None
     tags = runner.tags_of(run)
-    if not ev.launched_by_controller(tags):
-        # A team's own run (the controller's carry its job tags): never stopped as unknown.
-        # Known (adopted) or not the scheduler's (no preemptor tags), it is left alone;
-        # otherwise its events never came, and it is adopted as they would have.
-        if known or adopt is None or not {ev.PRIORITY_TAG, ev.TEAM_TAG} <= set(tags):
+    if ev.other_controller(tags, controller) is not None:
+        return None  # a second stack's run: its own controller accounts for it (and IAM keeps ours off it)
+    claimed = ev.launched_by_controller(tags, controller)
+    record = controllers_job(store, tags, run.run_name, controller)  # None: not a run the controller launched
+    if record is None:
+        # A team's own run (the controller launched no such run, whatever its tags claim):
+        # never stopped as unknown. Known (adopted) or not the scheduler's (no preemptor
+        # tags), it is left alone; otherwise its events never came, and it is adopted as
+        # they would have. Only a run whose tags claim it is the controller's, and let no
+        # one adopt it, is stopped (it is tagged managed), as a run of the controller's that
+        # no job accounts for would be.
+        adoptable = {ev.PRIORITY_TAG, ev.TEAM_TAG} <= set(tags)
+        if adoptable and not known and adopt is not None:
+            return adopt(service, run)
+        if adoptable or not claimed:
             return None
-        return adopt(service, run)
-    if tags.get(MANAGED_TAG) != "true":
-        return None
-    name = tags.get(JOB_TAG) or (known[0] if known else None)
-    record = store.get(name) if name else None
-    if record is not None and tags.get(INCARNATION_TAG) == str(record.incarnation):
-        if record.status in (JobState.ADMITTED, JobState.PENDING):
-            return None  # its launch takes this run up
-        if record.run_id == run.run_id and record.status.holds_capacity:
-            return None
-    why = "its job is unknown" if record is None else f"its job {name} is {record.status.value} on incarnation {record.incarnation}"
+        why = "the controller launched no such run"
+    else:
+        if tags.get(INCARNATION_TAG) == str(record.incarnation):
+            if record.status in (JobState.ADMITTED, JobState.PENDING):
+                return None  # its launch takes this run up
+            if record.run_id == run.run_id and record.status.holds_capacity:
+                return None
+        why = f"its job {record.name} is {record.status.value} on incarnation {record.incarnation}"
     try:
         runner.stop(run.run_id, "preemptor: reconcile: no job accounts for this run")
     except ServiceJobNotFound:
@@ -238,7 +251,7 @@ def _check_live_run(
     kind = Repair.UNKNOWN_RUN_STOPPED
     if record is not None:
         store.log(record.name, now, "unknown-run-stopped", kind.value, f"run {run.run_id} stopped: {why}", run=run.run_id)
-    return {"pool": record.pool if record else tags.get("preemptor:pool", ""), "repair": kind.value, "run": run.run_id, "job": name, "why": why}
+    return {"pool": record.pool if record else tags.get("preemptor:pool", ""), "repair": kind.value, "run": run.run_id, "job": tags.get(JOB_TAG), "why": why}
 
 
 def _fold_ended_runs(store: JobsStore, settings: Settings, pool: str) -> int:
