@@ -122,6 +122,33 @@ def test_an_adopted_batch_job_counts_the_gpus_its_tag_states():
         assert env.job("event-test").gpus == 8 and env.store.pool("g5")["used_gpus"] == 8
 
 
+def test_a_teams_runs_of_one_name_are_each_adopted_and_counted_under_names_of_their_own():
+    from preemptor.service.intake import adopted_name
+
+    with emulation(pools=[G5]) as env:
+        # Given a job of the controller's named "event-test", and three Batch runs a team
+        # submitted under that name (Batch's names are not unique), 8 GPUs each
+        batch_queues(env)
+        env.submit(name="event-test", team="a", priority=200, pool="g5", gpus=8, duration=30000)
+        assert env.job("event-test").status is JobState.RUNNING
+        runs = []
+        for n in range(3):
+            event = _sample(ADOPTABLE_BATCH, id=f"run-{n}")
+            event["detail"]["jobId"] = f"4c7599ae-0a82-49aa-ba5a-4727fcce14a{n}"
+            runs.append(event)
+        # When their RUNNING events arrive (the first twice: at least once)
+        results = [env.put(e).results[0] for e in (*runs, runs[0])]
+        # Then each is adopted under a name of its own, and counted (before: each refused as a
+        # duplicate of the job's name, 24 GPUs in use the controller never counted)
+        names = [adopted_name("event-test", "batch", r["detail"]["jobId"]) for r in runs]
+        assert [(r["reason"], r["job"]) for r in results[:3]] == [("adopted", n) for n in names]
+        assert results[3]["outcome"] == "duplicate"
+        assert len(set(names)) == 3 and all(len(n) <= 56 for n in names)
+        assert env.store.pool("g5")["used_gpus"] == 8 + 24
+        assert {env.job(n).run_id for n in names} == {r["detail"]["jobId"] for r in runs}
+        assert env.job("event-test").status is JobState.RUNNING and not env.job("event-test").adopted
+
+
 def test_an_adopted_training_job_checkpointing_to_a_bucket_root_is_counted_without_a_checkpoint():
     with emulation() as env:
         # Given a training job tagged for adoption whose CheckpointConfig is a bucket's root

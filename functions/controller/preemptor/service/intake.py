@@ -16,6 +16,7 @@ which the handler logs and counts.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from ..core import events as ev
 from ..core.errors import CheckpointLocationUnavailable, ConflictError, PreemptorError, TransactionConflict
 from ..core.jobs import JobRecord
 from ..core.model import JobState
-from ..core.requests import Refusal, RequestRefused, admit_request
+from ..core.requests import MAX_JOB_NAME_LENGTH, Refusal, RequestRefused, admit_request
 from ..core.s3uri import S3Uri
 from . import actions, escalation
 
@@ -76,6 +77,13 @@ def controllers_job(store: JobsStore, tags: dict[str, str], run_name: str | None
         return None  # no job is named so
     record = store.get(named)
     return record if may_be_own_run(tags, record, run_name) else None
+
+
+def adopted_name(name: str, service: str, run_id: str) -> str:
+    """A name of its own for an adopted run whose name is another job's: the run's name
+    (cut short), and a digest of the run's id (a job name: at most 56 characters)."""
+    digest = hashlib.sha256(f"{service}:{run_id}".encode()).hexdigest()[:8]
+    return f"{name[: MAX_JOB_NAME_LENGTH - 9].rstrip('-')}-{digest}"
 
 
 class Intake:
@@ -506,12 +514,18 @@ class Intake:
             # IAM lets the controller stop only runs tagged preemptor:managed=true.
             stoppable=claims.managed,
         )
-        if not self.store.put_adopted(record):
+        # Under the run's name; where that names another job (one of the controller's, or a
+        # team's run of the same name: Batch's names are not unique), under a name of its own.
+        for name in (name, adopted_name(name, service, run_id)):
+            record = record.with_changes(name=name)
+            if self.store.put_adopted(record):
+                return self._complete_adoption(record, event.event_id, claimed + shared, now, refused=refused)
             existing = self.store.get(name)
-            if existing is None or existing.submitted_by != event.event_id or not existing.adopted:
-                return IntakeResult("duplicate", f"{name} already known", name)
-            return self._complete_adoption(existing, event.event_id, claimed, now, again=True, refused=refused)  # adopted by a concurrent handling
-        return self._complete_adoption(record, event.event_id, claimed + shared, now, refused=refused)
+            if existing is not None and existing.adopted and existing.submitted_by == event.event_id:
+                return self._complete_adoption(existing, event.event_id, claimed, now, again=True, refused=refused)  # adopted by a concurrent handling
+            if existing is None or (existing.service, existing.run_id) == (service, run_id):
+                break  # adopted by another event's handling (or gone meanwhile)
+        return IntakeResult("duplicate", f"{service} run {run_id} already known as {record.name}", record.name)
 
     def _complete_adoption(
         self, record: JobRecord, event_id: str, note: str, now: float, again: bool = False, refused: str | None = None
