@@ -123,7 +123,7 @@ def test_an_adopted_batch_job_counts_the_gpus_its_tag_states():
 
 
 def test_a_teams_runs_of_one_name_are_each_adopted_and_counted_under_names_of_their_own():
-    from preemptor.service.intake import adopted_name
+    from preemptor.service.intake import adoption_names
 
     with emulation(pools=[G5]) as env:
         # Given a job of the controller's named "event-test", and three Batch runs a team
@@ -140,13 +140,47 @@ def test_a_teams_runs_of_one_name_are_each_adopted_and_counted_under_names_of_th
         results = [env.put(e).results[0] for e in (*runs, runs[0])]
         # Then each is adopted under a name of its own, and counted (before: each refused as a
         # duplicate of the job's name, 24 GPUs in use the controller never counted)
-        names = [adopted_name("event-test", "batch", r["detail"]["jobId"]) for r in runs]
+        names = [adoption_names("event-test", "batch", r["detail"]["jobId"])[1] for r in runs]
         assert [(r["reason"], r["job"]) for r in results[:3]] == [("adopted", n) for n in names]
         assert results[3]["outcome"] == "duplicate"
         assert len(set(names)) == 3 and all(len(n) <= 56 for n in names)
         assert env.store.pool("g5")["used_gpus"] == 8 + 24
         assert {env.job(n).run_id for n in names} == {r["detail"]["jobId"] for r in runs}
         assert env.job("event-test").status is JobState.RUNNING and not env.job("event-test").adopted
+
+
+@pytest.mark.parametrize(
+    "service, run_name",
+    [
+        pytest.param("batch", "llama_finetune_v2", id="batch-underscores"),
+        pytest.param("batch", "x" * 128, id="batch-128-characters"),
+        pytest.param("sagemaker", "a" * 63, id="sagemaker-63-characters"),
+    ],
+)
+def test_a_run_whose_name_cannot_name_a_job_is_adopted_and_counted_under_one_of_its_own(service, run_name):
+    from preemptor.service.intake import adoption_names
+
+    with emulation(**({"pools": [G5]} if service == "batch" else {})) as env:
+        # Given a team's run named as its service allows, but no job may be
+        if service == "batch":
+            event = _sample(ADOPTABLE_BATCH)
+            event["detail"]["jobName"], run_id, pool, gpus = run_name, event["detail"]["jobId"], "g5", 8
+        else:
+            event = _sample(ADOPTABLE_SAGEMAKER)
+            event["detail"]["TrainingJobName"] = run_id = run_name
+            pool, gpus = "p5", 24
+        # When its event arrives
+        result = env.put(event).results[0]
+        # Then it is adopted and counted (before: refused, "bad-tag: run name", its GPUs in
+        # use and never counted), under a name of its own, its run's name kept
+        [name] = adoption_names(run_name, service, run_id)
+        assert (result["outcome"], result["reason"], result["job"]) == ("accepted", "adopted", name)
+        job = env.job(name)
+        assert (job.run_id, job.run_name, job.gpus) == (run_id, run_name, gpus)
+        assert env.store.pool(pool)["used_gpus"] == gpus
+        assert len(name) <= 56 and name.startswith(run_name.replace("_", "-")[:20])
+        [line] = [e for e in env.store.history(name) if e["kind"] == "adopted"]
+        assert f"{service} run {run_name} (its name is another job's, or names none)" in line["detail"]
 
 
 def test_an_adopted_training_job_checkpointing_to_a_bucket_root_is_counted_without_a_checkpoint():

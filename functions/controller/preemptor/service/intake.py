@@ -17,6 +17,7 @@ which the handler logs and counts.
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from . import actions, escalation
 # SageMaker managed spot, while the job is InProgress: the service restarts it by itself.
 MANAGED_SPOT_PROGRESS = ("Interrupted", "Restarting")
 SAGEMAKER_OUTCOMES = {"Completed": "completed", "Failed": "failed", "Stopped": "stopped"}
+_NOT_IN_A_JOB_NAME = re.compile(r"[^A-Za-z0-9-]+")
 # SageMaker secondary statuses of a run whose instances were provisioned.
 PROVISIONED = frozenset({"Downloading", "Training"})
 BATCH_OUTCOMES = {"SUCCEEDED": "completed", "FAILED": "failed"}
@@ -79,11 +81,20 @@ def controllers_job(store: JobsStore, tags: dict[str, str], run_name: str | None
     return record if may_be_own_run(tags, record, run_name) else None
 
 
-def adopted_name(name: str, service: str, run_id: str) -> str:
-    """A name of its own for an adopted run whose name is another job's: the run's name
-    (cut short), and a digest of the run's id (a job name: at most 56 characters)."""
+def adoption_names(run_name: str, service: str, run_id: str) -> tuple[str, ...]:
+    """The names an adopted run may be counted under, in order: the run's own, where it can
+    name a job; then one of its own, the run's name made a job's (letters, digits and
+    hyphens, cut short) and a digest of its run id. The second is for a run whose name is
+    another job's (one of the controller's, or another run's: Batch's names are not unique)
+    or cannot name a job (Batch's allow underscores and 128 characters, SageMaker's 63):
+    such a run is counted all the same."""
     digest = hashlib.sha256(f"{service}:{run_id}".encode()).hexdigest()[:8]
-    return f"{name[: MAX_JOB_NAME_LENGTH - 9].rstrip('-')}-{digest}"
+    base = _NOT_IN_A_JOB_NAME.sub("-", run_name).strip("-")[: MAX_JOB_NAME_LENGTH - len(digest) - 1].strip("-")
+    own = f"{base or 'run'}-{digest}"
+    try:
+        return ev.validate_job_name(run_name), own
+    except ValueError:
+        return (own,)
 
 
 class Intake:
@@ -467,10 +478,8 @@ class Intake:
             return self._refuse(
                 Refusal.BAD_TAG, f"{gpus} GPUs is more than pool {pool.name!r} holds ({pool.capacity_gpus})"
             )
-        try:
-            ev.validate_job_name(name)
-        except ValueError as e:
-            return self._refuse(Refusal.BAD_TAG, f"run name: {e}")
+        run_name, names = name, adoption_names(name, service, run_id)
+        name = names[0]
         shared = ""
         if checkpoint:
             try:
@@ -507,16 +516,14 @@ class Intake:
             submitted_by=event.event_id,
             status=JobState.RUNNING,
             run_id=run_id,
-            run_name=name,
+            run_name=run_name,
             started_at=now,
             first_started_at=now,
             adopted=True,
             # IAM lets the controller stop only runs tagged preemptor:managed=true.
             stoppable=claims.managed,
         )
-        # Under the run's name; where that names another job (one of the controller's, or a
-        # team's run of the same name: Batch's names are not unique), under a name of its own.
-        for name in (name, adopted_name(name, service, run_id)):
+        for name in names:
             record = record.with_changes(name=name)
             if self.store.put_adopted(record):
                 return self._complete_adoption(record, event.event_id, claimed + shared, now, refused=refused)
@@ -549,6 +556,8 @@ class Intake:
         said = not again or "adopted" not in {e["kind"] for e in self.store.history(name)}
         if said:
             stop = "stoppable" if record.stoppable else "not stoppable (no preemptor:managed=true tag)"
+            if record.run_name and record.run_name != name:
+                note = f"; {record.service} run {record.run_name} (its name is another job's, or names none){note}"
             self.store.log(
                 name, record.submitted_at, "adopted", "tagged-outside-controller",
                 f"{record.gpus} GPUs counted in {record.pool} at priority {record.priority}, {stop}{note}",
