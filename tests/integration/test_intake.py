@@ -88,30 +88,49 @@ def test_an_adopted_run_tagged_managed_may_be_a_victim():
 
 
 @pytest.mark.parametrize(
-    "gpus_tag, reason",
+    "service, tag, value, priority, gpus",
     [
-        pytest.param("eight", "bad-tag: tag preemptor:gpus: expected a positive integer", id="gpus-eight-is-refused-not-raised"),
-        pytest.param("-512", "bad-tag: tag preemptor:gpus: expected a positive integer", id="negative-gpus-never-lower-usage"),
-        pytest.param("0", "bad-tag: tag preemptor:gpus: expected a positive integer", id="zero-gpus"),
-        pytest.param("64", "bad-tag: 64 GPUs is more than pool 'g5' holds (32)", id="more-gpus-than-the-pool"),
+        pytest.param("batch", "preemptor:gpus", "eight", 50, 8, id="gpus-eight-is-not-raised"),
+        pytest.param("batch", "preemptor:gpus", "-512", 50, 8, id="negative-gpus-never-lower-usage"),
+        pytest.param("batch", "preemptor:gpus", "0", 50, 8, id="zero-gpus"),
+        pytest.param("batch", "preemptor:checkpoint", "/tmp/x", 50, 8, id="checkpoint-not-s3"),
+        pytest.param("sagemaker", "preemptor:priority", "urgent", 50, 24, id="unknown-tier-at-the-lowest"),
+        pytest.param("sagemaker", "preemptor:gpus", "eight", 500, 24, id="training-job-counted-by-its-instances-whatever-its-gpus-tag"),
     ],
 )
-def test_malformed_adoption_tags_are_refused_counted_and_change_nothing(monkeypatch, gpus_tag, reason):
+def test_an_unusable_adoption_tag_is_read_as_absent_and_the_run_counted(monkeypatch, service, tag, value, priority, gpus):
     # Given the intake's metrics recorded as they are added
     added: list[str] = []
     monkeypatch.setattr(intake.metrics, "add_metric", lambda name, unit, value: added.append(name))
-    with emulation(pools=[G5]) as env:
-        # Given a Batch job started outside the controller with a bad preemptor:gpus tag
-        # (before: "eight" raised ValueError into retries and the DLQ; "-512" set used_gpus
-        # to -512 and the next cycle admitted three 64-GPU jobs into a 64-GPU pool)
-        event = _sample(ADOPTABLE_BATCH)
-        event["detail"]["tags"]["preemptor:gpus"] = gpus_tag
-        # When its RUNNING event reaches the intake
+    emitted: list[tuple[str, dict]] = []
+    monkeypatch.setattr(intake, "emit", lambda name, value, **dims: emitted.append((name, dims)))
+    with emulation(**({"pools": [G5]} if service == "batch" else {})) as env:
+        # Given a run started outside the controller with one unusable preemptor tag (before:
+        # "eight" raised ValueError into retries and the DLQ; "-512" set used_gpus to -512
+        # and the next cycle admitted three 64-GPU jobs into a 64-GPU pool; then each was
+        # refused, its GPUs in use and never counted)
+        event = _sample(ADOPTABLE_BATCH if service == "batch" else ADOPTABLE_SAGEMAKER)
+        event["detail"]["tags" if service == "batch" else "Tags"][tag] = value
+        # When its event reaches the intake
         result = intake.handler(event, CONTEXT)
-        # Then it is refused with the reason, counted, and nothing is adopted or counted
-        assert result["outcome"] == "rejected" and result["reason"].startswith(reason)
-        assert added == ["RejectedEvents"]
-        assert env.store.get("event-test") is None
+        # Then it is adopted and counted (a Batch job stating no GPUs: one instance's), that
+        # tag read as absent (an unknown priority: the lowest tier), and the refusal said
+        # on its line and counted
+        assert (result["outcome"], result["reason"], result["refused"]) == ("accepted", "adopted", "bad-tag")
+        job = env.job(result["job"])
+        assert (job.priority, job.gpus) == (priority, gpus) and env.store.pool(job.pool)["used_gpus"] == gpus
+        assert job.checkpoint_s3_uri == "" or tag != "preemptor:checkpoint"
+        [line] = [e for e in env.store.history(job.name) if e["kind"] == "adopted"]
+        assert f"tag {tag}: " in line["detail"] and "(bad-tag: read as absent)" in line["detail"]
+        assert "RejectedEvents" not in added and ("RefusedClaims", {"Reason": "bad-tag"}) in emitted
+
+
+def test_a_run_tagged_with_more_gpus_than_its_pool_holds_is_refused():
+    with emulation(pools=[G5]) as env:
+        event = _sample(ADOPTABLE_BATCH)
+        event["detail"]["tags"]["preemptor:gpus"] = "64"
+        result = env.put(event).results[0]
+        assert result["outcome"] == "rejected" and result["reason"] == "bad-tag: 64 GPUs is more than pool 'g5' holds (32)"
         assert (env.store.pool("g5") or {}).get("used_gpus", 0) == 0
 
 

@@ -972,31 +972,50 @@ def test_adoption_tags_read_gpus_checkpoint_and_managed(extra, gpus, checkpoint,
 
 
 @pytest.mark.parametrize(
-    ("tags", "named"),
+    "team",
     [
-        pytest.param({"preemptor:priority": "urgent", "preemptor:team": "r"}, "preemptor:priority", id="unknown-tier"),
-        pytest.param({"preemptor:priority": "2000", "preemptor:team": "r"}, "preemptor:priority", id="out-of-range"),
-        pytest.param({"preemptor:priority": "low", "preemptor:team": " "}, "preemptor:team", id="blank-team"),
-        pytest.param({"preemptor:priority": "low", "preemptor:team": "r" * 100_000 + "\x07"}, "preemptor:team", id="huge-team-control-char"),
-        pytest.param({"preemptor:priority": "low", "preemptor:team": "Research"}, "preemptor:team", id="upper-case-team"),
-        pytest.param({"preemptor:priority": "low", "preemptor:team": "r", "preemptor:pool": ""}, "preemptor:pool", id="empty-pool"),
-        pytest.param({"preemptor:priority": "low", "preemptor:team": "r", "preemptor:gpus": "eight"}, "preemptor:gpus", id="gpus-eight"),
-        pytest.param({"preemptor:priority": "low", "preemptor:team": "r", "preemptor:gpus": "-512"}, "preemptor:gpus", id="gpus-negative"),
-        pytest.param({"preemptor:priority": "low", "preemptor:team": "r", "preemptor:gpus": "0"}, "preemptor:gpus", id="gpus-zero"),
-        pytest.param({"preemptor:priority": "low", "preemptor:team": "r", "preemptor:gpus": "1e3"}, "preemptor:gpus", id="gpus-float-text"),
-        pytest.param({"preemptor:priority": "low", "preemptor:team": "r", "preemptor:gpus": "9" * 40}, "preemptor:gpus", id="gpus-huge"),
-        pytest.param({"preemptor:priority": "low", "preemptor:team": "r", "preemptor:checkpoint": "/tmp/x"}, "preemptor:checkpoint", id="checkpoint-not-s3"),
+        pytest.param(" ", id="blank-team"),
+        pytest.param("r" * 100_000 + "\x07", id="huge-team-control-char"),
+        pytest.param("Research", id="upper-case-team"),
     ],
 )
-def test_bad_adoption_tag_is_rejected(tags, named):
-    # Given preemptor tags with an unusable value (before: "preemptor:gpus=eight" raised
-    # ValueError out of the intake, "-512" was counted as -512 GPUs)
+def test_an_unusable_team_tag_is_rejected(team):
+    # Given preemptor tags whose team is unusable: no team to count the run against
     # When they are read
     with pytest.raises(EventRejected) as caught:
-        adoption_tags(tags)
+        adoption_tags({"preemptor:priority": "low", "preemptor:team": team})
     # Then it is a bad tag naming the tag, with a bounded message
     assert caught.value.reason == "bad-tag"
-    assert named in caught.value.detail and len(caught.value.detail) < 400
+    assert "preemptor:team" in caught.value.detail and len(caught.value.detail) < 400
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        pytest.param({"preemptor:priority": "urgent"}, "priority", id="unknown-tier"),
+        pytest.param({"preemptor:priority": "2000"}, "priority", id="out-of-range"),
+        pytest.param({"preemptor:priority": "9" * 300}, "priority", id="priority-longer-than-a-tag"),
+        pytest.param({"preemptor:pool": ""}, "pool", id="empty-pool"),
+        pytest.param({"preemptor:gpus": "eight"}, "gpus", id="gpus-eight"),
+        pytest.param({"preemptor:gpus": "-512"}, "gpus", id="gpus-negative"),
+        pytest.param({"preemptor:gpus": "0"}, "gpus", id="gpus-zero"),
+        pytest.param({"preemptor:gpus": "1e3"}, "gpus", id="gpus-float-text"),
+        pytest.param({"preemptor:gpus": "9" * 40}, "gpus", id="gpus-huge"),
+        pytest.param({"preemptor:checkpoint": "/tmp/x"}, "checkpoint_s3_uri", id="checkpoint-not-s3"),
+    ],
+)
+def test_an_unusable_adoption_tag_is_read_as_absent_and_said(extra, field):
+    # Given preemptor tags of a team's run with one unusable value (before: "eight" raised
+    # ValueError out of the intake, "-512" was counted as -512 GPUs; then each refused the
+    # run, whose GPUs are in use all the same, and left it uncounted)
+    tags = {"preemptor:priority": "low", "preemptor:team": "r", **extra}
+    # When they are read
+    claims = adoption_tags(tags)
+    # Then that value is read as absent, and the problem is said, naming the tag, bounded
+    assert getattr(claims, field) is None and claims.team == "r"
+    [problem] = claims.problems
+    [key] = extra
+    assert problem.startswith(f"tag {key}: ") and len(problem) < 400
 
 
 # ------------------------------------------------------------------------ invariants

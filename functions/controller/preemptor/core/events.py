@@ -266,12 +266,14 @@ class AdoptionTags:
     the tag IAM lets the controller stop runs by.
     """
 
-    priority: int
+    priority: int | None  # None: its tag is unusable (`problems`)
     team: str
     pool: str | None
     gpus: int | None
     checkpoint_s3_uri: str | None
     managed: bool
+    # The tags present but unusable, each "tag <key>: <why>": read as absent.
+    problems: tuple[str, ...] = ()
 
 
 class Ignored(_Event):
@@ -390,42 +392,49 @@ def adoption_tags(tags: Mapping[str, str], tiers: Mapping[str, int] = DEFAULT_TI
     Returns None unless both `preemptor:priority` and `preemptor:team` are present:
     a run without them is not under the scheduler. `preemptor:pool`, `preemptor:gpus`
     and `preemptor:checkpoint` are optional. The priority tag is an integer or a name
-    from `tiers`; the team a well-formed team name; GPUs a positive integer. Whether the
-    claims fit the configuration (the team's ceiling, the pool's capacity) is the
-    intake's to check.
+    from `tiers`; the team a well-formed team name; GPUs a positive integer. A tag
+    present but unusable (an unknown tier, a priority out of range, GPUs not a positive
+    integer, a checkpoint that is not an S3 prefix, an empty pool) is read as absent
+    (priority: None) and said in `problems`: the run's GPUs are in use whatever its tags
+    say, and the intake counts it on what the platform grants. Whether the claims fit the
+    configuration (the team's ceiling, the pool's capacity) is the intake's to check.
 
     Raises:
-        EventRejected: "bad-tag" when a tag is present but unusable (unknown tier,
-            priority out of range, malformed team, GPUs not a positive integer, a
-            checkpoint that is not an S3 prefix, an empty pool).
+        EventRejected: "bad-tag" when the team tag is unusable (malformed): there is no
+            team to count the run against.
     """
     if PRIORITY_TAG not in tags or TEAM_TAG not in tags:
         return None
     try:
-        priority = resolve_priority(tags[PRIORITY_TAG], tiers)
-    except ValueError as error:
-        raise EventRejected(Refusal.BAD_TAG, f"tag {PRIORITY_TAG}: {error}") from error
-    try:
         team = validate_team_name(tags[TEAM_TAG].strip())
     except ValueError as error:
         raise EventRejected(Refusal.BAD_TAG, f"tag {TEAM_TAG}: {error}") from error
-    pool = _tag_text(tags, POOL_TAG) if POOL_TAG in tags else None
-    gpus = None
-    if GPUS_TAG in tags:
-        text = tags[GPUS_TAG].strip()
-        gpus = int(text) if _GPUS_TEXT.fullmatch(text) else 0
-        if gpus <= 0:
-            raise EventRejected(
-                Refusal.BAD_TAG, f"tag {GPUS_TAG}: expected a positive integer, got {_shown(tags[GPUS_TAG])}"
-            )
-    checkpoint = None
-    if CHECKPOINT_TAG in tags:
+    problems: list[str] = []
+
+    def read(key: str, parse: Callable[[str], Any]) -> Any:
+        if key not in tags:
+            return None
         try:
-            checkpoint = normalize_s3_prefix(tags[CHECKPOINT_TAG])
+            return parse(_tag_text(tags, key))
+        except EventRejected as error:
+            problems.append(error.detail)
         except ValueError as error:
-            raise EventRejected(Refusal.BAD_TAG, f"tag {CHECKPOINT_TAG}: {error}") from error
+            problems.append(f"tag {key}: {error}")
+        return None
+
+    priority = read(PRIORITY_TAG, lambda text: resolve_priority(text, tiers))
+    pool = read(POOL_TAG, str)
+    gpus = read(GPUS_TAG, _positive_gpus)
+    checkpoint = read(CHECKPOINT_TAG, normalize_s3_prefix)
     managed = tags.get(MANAGED_TAG) == "true"
-    return AdoptionTags(priority, team, pool, gpus, checkpoint, managed)
+    return AdoptionTags(priority, team, pool, gpus, checkpoint, managed, tuple(problems))
+
+
+def _positive_gpus(text: str) -> int:
+    gpus = int(text) if _GPUS_TEXT.fullmatch(text) else 0
+    if gpus <= 0:
+        raise ValueError(f"expected a positive integer, got {_shown(text)}")
+    return gpus
 
 
 def parse_timestamp(value: object, where: str = "time") -> float | None:

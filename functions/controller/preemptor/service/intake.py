@@ -574,17 +574,24 @@ class Intake:
         Its GPUs are in use whatever its tags claim: a run refused for claiming too much
         would not be counted, and the pool would be oversubscribed around it. So it is
         counted at the priority the platform grants its team: its ceiling, or the lowest
-        tier for a team the policy does not list. Tags that claim the controller launched it
+        tier for a team the policy does not list; a tag that says nothing usable is read as
+        absent (an unreadable priority: the lowest tier). Tags that claim the controller launched it
         (a run adopted is one it did not launch: `controllers_job`) are not believed either: the
         run is the team's, and that refusal is the one counted."""
         if claims is None:
             return None, "", None
+        policy = self.settings.policy
+        lowest = min(policy.tiers.values())
         granted, note, refused = claims.priority, "", None
-        refusal = self._team_refusal(claims.team, claims.priority)
+        refusal = self._team_refusal(claims.team, claims.priority) if claims.priority is not None else None
         if refusal is not None:
-            policy = self.settings.policy
-            granted = policy.max_priority(claims.team) if policy.team_listed(claims.team) else min(policy.tiers.values())
+            granted = policy.max_priority(claims.team) if policy.team_listed(claims.team) else lowest
             note, refused = f"; its priority tag claims {claims.priority} ({refusal[0]}: {refusal[1]}), not granted", refusal[0].value
+        if claims.problems:
+            # Tags it carries that say nothing usable: read as absent, the priority as the lowest.
+            granted = lowest if granted is None else granted
+            note += f"; {'; '.join(claims.problems)} ({Refusal.BAD_TAG}: read as absent)"
+            refused = Refusal.BAD_TAG.value
         if ev.launched_by_controller(tags, self.settings.controller):
             note += (
                 f"; its tags claim it is the controller's run of job {tags[ev.JOB_TAG]!r}"
