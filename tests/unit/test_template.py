@@ -95,6 +95,7 @@ ALARMS = {
     "WorkflowFailuresAlarm",
     "DeadLetterAlarm",
     "RejectedEventsAlarm",
+    "RefusedClaimsAlarm",
 }
 
 # Runs tagged managed, and none of another stack's (a run without the controller tag is a
@@ -651,6 +652,7 @@ def test_alarm_notifies_the_alerts_topic_both_ways(template, alarm):
         ("IdleWhileWaitingAlarm", "IdleGpusWhileWaiting"),
         ("PreemptionWithoutFreshCheckpointAlarm", "StopsWithoutFreshCheckpoint"),
         ("RejectedEventsAlarm", "RejectedEvents"),
+        ("RefusedClaimsAlarm", "RefusedClaims"),
     ],
 )
 def test_custom_metric_alarms_read_the_preemptor_namespace(template, alarm, metric):
