@@ -9,6 +9,7 @@ runs them all.
 
 from __future__ import annotations
 
+import math
 import re
 
 from preemptor.core.policy import CheckpointTimeoutAction, Policy, PreemptionMode, ReclaimMode
@@ -42,27 +43,85 @@ def fleet_never_above_capacity(result: DemoResult, scenario: Scenario) -> list[s
     ]
 
 
+def _team_runs(scenario: Scenario) -> set[str]:
+    """The runs teams launch themselves: their own, whatever their tags claim (a team may
+    put the controller's job tags on one)."""
+    return {j.name for j in scenario.jobs if j.launched_by == "team"}
+
+
+def _launched_for(run: dict, teams: set[str]) -> str | None:
+    """The job a run was launched for by the controller (its job tag), None for a team's."""
+    return None if run["name"] in teams else run["tags"].get("preemptor:job")
+
+
 def launches_fit_what_the_controller_counts(result: DemoResult, scenario: Scenario) -> list[str]:
     """A launch of the controller the account's quota refuses (`ResourceLimitExceeded`: the
     pool's instances are all held) is one the controller could not have known was too many:
     its own runs and the runs it had adopted by the job's admission leave room for it, and
     the rest is held by runs launched outside it that it had not heard of yet."""
     tags = {run["name"]: run["tags"] for run in result.runs}
+    teams = _team_runs(scenario)
     out = []
     for refusal in result.quota_refusals:
         job = refusal.tags.get("preemptor:job")
-        if job is None:
+        if job is None or refusal.run in teams:
             continue  # a team's own launch
         admitted = [e["at"] for e in result.history if e["job"] == job and e["kind"] == "admitted" and e["at"] <= refusal.at]
         since = admitted[-1] if admitted else refusal.at
         adopted = {e["job"] for e in result.history if e["kind"] == "adopted" and e["at"] <= since}
-        known = sum(n for run, n in refusal.holding.items() if "preemptor:job" in tags.get(run, {}) or run in adopted)
+        known = sum(
+            n for run, n in refusal.holding.items() if ("preemptor:job" in tags.get(run, {}) and run not in teams) or run in adopted
+        )
         if known + refusal.requested > refusal.quota:
             out.append(
                 f"launch of {refusal.run} at {refusal.at - START:.0f} s refused by the account's quota: the controller's own "
                 f"and adopted runs held {known} of {refusal.quota} {refusal.instance_type}, it asked {refusal.requested}"
             )
     return out
+
+
+# Reconcile adopts a tagged run whose events never came once it is 10 minutes old, in a round
+# every 5 minutes; under the sweep's chaos a round may fail: four more allowed.
+ADOPTION_BOUND_S = 600 + 5 * 300
+
+
+def team_runs_are_counted(result: DemoResult, scenario: Scenario, bound_s: float = ADOPTION_BOUND_S) -> list[str]:
+    """Every run a team launched itself, tagged for the scheduler, is counted (adopted)
+    within `bound_s` of its creation while it holds its GPUs, whatever else its tags claim
+    (a priority beyond its team's grant, an unusable tag, the controller's own job tags):
+    its GPUs are in use, and a run left uncounted lets the controller fill the pool around it."""
+    teams = _team_runs(scenario)
+    adopted: dict[str, float] = {}  # each run's first adoption
+    for e in sorted(result.history, key=lambda e: e["at"]):
+        if e["kind"] == "adopted":
+            adopted.setdefault(e["job"], e["at"])
+    end = max([e["at"] for e in result.history] + [r["ended_at"] or 0.0 for r in result.runs], default=START)
+    out = []
+    for run in result.runs:
+        if run["name"] not in teams:
+            continue
+        deadline = run["created_at"] + bound_s
+        if (run["ended_at"] or end) > deadline and adopted.get(run["name"], math.inf) > deadline:
+            held = f"until {run['ended_at'] - START:.0f} s" if run["ended_at"] else "to the end"
+            out.append(
+                f"team run {run['name']} (tags {sorted(run['tags'].items())}) created at {run['created_at'] - START:.0f} s, "
+                f"held its GPUs {held}, not counted within {bound_s:.0f} s"
+            )
+    return out
+
+
+def team_runs_stopped_only_as_victims(result: DemoResult, scenario: Scenario) -> list[str]:
+    """The controller stops a run a team launched itself only as the victim of a preemption
+    (or at its team's cancel) of the job it was adopted as, said in its decision log first:
+    never as a run of its own that no job accounts for, whatever the run's tags claim."""
+    teams = _team_runs(scenario)
+    told = [e for e in result.history if e["kind"] in ("stop-requested", "cancel-requested")]
+    return [
+        f"team run {a.run} stopped by {a.actor} at {a.at - START:.0f} s, not as a victim of its adopted job"
+        for a in result.stop_attempts
+        if a.run in teams and a.refused is None
+        and not any(e["job"] == a.run and e["at"] <= a.at + _SAME_MOMENT_S for e in told)
+    ]
 
 
 def accepted_jobs_settle(result: DemoResult, scenario: Scenario) -> list[str]:
@@ -84,10 +143,11 @@ def no_run_launched_twice(result: DemoResult, scenario: Scenario) -> list[str]:
     out = []
     names: dict[str, int] = {}
     incarnations: dict[tuple[str, str], list[str]] = {}
+    teams = _team_runs(scenario)
     for run in result.runs:
         names[run["name"]] = names.get(run["name"], 0) + 1
         tags = run["tags"]
-        if tags.get(MANAGED_TAG) == "true" and "preemptor:job" in tags:
+        if tags.get(MANAGED_TAG) == "true" and _launched_for(run, teams):
             key = (tags["preemptor:job"], tags.get("preemptor:incarnation", "?"))
             incarnations.setdefault(key, []).append(run["job_id"])
     out += [f"run name {name} launched {n} times" for name, n in sorted(names.items()) if n > 1]
@@ -105,14 +165,14 @@ def no_stop_without_required_checkpoint(result: DemoResult, scenario: Scenario) 
     knowingly and said why (`checkpoint-timeout` only when the policy says stop anyway), or
     its team cancelled the job (`cancel-requested`: nothing of it is wanted any more)."""
     policy = Policy(**scenario.policy)
-    tags = {run["name"]: run["tags"] for run in result.runs}
+    launched_for = {run["name"]: _launched_for(run, _team_runs(scenario)) for run in result.runs}
     out = []
     for stop in result.fleet_stops:
         if stop.run in result.stopped_by_hand or not stop.started:
             continue
         if stop.unsaved_work_s <= policy.checkpoint_max_age_s:
             continue
-        job = tags.get(stop.run, {}).get("preemptor:job") or re.sub(r"-r\d+$", "", stop.run)
+        job = launched_for.get(stop.run) or re.sub(r"-r\d+$", "", stop.run)
         if any(e["job"] == job and e["kind"] == "cancel-requested" and _told_before(e, stop.at) for e in result.history):
             continue
         logged = [e for e in result.history if e["job"] == job and e["kind"] == "stop-requested" and _told_before(e, stop.at)]
@@ -197,10 +257,11 @@ def decision_log_tells_every_change(result: DemoResult, scenario: Scenario) -> l
         if entry["kind"] == "requeued" and entry["reason"] == "preempted":
             requeued_for[entry["job"]] = requeued_for.get(entry["job"], 0) + 1
     runs: dict[str, int] = {}
+    teams = _team_runs(scenario)
     for run in result.runs:
-        tags = run["tags"]
-        if tags.get(MANAGED_TAG) == "true" and "preemptor:job" in tags:
-            runs[tags["preemptor:job"]] = runs.get(tags["preemptor:job"], 0) + 1
+        job = _launched_for(run, teams)
+        if run["tags"].get(MANAGED_TAG) == "true" and job:
+            runs[job] = runs.get(job, 0) + 1
     for job in result.report["jobs"]:
         name, seen = job["name"], kinds.get(job["name"], {})
         launches = seen.get("launched", 0) + seen.get("relaunched", 0)
@@ -323,6 +384,7 @@ def protections_hold(result: DemoResult, scenario: Scenario) -> list[str]:
     instead of relaunched, after that many), nor before it ran `min_runtime_s` (from its
     launch, as the planner counts it) unless its preemptor was escalated."""
     policy = Policy(**scenario.policy)
+    teams = _team_runs(scenario)
     out = []
     requeues: dict[str, int] = {}
     for e in result.history:
@@ -340,7 +402,7 @@ def protections_hold(result: DemoResult, scenario: Scenario) -> list[str]:
             job, at = started["job"], started["at"]
             lines = [e["at"] for e in result.history if e["job"] == job and e["kind"] in ("launched", "relaunched", "adopted") and e["at"] <= at]
             # A run reconcile found launched counts from its creation, before reconcile's line.
-            created = [r["created_at"] for r in result.runs if job in (r["tags"].get("preemptor:job"), r["name"]) and r["created_at"] <= at]
+            created = [r["created_at"] for r in result.runs if job in (_launched_for(r, teams), r["name"]) and r["created_at"] <= at]
             if not lines or escalated:
                 continue
             since = min(lines[-1], max(created)) if created else lines[-1]
@@ -437,6 +499,8 @@ INVARIANTS = (
     decision_log_tells_every_change,
     fleet_never_above_capacity,
     launches_fit_what_the_controller_counts,
+    team_runs_are_counted,
+    team_runs_stopped_only_as_victims,
     accepted_jobs_settle,
     no_run_launched_twice,
     no_stop_without_required_checkpoint,

@@ -61,12 +61,32 @@ def random_story(service: str, seed: int, chaos: dict | None = None, jobs: int =
     if rng.random() < 0.3:
         faults.append({"type": "workflow_crash", "at": 60 * rng.randrange(0, 60)})
     policy = _knobs(random.Random(f"knobs-{seed}"), service, specs, faults) if knobs else {}
+    if knobs:
+        _claims_not_granted(random.Random(f"claims-{seed}"), specs)
     return Scenario.model_validate(
         {
             "pools": [pool], "jobs": specs, "lowerings": lowerings, "cancellations": cancellations, "faults": faults,
             "chaos": {"seed": seed, **(chaos or {})}, "policy": policy,
         }
     )
+
+
+def _claims_not_granted(rng: random.Random, specs: list[dict]) -> None:
+    """Some of the runs teams launch themselves carry tags the platform does not believe:
+    the controller's own job tags (naming another job of the story, or none), or a
+    priority no tier is named. Each is adopted, counted, at what the platform grants."""
+    others = [s["name"] for s in specs if s.get("launched_by") != "team"] or ["no-such-job"]
+    for spec in specs:
+        if spec.get("launched_by") != "team":
+            continue
+        roll = rng.random()
+        if roll < 0.25:
+            spec["tags"] = {
+                "preemptor:job": rng.choice([*others, "no-such-job"]), "preemptor:incarnation": "1",
+                **({"preemptor:controller": "preemptor"} if rng.random() < 0.5 else {}),
+            }
+        elif roll < 0.4:
+            spec["tags"] = {"preemptor:priority": "urgent"}
 
 
 def _knobs(rng: random.Random, service: str, specs: list[dict], faults: list[dict]) -> dict:

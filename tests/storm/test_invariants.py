@@ -11,11 +11,14 @@ from storm.invariants import (
     priorities_within_team_ceilings,
     protections_hold,
     stops_serve_a_waiting_job,
+    team_runs_are_counted,
+    team_runs_stopped_only_as_victims,
 )
 from storm.random_story import random_story
 
 from preemptor_tools.local import demo
 from preemptor_tools.local.fleet import QuotaRefusal
+from preemptor_tools.local.hostile import StopAttempt
 
 
 def _line(job: str, at: float, kind: str, reason: str = "", detail: str = "", **extra: str) -> dict:
@@ -122,3 +125,43 @@ def test_the_checkpoint_check_judges_fresh_at_the_stops_claim_not_where_it_lands
     assert stopped(301, 2) == []
     # At 310 s of work on landing 2 s after its claim, it was not fresh when judged: found
     assert stopped(310, 2) == [f"run {job} stopped with 310 s of work since its checkpoint (policy: 300 s) and the controller called it fresh"]
+
+
+def _team_story():
+    """A story whose first job is a run its team launches itself, wearing the controller's tags."""
+    scenario = _story()
+    team = scenario.jobs[0].model_copy(update={"launched_by": "team", "tags": {"preemptor:job": scenario.jobs[1].name}})
+    scenario.jobs = [team, *scenario.jobs[1:]]
+    return scenario, team.name
+
+
+def test_the_counting_check_finds_a_team_run_held_uncounted_past_the_bound() -> None:
+    scenario, run = _team_story()
+    tags = {"preemptor:team": "research", "preemptor:job": "job-1"}
+
+    def held(ended_after: float | None, adopted_after: float | None) -> list[str]:
+        runs = [{"name": run, "tags": tags, "created_at": demo.START, "ended_at": None if ended_after is None else demo.START + ended_after}]
+        history = [_line("job-1", 4000, "completed")] + ([_line(run, adopted_after, "adopted")] if adopted_after is not None else [])
+        return team_runs_are_counted(demo.DemoResult(history=history, runs=runs), scenario, bound_s=1800)
+
+    # Held to the end (4,000 s), never adopted; or adopted only after the bound: found
+    found = f"team run {run} (tags {sorted(tags.items())}) created at 0 s, held its GPUs to the end, not counted within 1800 s"
+    assert held(None, None) == [found]
+    assert held(None, 1900) == [found]
+    # Adopted within the bound, or ended (stopped, refused) before it: kept
+    assert held(None, 60) == []
+    assert held(900, None) == []
+
+
+def test_the_stop_check_finds_a_team_run_stopped_as_no_jobs() -> None:
+    scenario, run = _team_story()
+
+    def stopped(history: list[dict], refused: str | None = None) -> list[str]:
+        attempt = StopAttempt(demo.START + 700, "preemptor-ReconcileFunction", run, True, refused)
+        return team_runs_stopped_only_as_victims(demo.DemoResult(history=history, stop_attempts=[attempt]), scenario)
+
+    # Stopped by reconcile with no line on its adopted job (its tags claimed another job's): found
+    assert stopped([]) == [f"team run {run} stopped by preemptor-ReconcileFunction at 700 s, not as a victim of its adopted job"]
+    # Stopped as a victim, said first; or a stop AWS refused: kept
+    assert stopped([_line(run, 690, "stop-requested", "fresh-checkpoint", "preempted by job-2")]) == []
+    assert stopped([], refused="AccessDenied") == []

@@ -160,6 +160,7 @@ class _Job:
     start_at: float
     phase: str = "starting"  # starting | running | ended
     status: str = ""
+    ended_at: float | None = None
     work_started_at: float | None = None
     progress_at_start: float = 0.0
     final_progress: float | None = None
@@ -328,12 +329,13 @@ class SimulatedFleet:
             return dict(self._max_in_use)
 
     def runs(self) -> list[dict]:
-        """Every run the fleet has seen: name, id, service, pool, GPUs, status, times."""
+        """Every run the fleet has seen: name, id, service, pool, GPUs, status, times (its
+        end: None while it lives)."""
         with self._lock:
             return [
                 {
                     "name": j.name, "job_id": j.job_id, "service": j.service, "pool": j.pool, "gpus": j.gpus,
-                    "status": j.status, "created_at": j.created_at, "phase": j.phase,
+                    "status": j.status, "created_at": j.created_at, "ended_at": j.ended_at, "phase": j.phase,
                     "tags": _tags(j.service, j.request),
                 }
                 for j in self._jobs.values()
@@ -661,7 +663,7 @@ class SimulatedFleet:
     def _never_provisioned(self, job: _Job, t: float, secondary: str, reason: str) -> bool:
         """A SageMaker job that never got its instances ends Failed, holding no GPU."""
         job.final_progress = 0.0
-        job.phase = "ended"
+        job.phase, job.ended_at = "ended", t
         self._occupy(job, -1)
         moto_patches.set_training_job_status(job.name, "Failed", secondary, reason)
         job.status = f"Failed/{secondary}"
@@ -671,7 +673,7 @@ class SimulatedFleet:
 
     def _end(self, job: _Job, t: float, completed: bool) -> bool:
         job.final_progress = job.progress(t)
-        job.phase = "ended"
+        job.phase, job.ended_at = "ended", t
         self._occupy(job, -1)
         if job.service == SAGEMAKER:
             status = "Completed" if completed else "Stopped"

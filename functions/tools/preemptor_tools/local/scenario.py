@@ -57,6 +57,9 @@ class ScenarioJob(BaseModel):
     # priority and pool (and preemptor:managed=true: it may be preempted); the controller
     # only learns of it from its events and adopts it. "controller": submitted to the bus.
     launched_by: Literal["controller", "team"] = "controller"
+    # Tags a team's own run carries besides (and over) those above: a claim the platform
+    # does not grant (the controller's own job tags, an unknown tier), as a team may write.
+    tags: dict[str, str] = Field(default_factory=dict)
     # The job runs the training helper (preemptor_training.Checkpointer): the simulated job
     # saves on SIGTERM, and a submitted one declares it (label preemptor/saves-on-stop; an
     # adopted run declares nothing, so the controller never trusts it to).
@@ -214,6 +217,8 @@ class Scenario(BaseModel):
                 raise ValueError(f"job {job.name!r} names unknown pool {job.pool!r}")
             if job.launched_by == "team" and pool.service != "sagemaker":
                 raise ValueError(f"job {job.name!r}: only SageMaker jobs are launched by a team in a scenario")
+            if job.tags and job.launched_by != "team":
+                raise ValueError(f"job {job.name!r}: 'tags' are a team's own run's (launched_by: team)")
             if pool.service == "sagemaker" and job.instances is None:
                 raise ValueError(f"job {job.name!r} runs on SageMaker pool {pool.name!r}: give 'instances'")
             if pool.service == "batch" and job.gpus is None:
@@ -377,7 +382,8 @@ def submission_event(job: ScenarioJob, pool: PoolConfig, bucket: str, at: float,
 def team_launch_request(job: ScenarioJob, pool: PoolConfig, bucket: str) -> dict:
     """The CreateTrainingJob call a team makes itself, outside the controller: its run is
     tagged so that the controller adopts it (team, priority, pool, and preemptor:managed,
-    which lets the controller stop it), with its checkpoints under the team's prefix."""
+    which lets the controller stop it, and the job's own `tags` over them), with its
+    checkpoints under the team's prefix."""
     request = submission_event(job, pool, bucket, 0.0, "us-east-1")["detail"]["request"]
     return {
         **request,
@@ -386,9 +392,13 @@ def team_launch_request(job: ScenarioJob, pool: PoolConfig, bucket: str) -> dict
         "OutputDataConfig": {"S3OutputPath": f"s3://{bucket}/_output/{job.team}/"},
         "CheckpointConfig": {**request["CheckpointConfig"], "S3Uri": f"s3://{bucket}/{job.team}/{job.name}"},
         "Tags": [
-            {"Key": "preemptor:team", "Value": job.team},
-            {"Key": "preemptor:priority", "Value": str(job.priority)},
-            {"Key": "preemptor:pool", "Value": job.pool},
-            {"Key": "preemptor:managed", "Value": "true"},
+            {"Key": key, "Value": value}
+            for key, value in {
+                "preemptor:team": job.team,
+                "preemptor:priority": str(job.priority),
+                "preemptor:pool": job.pool,
+                "preemptor:managed": "true",
+                **job.tags,
+            }.items()
         ],
     }
