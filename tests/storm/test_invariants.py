@@ -165,3 +165,20 @@ def test_the_stop_check_finds_a_team_run_stopped_as_no_jobs() -> None:
     # Stopped as a victim, said first; or a stop AWS refused: kept
     assert stopped([_line(run, 690, "stop-requested", "fresh-checkpoint", "preempted by job-2")]) == []
     assert stopped([], refused="AccessDenied") == []
+
+
+def test_the_checkpoint_check_lets_a_cancels_stop_land_whenever_its_retries_get_it_through() -> None:
+    from preemptor_tools.local.fleet import FleetStop
+
+    scenario = _story(checkpoint_max_age_s=300)
+    job = scenario.jobs[0].name
+    cancelled = _line(job, 100, "cancel-requested", "job-cancelled", f"stopping {job}")
+    # The cancel's stop landing 170 s after its line (its handling failed, Lambda retried it):
+    # nothing of the job is wanted, whatever its unsaved work (knobs seed sagemaker 3)
+    stop = FleetStop(job, "id", demo.START + 270, True, 800)
+    assert no_stop_without_required_checkpoint(demo.DemoResult(history=[cancelled], fleet_stops=[stop]), scenario) == []
+    # A stop before any cancel is still found
+    early = FleetStop(job, "id", demo.START + 50, True, 800)
+    assert no_stop_without_required_checkpoint(demo.DemoResult(history=[cancelled], fleet_stops=[early]), scenario) == [
+        f"run {job} stopped with 800 s of work since its checkpoint (policy: 300 s) and the controller logged no stop"
+    ]
