@@ -1389,6 +1389,49 @@ def submit_batch_work(env: Emulation, **workload: str) -> str:
     return submit_batch_job(env, queue, definition, environment)
 
 
+def test_a_batch_job_with_no_room_in_its_compute_environments_waits_runnable_until_a_job_ends(emulation: Emulation) -> None:
+    # Given a Batch pool of 32 GPUs (its compute environments'), whose jobs state their GPUs
+    # (moto alone runs whatever is submitted: a pool's owner would see more than it owns)
+    queue, definition = batch_queue(emulation)
+    fleet = emulation.fleet(classify=lambda service, request: ("g5", _gpus(request)), batch_capacity={"g5": 32})
+    batch = emulation.client("batch")
+
+    def submit(name: str, gpus: int, seconds: int) -> str:
+        return batch.submit_job(
+            jobName=name, jobQueue=queue, jobDefinition=definition, tags={"preemptor:team": "nlp"},
+            containerOverrides={
+                "environment": [{"name": "PREEMPTOR_SIM_DURATION_S", "value": str(seconds)}],
+                "resourceRequirements": [{"type": "GPU", "value": str(gpus)}],
+            },
+        )["jobId"]
+
+    first, second = submit("first", 16, 600), submit("second", 16, 600)
+    # When a third is submitted, whoever submits it, while the two run
+    emulation.clock.advance(60)
+    third = submit("third", 8, 600)
+    emulation.clock.advance(120)
+
+    # Then it waits RUNNABLE, holding nothing, and the wait is recorded with what held the room
+    status = lambda job: batch.describe_jobs(jobs=[job])["jobs"][0]["status"]  # noqa: E731
+    assert (status(first), status(second), status(third)) == ("RUNNING", "RUNNING", "RUNNABLE")
+    assert fleet.gpus_in_use() == {"g5": 32}
+    assert [(r.run, r.instance_type, r.requested, r.quota, r.holding) for r in fleet.quota_refusals] == [
+        ("third", "GPUs", 8, 32, {"first": 16, "second": 16})
+    ]
+    # And its detail states the GPUs it asked for, as AWS's DescribeJobs and events do
+    requirements = batch.describe_jobs(jobs=[third])["jobs"][0]["container"]["resourceRequirements"]
+    assert {r["type"]: r["value"] for r in requirements}["GPU"] == "8"
+    # And once a job ends it starts (its startup done), and the pool never held more than its room
+    emulation.clock.advance(600 - 180 + 30)
+    assert (status(first), status(third)) == ("SUCCEEDED", "RUNNING")
+    assert fleet.max_gpus_in_use() == {"g5": 32}
+
+
+def _gpus(request: dict) -> int:
+    overrides = (request.get("containerOverrides") or {}).get("resourceRequirements") or []
+    return sum(int(r["value"]) for r in overrides if r["type"] == "GPU")
+
+
 def test_a_terminated_batch_job_fails_after_the_grace_with_the_reason(emulation: Emulation) -> None:
     # Given a running Batch job (30 s startup) that checkpoints every 100 s of work
     fleet = emulation.fleet()

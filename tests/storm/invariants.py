@@ -87,20 +87,20 @@ ADOPTION_BOUND_S = 600 + 5 * 300
 
 def team_runs_are_counted(result: DemoResult, scenario: Scenario, bound_s: float = ADOPTION_BOUND_S) -> list[str]:
     """Every run a team launched itself, tagged for the scheduler, is counted (adopted)
-    within `bound_s` of its creation while it holds its GPUs, whatever else its tags claim
+    within `bound_s` of its creation, or of its start where it waited for room (a Batch job
+    RUNNABLE holds no GPUs), while it holds its GPUs, whatever else its tags claim
     (a priority beyond its team's grant, an unusable tag, the controller's own job tags):
     its GPUs are in use, and a run left uncounted lets the controller fill the pool around it."""
     teams = _team_runs(scenario)
-    adopted: dict[str, float] = {}  # each run's first adoption
-    for e in sorted(result.history, key=lambda e: e["at"]):
-        if e["kind"] == "adopted":
-            adopted.setdefault(e["job"], e["at"])
+    # When each was counted: its record's (a handling that died after the insert, its event
+    # then dead-lettered, leaves no `adopted` line: the decision-log invariant's to find).
+    adopted = {j["name"]: j["adopted_at"] for j in result.report.get("jobs", []) if j.get("adopted_at") is not None}
     end = max([e["at"] for e in result.history] + [r["ended_at"] or 0.0 for r in result.runs], default=START)
     out = []
     for run in result.runs:
-        if run["name"] not in teams:
+        if run["name"] not in teams or (run["service"] == "batch" and run["started_at"] is None):
             continue
-        deadline = run["created_at"] + bound_s
+        deadline = (run["started_at"] if run["service"] == "batch" else run["created_at"]) + bound_s
         if (run["ended_at"] or end) > deadline and adopted.get(run["name"], math.inf) > deadline:
             held = f"until {run['ended_at'] - START:.0f} s" if run["ended_at"] else "to the end"
             out.append(

@@ -62,6 +62,11 @@ def random_story(service: str, seed: int, chaos: dict | None = None, jobs: int =
         faults.append({"type": "workflow_crash", "at": 60 * rng.randrange(0, 60)})
     policy = _knobs(random.Random(f"knobs-{seed}"), service, specs, faults) if knobs else {}
     if knobs:
+        if service == "batch":  # a generator of its own: the policy's draws stay the seed's
+            team_launches = random.Random(f"batch-team-launches-{seed}")
+            for spec in specs:
+                if team_launches.random() < 0.2:
+                    spec["launched_by"], spec["runs_training_helper"] = "team", False
         _claims_not_granted(random.Random(f"claims-{seed}"), specs)
     return Scenario.model_validate(
         {

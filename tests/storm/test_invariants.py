@@ -140,9 +140,13 @@ def test_the_counting_check_finds_a_team_run_held_uncounted_past_the_bound() -> 
     tags = {"preemptor:team": "research", "preemptor:job": "job-1"}
 
     def held(ended_after: float | None, adopted_after: float | None) -> list[str]:
-        runs = [{"name": run, "tags": tags, "created_at": demo.START, "ended_at": None if ended_after is None else demo.START + ended_after}]
-        history = [_line("job-1", 4000, "completed")] + ([_line(run, adopted_after, "adopted")] if adopted_after is not None else [])
-        return team_runs_are_counted(demo.DemoResult(history=history, runs=runs), scenario, bound_s=1800)
+        runs = [{
+            "name": run, "tags": tags, "service": "sagemaker", "created_at": demo.START, "started_at": demo.START + 120,
+            "ended_at": None if ended_after is None else demo.START + ended_after,
+        }]
+        history = [_line("job-1", 4000, "completed")]
+        report = {"jobs": [{"name": run, "adopted_at": None if adopted_after is None else demo.START + adopted_after}]}
+        return team_runs_are_counted(demo.DemoResult(history=history, runs=runs, report=report), scenario, bound_s=1800)
 
     # Held to the end (4,000 s), never adopted; or adopted only after the bound: found
     found = f"team run {run} (tags {sorted(tags.items())}) created at 0 s, held its GPUs to the end, not counted within 1800 s"

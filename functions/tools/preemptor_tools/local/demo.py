@@ -115,6 +115,7 @@ def run(
             ec2_client=stack.client("ec2"),
             classify=pool_classifier(scenario),
             instance_quotas=instance_quotas(scenario),
+            batch_capacity={p.name: local_pool(p).capacity_gpus for p in scenario.pools if p.service == "batch"},
         )
         for fault in scenario.faults:
             if isinstance(fault, CapacityError):
@@ -202,9 +203,13 @@ def _replay(
                 # Outside the controller: the team creates its run itself; the fleet's
                 # events tell the controller, which adopts it.
                 stack.pump(on_event)  # the submissions before it first
+                pool = scenario.pool(job.pool)
                 sagemaker = stack.client("sagemaker")
                 try:
-                    sagemaker.create_training_job(**team_launch_request(job, scenario.pool(job.pool), bucket))
+                    if pool.service == "sagemaker":
+                        sagemaker.create_training_job(**team_launch_request(job, pool, bucket))
+                    else:
+                        stack.client("batch").submit_job(**team_launch_request(job, pool, bucket))
                 except sagemaker.exceptions.ClientError as e:
                     # The account's quota is full (the pool's instances are all in use): the
                     # run never exists, and the controller never hears of it.
@@ -212,7 +217,8 @@ def _replay(
                     why = f"CreateTrainingJob refused: {e.response['Error']['Code']}"
                     result.timeline.append(TimelineEntry(elapsed, "workload", job.name, "refused to its team", why))
                 else:
-                    result.timeline.append(TimelineEntry(elapsed, "workload", job.name, "launched by its team", "CreateTrainingJob outside the controller"))
+                    call = "CreateTrainingJob" if pool.service == "sagemaker" else "SubmitJob"
+                    result.timeline.append(TimelineEntry(elapsed, "workload", job.name, "launched by its team", f"{call} outside the controller"))
             else:
                 # Every submission due now reaches the bus at this moment (in a hostile
                 # world, duplicated and delayed like any other event): `pump` routes them together.
@@ -410,6 +416,7 @@ def build_report(store, scenario: Scenario, refused: set[str] = frozenset()) -> 
                 "team": r.team,
                 "priority": r.priority,
                 "state": STATE_NAMES[r.status],
+                "adopted_at": r.submitted_at if r.adopted else None,  # a run its team launched, counted from then
                 "wait_s": wait,
                 "preemptions": sum(1 for e in mine if e["reason"] == "preempted"),
                 # Stops before a spot instance goes away, and SageMaker managed-spot interruptions

@@ -12,7 +12,11 @@ Life of a job, all in simulated time:
 - a CreateTrainingJob that would take the account's instances of a type over its quota
   (`instance_quotas`: what the pools own) is refused `ResourceLimitExceeded`, whoever asks,
   and nothing is created (`quota_refusals` records it, with the runs that held the type).
-- created/submitted: SageMaker `InProgress`/`Starting`; Batch `RUNNABLE`.
+- created/submitted: SageMaker `InProgress`/`Starting`; Batch `RUNNABLE`. A Batch job of a pool
+  whose compute environments' GPUs are known (`batch_capacity`) takes them only when it
+  starts, and starts only when they fit beside the pool's running jobs: otherwise it stays
+  `RUNNABLE` (recorded in `quota_refusals`, once) until a job of the pool ends, as Batch
+  leaves a job its compute environments have no room for, whoever submitted it.
 - after the startup delay: SageMaker `InProgress`/`Training`; Batch `STARTING` then `RUNNING`.
   Work resumes from the newest complete checkpoint under the checkpoint prefix, found as the
   training helper finds it (`preemptor_training`'s S3 mirror: a step directory whose manifest
@@ -129,7 +133,9 @@ class FleetStop:
 @dataclass(frozen=True)
 class QuotaRefusal:
     """A CreateTrainingJob the account's instance quota refused (`ResourceLimitExceeded`):
-    the runs of the type that held the instances then, by name (with their count)."""
+    the runs of the type that held the instances then, by name (with their count). Also a
+    Batch job left `RUNNABLE` for want of room in its pool's compute environments
+    (`instance_type` "GPUs": `requested`, `quota` and `holding` in GPUs)."""
 
     at: float
     run: str
@@ -161,6 +167,8 @@ class _Job:
     phase: str = "starting"  # starting | running | ended
     status: str = ""
     ended_at: float | None = None
+    holding: bool = False  # counted in its pool's GPUs in use (`_occupy`)
+    first_started_at: float | None = None  # when it first got its instances
     work_started_at: float | None = None
     progress_at_start: float = 0.0
     final_progress: float | None = None
@@ -220,6 +228,7 @@ class SimulatedFleet:
         classify: Classify | None = None,
         keep_checkpoints: int = 2,
         instance_quotas: dict[str, int] | None = None,
+        batch_capacity: dict[str, int] | None = None,
     ) -> None:
         if keep_checkpoints < 1:
             raise ValueError(f"keep_checkpoints must be >= 1, got {keep_checkpoints}")
@@ -261,6 +270,10 @@ class SimulatedFleet:
         # once): a CreateTrainingJob over it is refused, as on AWS, whoever calls.
         self._instance_quotas = dict(instance_quotas or {})
         self.quota_refusals: list[QuotaRefusal] = []
+        # GPUs of each Batch pool's compute environments: its jobs start only into room, and
+        # wait RUNNABLE (oldest first) for a job of the pool to end.
+        self._batch_capacity = dict(batch_capacity or {})
+        self._runnable: dict[str, list[_Job]] = {}
         self._lock = threading.RLock()
         self._jobs: dict[str, _Job] = {}
         self._queue: list[_Transition] = []
@@ -336,14 +349,16 @@ class SimulatedFleet:
                 {
                     "name": j.name, "job_id": j.job_id, "service": j.service, "pool": j.pool, "gpus": j.gpus,
                     "status": j.status, "created_at": j.created_at, "ended_at": j.ended_at, "phase": j.phase,
+                    "started_at": j.first_started_at,
                     "tags": _tags(j.service, j.request),
                 }
                 for j in self._jobs.values()
             ]
 
     def _occupy(self, job: _Job, sign: int) -> None:
-        if job.pool is None or not job.gpus:
+        if job.pool is None or not job.gpus or job.holding == (sign > 0):
             return
+        job.holding = sign > 0
         self._in_use[job.pool] = self._in_use.get(job.pool, 0) + sign * job.gpus
         self._max_in_use[job.pool] = max(self._max_in_use.get(job.pool, 0), self._in_use[job.pool])
 
@@ -444,7 +459,8 @@ class SimulatedFleet:
         )
         with self._lock:
             self._jobs[_key(BATCH, job_id)] = job
-            self._occupy(job, +1)
+            if job.pool not in self._batch_capacity:
+                self._occupy(job, +1)  # no room known: held from its submission
             moto_patches.set_batch_job_status(job_id, "RUNNABLE")
             job.status = "RUNNABLE"
             self._record(now, job, "submitted: RUNNABLE")
@@ -610,6 +626,32 @@ class SimulatedFleet:
         ]
         return max(ends) if ends else None
 
+    def _room_for(self, job: _Job, t: float) -> bool:
+        """Whether a Batch job about to start fits in its pool's compute environments (and
+        then takes its GPUs); otherwise it waits RUNNABLE for a job of the pool to end."""
+        capacity = self._batch_capacity.get(job.pool or "")
+        if capacity is None:
+            return True
+        waiting = self._runnable.setdefault(job.pool, [])
+        if self._in_use.get(job.pool, 0) + job.gpus <= capacity:
+            self._occupy(job, +1)
+            if job in waiting:
+                waiting.remove(job)
+            return True
+        if job not in waiting:
+            holding = {j.name: j.gpus for j in self._jobs.values() if j.pool == job.pool and j.holding}
+            self.quota_refusals.append(QuotaRefusal(t, job.name, _tags(BATCH, job.request), "GPUs", job.gpus, capacity, holding))
+            self._record(t, job, f"RUNNABLE: no room in the compute environments ({self._in_use.get(job.pool, 0)} of {capacity} GPUs in use)")
+            waiting.append(job)
+        return False
+
+    def _room_freed(self, job: _Job, t: float) -> None:
+        """A job of a Batch pool ended: the jobs waiting RUNNABLE for room try again, oldest first."""
+        waiting = self._runnable.get(job.pool or "", [])
+        self._runnable[job.pool or ""] = [j for j in waiting if j.phase != "ended"]
+        for other in self._runnable[job.pool or ""]:
+            self._schedule(t, other, "start")
+
     def _spot_deadline(self, job: _Job) -> float | None:
         """A managed-spot job's last moment to find spot capacity; None for on-demand."""
         if not job.request.get("EnableManagedSpotTraining"):
@@ -619,7 +661,9 @@ class SimulatedFleet:
         return job.created_at + max(0, wait)
 
     def _start(self, job: _Job, t: float) -> bool:
-        if job.stop_requested_at is not None and job.phase == "starting":
+        if job.phase != "starting":
+            return False  # started already (room freed twice for a job waiting RUNNABLE)
+        if job.stop_requested_at is not None:
             return False  # the stop already ended it (scheduled at the request)
         outage_end = self._outage_end(job, t)
         deadline = self._spot_deadline(job)
@@ -637,9 +681,12 @@ class SimulatedFleet:
             return False
         if outage_end is not None:
             return self._never_provisioned(job, t, "Failed", CAPACITY_ERROR)
+        if job.service == BATCH and not self._room_for(job, t):
+            return False
         progress, checkpoint_at = self._newest_checkpoint(job)
         job.phase = "running"
         job.work_started_at = t
+        job.first_started_at = job.first_started_at or t
         job.progress_at_start = min(progress, job.duration_s)
         job.checkpointed_progress = job.progress_at_start
         if checkpoint_at is not None:
@@ -674,7 +721,10 @@ class SimulatedFleet:
     def _end(self, job: _Job, t: float, completed: bool) -> bool:
         job.final_progress = job.progress(t)
         job.phase, job.ended_at = "ended", t
+        held = job.holding
         self._occupy(job, -1)
+        if held and job.service == BATCH and job.pool in self._batch_capacity:
+            self._room_freed(job, t)
         if job.service == SAGEMAKER:
             status = "Completed" if completed else "Stopped"
             moto_patches.set_training_job_status(job.name, status, status)

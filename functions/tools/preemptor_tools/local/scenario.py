@@ -53,9 +53,10 @@ class ScenarioJob(BaseModel):
     checkpoint_every: float | None = Field(default=None, gt=0)
     instances: int | None = Field(default=None, gt=0)
     gpus: int | None = Field(default=None, gt=0)
-    # "team": the team launches the training job itself in SageMaker, tagged with its team,
-    # priority and pool (and preemptor:managed=true: it may be preempted); the controller
-    # only learns of it from its events and adopts it. "controller": submitted to the bus.
+    # "team": the team launches the run itself (a SageMaker training job, a Batch job in the
+    # pool's queue), tagged with its team, priority and pool (and preemptor:managed=true: it
+    # may be preempted); the controller only learns of it from its events and adopts it.
+    # "controller": submitted to the bus.
     launched_by: Literal["controller", "team"] = "controller"
     # Tags a team's own run carries besides (and over) those above: a claim the platform
     # does not grant (the controller's own job tags, an unknown tier), as a team may write.
@@ -215,8 +216,6 @@ class Scenario(BaseModel):
             pool = pools.get(job.pool)
             if pool is None:
                 raise ValueError(f"job {job.name!r} names unknown pool {job.pool!r}")
-            if job.launched_by == "team" and pool.service != "sagemaker":
-                raise ValueError(f"job {job.name!r}: only SageMaker jobs are launched by a team in a scenario")
             if job.tags and job.launched_by != "team":
                 raise ValueError(f"job {job.name!r}: 'tags' are a team's own run's (launched_by: team)")
             if pool.service == "sagemaker" and job.instances is None:
@@ -380,25 +379,36 @@ def submission_event(job: ScenarioJob, pool: PoolConfig, bucket: str, at: float,
 
 
 def team_launch_request(job: ScenarioJob, pool: PoolConfig, bucket: str) -> dict:
-    """The CreateTrainingJob call a team makes itself, outside the controller: its run is
-    tagged so that the controller adopts it (team, priority, pool, and preemptor:managed,
-    which lets the controller stop it, and the job's own `tags` over them), with its
-    checkpoints under the team's prefix."""
+    """The call a team makes itself, outside the controller (SageMaker's CreateTrainingJob,
+    Batch's SubmitJob into the pool's queue): its run is tagged so that the controller adopts
+    it (team, priority, pool, and preemptor:managed, which lets the controller stop it, and
+    the job's own `tags` over them), with its checkpoints under the team's prefix."""
     request = submission_event(job, pool, bucket, 0.0, "us-east-1")["detail"]["request"]
+    checkpoint = f"s3://{bucket}/{job.team}/{job.name}"
+    tags = {
+        "preemptor:team": job.team,
+        "preemptor:priority": str(job.priority),
+        "preemptor:pool": job.pool,
+        "preemptor:managed": "true",
+        **({} if pool.service == "sagemaker" else {"preemptor:checkpoint": checkpoint}),
+        **job.tags,
+    }
+    if pool.service != "sagemaker":
+        overrides = request["containerOverrides"]
+        environment = [*overrides["environment"], {"name": "PREEMPTOR_CHECKPOINT_S3_URI", "value": checkpoint}]
+        return {
+            **request,
+            "jobName": job.name,
+            "jobQueue": local_pool(pool).job_queue,
+            "containerOverrides": {**overrides, "environment": environment},
+            "tags": tags,
+            "propagateTags": True,
+        }
     return {
         **request,
         "TrainingJobName": job.name,
         "RoleArn": ROLE_ARN,
         "OutputDataConfig": {"S3OutputPath": f"s3://{bucket}/_output/{job.team}/"},
-        "CheckpointConfig": {**request["CheckpointConfig"], "S3Uri": f"s3://{bucket}/{job.team}/{job.name}"},
-        "Tags": [
-            {"Key": key, "Value": value}
-            for key, value in {
-                "preemptor:team": job.team,
-                "preemptor:priority": str(job.priority),
-                "preemptor:pool": job.pool,
-                "preemptor:managed": "true",
-                **job.tags,
-            }.items()
-        ],
+        "CheckpointConfig": {**request["CheckpointConfig"], "S3Uri": checkpoint},
+        "Tags": [{"Key": key, "Value": value} for key, value in tags.items()],
     }

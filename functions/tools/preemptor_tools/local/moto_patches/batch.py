@@ -11,6 +11,10 @@ Gaps filled, each at the hook moto's Docker-free backend provides:
 - `Job._get_container_property("environment")` appends `AWS_BATCH_JOB_ID` to the job's own
   override list on every DescribeJobs, so the environment grows with each call; the patch
   lets it append to a copy.
+- `Job._container_details` leaves out `resourceRequirements`, which AWS's DescribeJobs (and
+  the state-change events, which carry the same detail) state: the job definition's, each
+  type overridden by the job's `containerOverrides`. The patch adds them (a job's GPUs are
+  read from there when the controller adopts it).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ def patch() -> None:
     replace(BatchSimpleBackend, "_mark_job_as_finished", _register_job)
     replace(Job, "terminate", _terminate)
     replace(Job, "_get_container_property", _container_property)
+    replace(Job, "_container_details", _container_details)
 
 
 def on_batch_job_submitted(callback: BatchJobSubmitted) -> Callable[[], None]:
@@ -93,6 +98,19 @@ def _container_property(self: Job, p: str, default: Any) -> Any:
         return _ORIGINAL_GET_CONTAINER_PROPERTY(self, p, default)
     finally:
         self.container_overrides = overrides
+
+
+_ORIGINAL_CONTAINER_DETAILS = Job._container_details
+
+
+def _container_details(self: Job) -> dict[str, Any]:
+    details = _ORIGINAL_CONTAINER_DETAILS(self)
+    defined = (self.job_definition.container_properties or {}).get("resourceRequirements") or []
+    overridden = (self.container_overrides or {}).get("resourceRequirements") or []
+    effective = {r["type"]: r for r in defined} | {r["type"]: r for r in overridden}
+    if effective:
+        details["resourceRequirements"] = [{"value": r["value"], "type": r["type"]} for r in effective.values()]
+    return details
 
 
 def _find(job_id: str) -> Job:
