@@ -21,6 +21,8 @@ MANAGED_TAG = "preemptor:managed"
 # A stop is logged in the same instant the run sees it arrive; the fleet's clock and the
 # controller's may differ by a Lambda's own pinned time, never by a poll.
 _SAME_MOMENT_S = 1.0
+# How long a function's handling may take, its AWS calls' retries included (`wiring`'s bound).
+_HANDLING_S = 60.0
 
 
 # A stop is logged as it is claimed, before it is sent; botocore's retries of a throttled
@@ -68,7 +70,10 @@ def launches_fit_what_the_controller_counts(result: DemoResult, scenario: Scenar
             continue  # a team's own launch
         admitted = [e["at"] for e in result.history if e["job"] == job and e["kind"] == "admitted" and e["at"] <= refusal.at]
         since = admitted[-1] if admitted else refusal.at
-        adopted = {e["job"] for e in result.history if e["kind"] == "adopted" and e["at"] <= since}
+        # An adoption's line bears the time its handling began; one that began within a
+        # handling's time of the admission may have committed after it (the two raced: the
+        # team's run was heard of while the job was admitted). knobs seed sagemaker 65.
+        adopted = {e["job"] for e in result.history if e["kind"] == "adopted" and e["at"] <= since - _HANDLING_S}
         known = sum(
             n for run, n in refusal.holding.items() if ("preemptor:job" in tags.get(run, {}) and run not in teams) or run in adopted
         )

@@ -75,7 +75,7 @@ def test_the_quota_check_blames_the_controller_only_for_runs_it_knew_of() -> Non
     scenario = _story()
     job = scenario.jobs[0].name
     runs = [{"name": "mine", "tags": {"preemptor:job": "other"}}, {"name": "teams", "tags": {"preemptor:team": "research"}}]
-    history = [_line(job, 100, "admitted"), _line("teams", 50, "adopted")]
+    history = [_line(job, 100, "admitted"), _line("teams", 30, "adopted")]
 
     def refused(holding: dict[str, int]) -> demo.DemoResult:
         refusal = QuotaRefusal(demo.START + 120, job, {"preemptor:job": job}, "ml.p5.48xlarge", 4, 8, holding)
@@ -87,6 +87,9 @@ def test_the_quota_check_blames_the_controller_only_for_runs_it_knew_of() -> Non
     ]
     # A team's run it had not heard of held them: not the controller's to know
     assert launches_fit_what_the_controller_counts(refused({"mine": 2, "unheard-of": 4}), scenario) == []
+    # Nor one whose adoption began as the job was admitted (the two raced; knobs seed sagemaker 65)
+    history.append(_line("raced", 100, "adopted"))
+    assert launches_fit_what_the_controller_counts(refused({"mine": 2, "raced": 4}), scenario) == []
 
 
 def test_a_stop_serves_a_job_the_modes_let_preempt_it() -> None:
