@@ -60,7 +60,8 @@ POOL_TAG = "preemptor:pool"
 GPUS_TAG = "preemptor:gpus"  # Batch jobs: the GPUs the job holds
 CHECKPOINT_TAG = "preemptor:checkpoint"  # Batch jobs: the job's checkpoint prefix
 # Tags of runs the controller launched (`adapters.runners.controller_tags`): such a run is
-# never adopted, even when its start event arrives before the controller recorded the run.
+# never adopted, even when its start event arrives before the controller recorded the run,
+# where the jobs table bears the claim out (`service.intake.controllers_job`).
 JOB_TAG = "preemptor:job"
 MANAGED_TAG = "preemptor:managed"
 # The stack that launched a run: a second stack in the account leaves the first's runs alone.
