@@ -386,6 +386,25 @@ def test_adoption_claims_that_cannot_be_read_are_refused(tags, policy, reason):
         assert (env.store.pool("p5") or {}).get("used_gpus", 0) == 0
 
 
+def test_an_adoption_and_its_line_are_written_together_whatever_befalls_the_handling_after():
+    with emulation() as env:
+        # Given a team's run whose adoption dies after the insert (its checkpoint location's
+        # alias throttled through every retry), and whose event is then dead-lettered
+        event = _sample(ADOPTABLE_SAGEMAKER)
+        throttled = error_response("ThrottlingException", "Rate of requests exceeds the allowed throughput.", 400)
+        alias = lambda params: throttled if params.get("Item", {}).get("pk", {}).get("S", "").startswith("CKPT") else None  # noqa: E731
+        with aws_says_no(env.store.client, "PutItem", alias), pytest.raises(Throttled):
+            env.put(event)
+        # Then the run is counted and its decision log says so (before: the line was written
+        # after the insert, and lost with the handling: knobs seeds batch 0, 34 and 36)
+        name = event["detail"]["TrainingJobName"]
+        assert env.job(name).adopted and env.store.pool("p5")["used_gpus"] == 24
+        assert env.kinds(name) == ["adopted"]
+        # And a redelivery completes the adoption without a second line
+        assert env.put(event).results[0]["reason"] == "adopted"
+        assert env.kinds(name) == ["adopted"]
+
+
 @pytest.mark.parametrize(
     "tags, policy, granted, refused",
     [

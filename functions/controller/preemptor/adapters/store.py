@@ -671,8 +671,9 @@ class JobsStore:
         except ConflictError:
             return False
 
-    def put_adopted(self, record: JobRecord) -> bool:
-        """Insert a job started outside the controller and count its GPUs against the pool.
+    def put_adopted(self, record: JobRecord, log: LogLine | None = None) -> bool:
+        """Insert a job started outside the controller and count its GPUs against the pool
+        (with `log`, its decision-log line, in the same transaction).
 
         It is already running, so usage is added without a capacity condition.
         """
@@ -688,6 +689,7 @@ class JobsStore:
                     },
                     self._usage_update(record.pool, record.gpus, limit=None),
                     {"Put": {"TableName": self.table, "Item": self._alias_item(record)}},
+                    *([self._log_put(log)] if log is not None else []),
                 ]
             )
             return True

@@ -525,7 +525,7 @@ class Intake:
         )
         for name in names:
             record = record.with_changes(name=name)
-            if self.store.put_adopted(record):
+            if self.store.put_adopted(record, self._adopted_line(record, event.event_id, claimed + shared)):
                 return self._complete_adoption(record, event.event_id, claimed + shared, now, refused=refused)
             existing = self.store.get(name)
             if existing is not None and existing.adopted and existing.submitted_by == event.event_id:
@@ -537,11 +537,11 @@ class Intake:
     def _complete_adoption(
         self, record: JobRecord, event_id: str, note: str, now: float, again: bool = False, refused: str | None = None
     ) -> IntakeResult:
-        """An adopted run, inserted: its checkpoint location claimed and its log line written,
-        also `again` for the same event (a redelivery after a handling that died after the
-        insert, `_run_changed`): then each is done only if not done already. `note` ends its
-        line; `refused`: the refusal of a claim of its tags it was adopted without
-        (`IntakeResult.refused`)."""
+        """An adopted run, inserted with its `adopted` line (`_adopted_line`): its checkpoint
+        location claimed; also `again` for the same event (a redelivery after a handling that
+        died after the insert, `_run_changed`), which writes the line only where an insert
+        left none. `note` ends the line; `refused`: the refusal of a claim of its tags it was
+        adopted without (`IntakeResult.refused`)."""
         name, uri = record.name, record.checkpoint_s3_uri
         holder = self.store.claim_checkpoint_alias(uri, name) if uri else None
         if holder is not None:
@@ -553,19 +553,25 @@ class Intake:
                     break
                 except ConflictError:
                     continue
-        said = not again or "adopted" not in {e["kind"] for e in self.store.history(name)}
-        if said:
-            stop = "stoppable" if record.stoppable else "not stoppable (no preemptor:managed=true tag)"
-            if record.run_name and record.run_name != name:
-                note = f"; {record.service} run {record.run_name} (its name is another job's, or names none){note}"
-            self.store.log(
-                name, record.submitted_at, "adopted", "tagged-outside-controller",
-                f"{record.gpus} GPUs counted in {record.pool} at priority {record.priority}, {stop}{note}",
-                once=f"adopted#{event_id}",
-            )
-        # A refused claim is counted with its line, once (a concurrent handling of the same
-        # event that finds the line written does not count it again).
-        return IntakeResult("accepted", "adopted", name, refused=refused if said else None)
+        if again and "adopted" not in {e["kind"] for e in self.store.history(name)}:
+            line = self._adopted_line(record, event_id, note)
+            self.store.log(line.job, line.at, line.kind, line.reason, line.detail, once=line.once)
+        # A refused claim is counted by the handling that returns (the handler counts it): a
+        # handling that died after the insert counted nothing, and its event's redelivery does.
+        return IntakeResult("accepted", "adopted", name, refused=refused)
+
+    @staticmethod
+    def _adopted_line(record: JobRecord, event_id: str, note: str) -> LogLine:
+        """The `adopted` line of a run adopted by `event_id`: what is counted where, at what
+        priority, whether it may be stopped, and `note` (the claims refused)."""
+        stop = "stoppable" if record.stoppable else "not stoppable (no preemptor:managed=true tag)"
+        if record.run_name and record.run_name != record.name:
+            note = f"; {record.service} run {record.run_name} (its name is another job's, or names none){note}"
+        return LogLine(
+            record.name, record.submitted_at, "adopted", "tagged-outside-controller",
+            f"{record.gpus} GPUs counted in {record.pool} at priority {record.priority}, {stop}{note}",
+            once=f"adopted#{event_id}",
+        )
 
     def _granted(self, claims: ev.AdoptionTags | None, tags: dict[str, str]) -> tuple[int | None, str, str | None]:
         """The priority an adopted run's `claims` are granted, what its line says of the
