@@ -286,6 +286,8 @@ def decision_log_tells_every_change(result: DemoResult, scenario: Scenario) -> l
             out.append(f"job {name}: requeued {preempted} times for a preemption, {seen.get('preemption-started', 0)} preemptions started")
         if job["state"] == "Completed" and seen.get("completed", 0) != 1:
             out.append(f"job {name}: Completed, {seen.get('completed', 0)} completion lines")
+        if job.get("adopted_at") is not None and seen.get("adopted", 0) != 1:
+            out.append(f"job {name}: adopted, {seen.get('adopted', 0)} adoption lines")
     return out
 
 

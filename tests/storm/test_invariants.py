@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from storm.invariants import (
     budget_never_exceeded,
+    decision_log_tells_every_change,
     launches_fit_what_the_controller_counts,
     no_stop_without_required_checkpoint,
     priorities_within_team_ceilings,
@@ -189,3 +190,12 @@ def test_the_checkpoint_check_lets_a_cancels_stop_land_whenever_its_retries_get_
     assert no_stop_without_required_checkpoint(demo.DemoResult(history=[cancelled], fleet_stops=[early]), scenario) == [
         f"run {job} stopped with 800 s of work since its checkpoint (policy: 300 s) and the controller logged no stop"
     ]
+
+
+def test_the_decision_log_check_finds_an_adopted_run_without_its_line() -> None:
+    scenario, run = _team_story()
+    report = {"jobs": [{"name": run, "state": "Running", "adopted_at": demo.START + 60}]}
+    # Counted, and its line lost (knobs seeds batch 0, 34, 36 before 61552d0): found
+    assert decision_log_tells_every_change(demo.DemoResult(report=report), scenario) == [f"job {run}: adopted, 0 adoption lines"]
+    said = [_line(run, 60, "adopted", "tagged-outside-controller")]
+    assert decision_log_tells_every_change(demo.DemoResult(report=report, history=said), scenario) == []
