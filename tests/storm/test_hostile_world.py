@@ -154,22 +154,29 @@ def test_stops_of_runs_the_controller_did_not_launch_are_refused(env: Emulation,
     # Given a run someone launched with the scheduler's tags but not the managed tag, and one
     # the controller launched
     _training_job(env, "adopted-run", {"preemptor:team": "vision", "preemptor:priority": "50"})
-    _training_job(env, "managed-run", {"preemptor:managed": "true", "preemptor:job": "managed-run"})
+    _training_job(env, "managed-run", {"preemptor:managed": "true", "preemptor:job": "managed-run", "preemptor:controller": "preemptor"})
+    # and one of a second stack in the account (its name on the run)
+    _training_job(env, "staging-run", {"preemptor:managed": "true", "preemptor:job": "x", "preemptor:controller": "preemptor-staging"})
     sagemaker = env.stack.client("sagemaker")
 
-    # When the controller stops both
+    # When the controller stops all three
+    refusals = {}
     with HostileWorld.acting_as("preemptor-JobControlFunction"):
-        with pytest.raises(ClientError) as refused:
-            sagemaker.stop_training_job(TrainingJobName="adopted-run")
+        for run in ("adopted-run", "staging-run"):
+            with pytest.raises(ClientError) as refused:
+                sagemaker.stop_training_job(TrainingJobName=run)
+            refusals[run] = refused.value
         sagemaker.stop_training_job(TrainingJobName="managed-run")
 
-    # Then IAM's managed-tag condition refuses the first only, and both attempts are on record
-    assert _code(refused.value) == ("AccessDeniedException", 400)
-    assert "sagemaker:StopTrainingJob" in refused.value.response["Error"]["Message"]
-    assert sagemaker.describe_training_job(TrainingJobName="adopted-run")["TrainingJobStatus"] == "InProgress"
+    # Then IAM's conditions refuse the first two only, and every attempt is on record
+    for run, error in refusals.items():
+        assert _code(error) == ("AccessDeniedException", 400)
+        assert "sagemaker:StopTrainingJob" in error.response["Error"]["Message"]
+        assert sagemaker.describe_training_job(TrainingJobName=run)["TrainingJobStatus"] == "InProgress"
     assert sagemaker.describe_training_job(TrainingJobName="managed-run")["TrainingJobStatus"] == "Stopping"
     attempts = {a.run: a for a in world.stops}
     assert attempts["adopted-run"].refused and not attempts["adopted-run"].managed
+    assert attempts["staging-run"].refused == "another stack's run (preemptor:controller=preemptor-staging)"
     assert attempts["managed-run"].refused is None
 
 

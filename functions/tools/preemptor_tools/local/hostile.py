@@ -32,8 +32,9 @@ Given a scenario's `chaos:` rates and `faults:`, `HostileWorld` makes the emulat
   `stopped_by_hand` (someone stops the job's run outside the controller, done by the demo
   driver); `workflow_crash` (the next execution dies, ABORTED, after its first step).
 
-Stops of runs the controller did not launch (no `preemptor:managed=true` tag) are refused
-with AccessDeniedException, as the template's IAM condition on `aws:ResourceTag` does.
+Stops of runs the controller did not launch (no `preemptor:managed=true` tag), and of runs
+of another stack (its name in `preemptor:controller`), are refused with AccessDeniedException,
+as the template's IAM conditions on `aws:ResourceTag` do.
 
 Every decision comes from the seed: a draw is a hash of (seed, what, key, n-th draw for that
 key), so a run does not depend on the order threads happen to call in beyond what the key
@@ -78,6 +79,7 @@ _ACTOR_KEY = "preemptor_hostile_actor"
 _SEEN_KEY = "preemptor_hostile_seen"
 
 MANAGED_TAG = "preemptor:managed"
+CONTROLLER_TAG = "preemptor:controller"
 
 # service -> [(error code, HTTP status, message)]: what each throttles with.
 _THROTTLING: dict[str, list[tuple[str, int, str]]] = {
@@ -144,13 +146,16 @@ class HostileWorld:
         self._services: dict[str, tuple[str, str]] = {}  # service id (as in event names) -> (name, protocol)
         self._unsubscribe: list[Callable[[], None]] = []
         self._stop_execution: Callable[[str], None] | None = None
+        self._controller = ""
         self._index = LaggingIndex(self.clock)
 
     # ------------------------------------------------------------------ install
 
-    def install(self, stop_execution: Callable[[str, str, str], None]) -> None:
-        """Hook botocore (sessions created from now on) and the workflows' Lambda steps."""
+    def install(self, stop_execution: Callable[[str, str, str], None], controller: str = "") -> None:
+        """Hook botocore (sessions created from now on) and the workflows' Lambda steps.
+        `controller`: the stack's name, which IAM lets its functions stop runs of (or of none)."""
         self._stop_execution = stop_execution
+        self._controller = controller
         handlers = [("before-parameter-build", self._stash_params), ("before-call", self._before_call)]
         replace(botocore.endpoint, "time", _NoBackoff())
         self._unsubscribe.append(moto_patches.around_send(self._attempt))
@@ -306,6 +311,8 @@ class HostileWorld:
         reason = None
         if not managed:
             reason = "not launched by the controller (no preemptor:managed=true tag)"
+        elif tags.get(CONTROLLER_TAG, self._controller) != self._controller:
+            reason = f"another stack's run (preemptor:controller={tags[CONTROLLER_TAG]})"
         for fault in self.faults:
             if isinstance(fault, StopDenied) and _run_of(run, fault.job) and fault.at <= now - self.start < fault.at + fault.duration:
                 reason = f"stop_denied fault on {fault.job}"

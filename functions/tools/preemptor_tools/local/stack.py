@@ -201,7 +201,7 @@ class EmulatedStack:
         # After the patches: the recorder wraps moto's Task states as patched.
         self.calls.install()
         if self.hostile is not None:
-            self.hostile.install(stop_execution=self._abort_execution)
+            self.hostile.install(stop_execution=self._abort_execution, controller=self.stack_name)
         wiring.reset()
         self.session = boto3.session.Session(region_name=self.region)
         self._clients: dict[str, Any] = {}
