@@ -555,6 +555,21 @@ def test_another_controllers_run_is_left_to_it():
         assert [j.name for j in env.store.all_jobs()] == ["x"] and env.store.pool("p5")["used_gpus"] == 24
 
 
+def test_a_submission_named_as_an_adopted_run_is_refused_with_the_reason_not_taken_for_a_duplicate():
+    with emulation(pools=[G5]) as env:
+        # Given a Batch job research submitted itself, adopted under its name ("event-test")
+        assert env.put(_sample(ADOPTABLE_BATCH)).results[0]["reason"] == "adopted"
+        # When a team submits a job of that name to the controller (Batch's names are not unique)
+        batch_queues(env)
+        result = env.submit(name="event-test", team="applied", priority=200, pool="g5", gpus=8, duration=600)
+        # Then it is refused, saying why (before: "job event-test was already submitted", a
+        # duplicate, though no such submission ever was), and the run stays as it was
+        assert result["outcome"] == "rejected" and result["reason"].startswith(
+            "name-taken: event-test is the name of a batch run team 'research' launched outside the controller (adopted)"
+        )
+        assert env.job("event-test").adopted and env.job("event-test").team == "research"
+
+
 def test_submission_sample_is_accepted_and_launched_and_resubmission_is_a_duplicate():
     with emulation() as env:
         event = _sample("preemptor/job-submitted-sagemaker.json")

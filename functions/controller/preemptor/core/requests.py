@@ -277,6 +277,7 @@ class Refusal(StrEnum):
     NOT_A_LOWERING = "not-a-lowering"  # a team's priority change that does not lower: raising is the platform's
     BAD_TAG = "bad-tag"  # an adoption tag that is malformed or out of bounds
     CONTROLLER_TAGS = "controller-tags"  # a run's tags claim the controller launched it; it did not
+    NAME_TAKEN = "name-taken"  # a submission named as a run a team launched outside the controller (adopted)
 
 
 class RequestRefused(PreemptorError):

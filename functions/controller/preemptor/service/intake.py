@@ -244,6 +244,15 @@ class Intake:
         )
         if not self.store.put_new(record, log=line):
             existing = self.store.get(req.name)
+            if existing is not None and existing.adopted:
+                # Not this job submitted twice: another team's (or its own) run, launched
+                # outside the controller and counted under its name. Said, not ignored.
+                return self._refuse(
+                    Refusal.NAME_TAKEN,
+                    f"{req.name} is the name of a {existing.service} run team {existing.team!r} launched outside the controller"
+                    " (adopted); submit the job under another name",
+                    req.name,
+                )
             if existing is None or existing.submitted_by != event.event_id:
                 return IntakeResult("duplicate", f"job {req.name} was already submitted", req.name)
             # This very submission, inserted with its line by an earlier handling of the
