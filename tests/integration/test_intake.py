@@ -374,7 +374,6 @@ def test_an_adopted_batch_job_counts_the_gpus_batch_says_it_requires(tag, requir
     "tags, policy, reason",
     [
         pytest.param({"preemptor:team": "Research Team\n"}, {}, "bad-tag: tag preemptor:team: team must be", id="malformed-team"),
-        pytest.param({"preemptor:pool": "nowhere"}, {}, "unknown-pool: no sagemaker pool 'nowhere'", id="unknown-pool"),
     ],
 )
 def test_adoption_claims_that_cannot_be_read_are_refused(tags, policy, reason):
@@ -443,12 +442,98 @@ def test_a_run_claiming_more_than_its_team_is_granted_is_counted_at_the_grant(mo
         assert ("RefusedClaims", {"Reason": refused}) in emitted
 
 
-def test_a_run_of_another_instance_type_is_not_adopted_into_the_pool():
+def test_a_run_of_an_instance_type_no_pool_has_is_not_adopted_into_the_pool_its_tag_names():
     with emulation() as env:
+        # Given a run its team launched on an instance type of no pool, tagged for pool p5
         event = _sample(ADOPTABLE_SAGEMAKER)
         event["detail"]["ResourceConfig"]["InstanceType"] = "ml.g5.48xlarge"
+        # Then it is refused: it holds none of p5's GPUs
         result = env.put(event).results[0]
-        assert result["outcome"] == "rejected" and result["reason"].startswith("bad-demand: instance type ml.g5.48xlarge")
+        assert result["outcome"] == "rejected" and result["reason"].startswith("unknown-pool: sagemaker run ")
+        assert result["reason"].endswith(" runs on ml.g5.48xlarge, which no sagemaker pool has")
+        assert (env.store.pool("p5") or {}).get("used_gpus", 0) == 0
+
+
+P4 = PoolConfig(name="p4", service="sagemaker", instance_type="ml.p4d.24xlarge", instances=4, gpus_per_instance=8,
+                fallback_instance_types=("ml.p4de.24xlarge",))
+P5_SPOT = PoolConfig(name="p5-spot", service="sagemaker", instance_type="ml.p5.48xlarge", instances=4, gpus_per_instance=8, capacity_type="spot")
+
+
+@pytest.mark.parametrize(
+    "instance_type, spot, tag, counted_in, refused",
+    [
+        # Before: refused (bad-demand: not pool p5's instance type), its 24 GPUs not counted
+        pytest.param("ml.p4d.24xlarge", None, None, "p4", None, id="untagged-on-the-second-pools-type"),
+        pytest.param("ml.p4d.24xlarge", None, "p5", "p4", "wrong-pool", id="tagged-p5-on-p4s-type"),
+        pytest.param("ml.p4de.24xlarge", None, "p4", "p4", None, id="on-the-pools-fallback-type"),
+        # Before: refused (unknown-pool), not counted
+        pytest.param("ml.p5.48xlarge", None, "nowhere", "p5", "wrong-pool", id="tagged-with-no-pool"),
+        # Before: counted where the tag said, whichever way it was bought
+        pytest.param("ml.p5.48xlarge", True, "p5", "p5-spot", "wrong-pool", id="on-spot-tagged-for-the-on-demand-pool"),
+        pytest.param("ml.p5.48xlarge", False, "p5-spot", "p5", "wrong-pool", id="on-demand-tagged-for-the-spot-pool"),
+        pytest.param("ml.p5.48xlarge", True, None, "p5-spot", None, id="on-spot-untagged"),
+        pytest.param("ml.p5.48xlarge", None, "p5-spot", "p5-spot", None, id="either-way-the-tag-picks-among-its-type"),
+    ],
+)
+def test_a_teams_training_job_is_counted_in_the_pool_whose_instances_it_runs_on_whatever_its_pool_tag_says(
+    monkeypatch, instance_type, spot, tag, counted_in, refused
+):
+    emitted: list[tuple[str, dict]] = []
+    monkeypatch.setattr(intake, "emit", lambda name, value, **dims: emitted.append((name, dims)))
+    types = {"TrainingInstanceTypes": "ml.p5.48xlarge,ml.p4d.24xlarge,ml.p4de.24xlarge"}
+    with emulation(pools=[P5, P4, P5_SPOT], parameters=types) as env:
+        # Given a run its team launched (3 instances) on `instance_type`, tagged with `tag`
+        event = _sample(ADOPTABLE_SAGEMAKER)
+        event["detail"]["ResourceConfig"]["InstanceType"] = instance_type
+        if spot is not None:
+            event["detail"]["EnableManagedSpotTraining"] = spot
+        event["detail"]["Tags"].pop("preemptor:pool")
+        if tag is not None:
+            event["detail"]["Tags"]["preemptor:pool"] = tag
+        # When its InProgress event reaches the intake
+        result = intake.handler(event, CONTEXT)
+        # Then it is adopted and its 24 GPUs counted in the pool it runs on, and nowhere else
+        assert (result["outcome"], result["reason"], result.get("refused")) == ("accepted", "adopted", refused)
+        job = env.job(result["job"])
+        assert job.pool == counted_in and job.gpus == 24
+        assert {p: (env.store.pool(p) or {}).get("used_gpus", 0) for p in ("p5", "p4", "p5-spot")} == {
+            p: 24 if p == counted_in else 0 for p in ("p5", "p4", "p5-spot")
+        }
+        # And a pool tag it does not run on is said on its line and counted as refused
+        [line] = [e for e in env.store.history(job.name) if e["kind"] == "adopted"]
+        said = f"its pool tag names {tag!r}, and it runs on pool {counted_in!r}'s capacity (wrong-pool: not believed)"
+        assert (said in line["detail"]) == (refused is not None)
+        assert (("RefusedClaims", {"Reason": "wrong-pool"}) in emitted) == (refused is not None)
+
+
+@pytest.mark.parametrize(
+    "queue, tag, counted_in, refused",
+    [
+        # Before: counted where the tag said (g5), though Batch runs it in g6's queue
+        pytest.param("g6-queue", "g5", "g6", "wrong-pool", id="in-g6s-queue-tagged-g5"),
+        pytest.param("arn:aws:batch:us-east-1:123456789012:job-queue/g6-queue", None, "g6", None, id="untagged-in-g6s-queue-by-arn"),
+        # A queue of no pool's may share a pool's compute environment: the tag is believed
+        pytest.param("team-queue", "g6", "g6", None, id="in-a-queue-of-its-own-tagged-g6"),
+        pytest.param("team-queue", "nowhere", "g5", "wrong-pool", id="in-a-queue-of-its-own-tagged-with-no-pool"),
+    ],
+)
+def test_a_teams_batch_job_is_counted_in_the_pool_whose_queue_it_runs_in(monkeypatch, queue, tag, counted_in, refused):
+    emitted: list[tuple[str, dict]] = []
+    monkeypatch.setattr(intake, "emit", lambda name, value, **dims: emitted.append((name, dims)))
+    g6 = PoolConfig(name="g6", service="batch", gpus=32, job_queue="g6-queue")
+    with emulation(pools=[G5, g6]) as env:
+        # Given a Batch job its team submitted to `queue` (8 GPUs), tagged with `tag`
+        event = _sample(ADOPTABLE_BATCH)
+        event["detail"]["jobQueue"] = queue
+        event["detail"]["tags"].pop("preemptor:pool")
+        if tag is not None:
+            event["detail"]["tags"]["preemptor:pool"] = tag
+        result = intake.handler(event, CONTEXT)
+        # Then it is counted in the pool whose queue runs it (else its tag's, else the first)
+        assert (result["outcome"], result["reason"], result.get("refused")) == ("accepted", "adopted", refused)
+        assert env.job(result["job"]).pool == counted_in
+        assert {p: (env.store.pool(p) or {}).get("used_gpus", 0) for p in ("g5", "g6")} == {p: 8 if p == counted_in else 0 for p in ("g5", "g6")}
+        assert (("RefusedClaims", {"Reason": "wrong-pool"}) in emitted) == (refused is not None)
 
 
 def test_a_heterogeneous_cluster_is_counted_in_full():

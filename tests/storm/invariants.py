@@ -96,8 +96,9 @@ def team_runs_are_counted(result: DemoResult, scenario: Scenario, bound_s: float
     """Every run a team launched itself, tagged for the scheduler, is counted (adopted)
     within `bound_s` of its creation, or of its start where it waited for room (a Batch job
     RUNNABLE holds no GPUs), while it holds its GPUs, whatever else its tags claim
-    (a priority beyond its team's grant, an unusable tag, the controller's own job tags):
-    its GPUs are in use, and a run left uncounted lets the controller fill the pool around it."""
+    (a priority beyond its team's grant, an unusable tag, the controller's own job tags, a
+    pool it does not run on): its GPUs are in use, and a run left uncounted lets the
+    controller fill the pool around it."""
     teams = _team_runs(scenario)
     # When each was counted: its record's (a handling that died after the insert, its event
     # then dead-lettered, leaves no `adopted` line: the decision-log invariant's to find).

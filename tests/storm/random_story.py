@@ -78,8 +78,9 @@ def random_story(service: str, seed: int, chaos: dict | None = None, jobs: int =
 
 def _claims_not_granted(rng: random.Random, specs: list[dict]) -> None:
     """Some of the runs teams launch themselves carry tags the platform does not believe:
-    the controller's own job tags (naming another job of the story, or none), or a
-    priority no tier is named. Each is adopted, counted, at what the platform grants."""
+    the controller's own job tags (naming another job of the story, or none), a priority
+    no tier is named, or a pool it does not run on. Each is adopted and counted, at what
+    the platform grants, in the pool it runs on."""
     others = [s["name"] for s in specs if s.get("launched_by") != "team"] or ["no-such-job"]
     for spec in specs:
         if spec.get("launched_by") != "team":
@@ -92,6 +93,8 @@ def _claims_not_granted(rng: random.Random, specs: list[dict]) -> None:
             }
         elif roll < 0.4:
             spec["tags"] = {"preemptor:priority": "urgent"}
+        elif roll < 0.5:
+            spec["tags"] = {"preemptor:pool": "retired-pool"}  # a pool it does not run on
 
 
 def _knobs(rng: random.Random, service: str, specs: list[dict], faults: list[dict]) -> dict:

@@ -1196,3 +1196,15 @@ def test_a_malformed_alarm_state_change_is_refused_with_the_reason(change, reaso
     with pytest.raises(EventRejected) as refused:
         parse_event(raw)
     assert refused.value.reason == reason
+
+
+@pytest.mark.parametrize(
+    "value, spot",
+    [(True, True), (False, False), (_DELETE, None), (None, None), ("true", None), (1, None)],
+)
+def test_whether_a_training_job_runs_on_managed_spot_is_read_leniently(value, spot):
+    # Given a training job's event that says it runs on managed spot, or not, or says it
+    # malformed (a terminal event refused for that would leave its capacity held)
+    event = parse_event(with_detail(TRAINING_IN_PROGRESS_TAGGED, EnableManagedSpotTraining=value))
+    # Then only a boolean is believed, and the event is never refused for it
+    assert event.spot is spot

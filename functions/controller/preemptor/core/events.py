@@ -153,6 +153,9 @@ class TrainingJobStateChanged(_Event):
     checkpoint_s3_uri: str | None
     # ResourceConfig.InstanceGroups (heterogeneous clusters) as (instance type, count).
     instance_groups: tuple[tuple[str, int], ...] = ()
+    # EnableManagedSpotTraining: whether it runs on managed spot; None when the event does not
+    # say (or says it malformed: read as unknown, never a reason to refuse the event).
+    spot: bool | None = None
 
 
 class BatchJobStateChanged(_Event):
@@ -589,6 +592,10 @@ class _Fields:
             _bad_value(self._where(key), "expected an integer", value)
         return value
 
+    def get(self, key: str) -> Any:
+        """The field as it is, unchecked (None when absent)."""
+        return self._data.get(key)
+
     def optional_time(self, key: str) -> float | None:
         return parse_timestamp(self._data.get(key), self._where(key))
 
@@ -705,7 +712,14 @@ def _training_job(
         last_modified=detail.optional_time("LastModifiedTime"),
         checkpoint_s3_uri=detail.optional_object("CheckpointConfig").optional_str("S3Uri"),
         instance_groups=_instance_groups(resources),
+        spot=_flag(detail, "EnableManagedSpotTraining"),
     )
+
+
+def _flag(fields: _Fields, key: str) -> bool | None:
+    """A boolean field read leniently: True or False as given, None otherwise."""
+    value = fields.get(key)
+    return value if isinstance(value, bool) else None
 
 
 def _instance_groups(resources: _Fields) -> tuple[tuple[str, int], ...]:

@@ -146,3 +146,50 @@ class PoolConfig(BaseModel):
     def job_definition(self, name: str) -> JobDefinition | None:
         """The allowed job definition `name`, or None when the pool does not allow it."""
         return next((d for d in self.job_definitions if d.name == name), None)
+
+
+def queue_name(queue: str) -> str:
+    """A Batch job queue's name, from its name or its ARN (`...:job-queue/<name>`)."""
+    return queue.rsplit("/", 1)[-1]
+
+
+def pools_running(
+    pools: tuple[PoolConfig, ...] | list[PoolConfig],
+    service: str,
+    instance_types: tuple[str, ...] = (),
+    spot: bool | None = None,
+    job_queue: str | None = None,
+) -> tuple[tuple[PoolConfig, ...], ...]:
+    """The pools whose capacity a run of `service` may hold, by where the service runs it,
+    not by what its tags say: tiers, the likeliest first, each in configuration order; none
+    when it runs on no pool's capacity.
+
+    SageMaker: the pools with every one of the run's `instance_types` that buy them the way
+    it runs (with `spot` unknown, either way), its own type before a fallback type; then
+    those that buy them the other way (spot and on-demand are separate quotas, but a run
+    counted in the wrong one of two pools of its type is still counted, where one left out
+    would oversubscribe); then those that name no instance type. A run on a type no pool
+    has holds none of their GPUs.
+
+    Batch: the pools with the run's `job_queue` among theirs; then every other Batch pool,
+    as a queue of no pool's may share a pool's compute environments (what the job queue is
+    not enough to tell)."""
+    own = [p for p in pools if p.service == service]
+    if service != "sagemaker":
+        queue = queue_name(job_queue) if job_queue else None
+        sure = [p for p in own if p.job_queue and queue in {queue_name(q) for q in (p.job_queue, *p.fallback_job_queues)}]
+        return tuple(t for t in (tuple(sure), tuple(p for p in own if p not in sure)) if t)
+    wanted, first = set(instance_types), instance_types[0] if instance_types else None
+    typed = sorted((p for p in own if p.instance_type and wanted <= set(p.instance_types)), key=lambda p: p.instance_type != first)
+
+    def bought_its_way(pool: PoolConfig) -> bool:
+        if spot is None:
+            return True
+        return pool.capacity_type == "spot" if spot else pool.capacity_type != "spot" or pool.on_demand_fallback
+
+    tiers = (
+        tuple(p for p in typed if bought_its_way(p)),
+        tuple(p for p in typed if not bought_its_way(p)),
+        tuple(p for p in own if not p.instance_type),
+    )
+    return tuple(t for t in tiers if t)

@@ -278,6 +278,7 @@ class Refusal(StrEnum):
     BAD_TAG = "bad-tag"  # an adoption tag that is malformed or out of bounds
     CONTROLLER_TAGS = "controller-tags"  # a run's tags claim the controller launched it; it did not
     NAME_TAKEN = "name-taken"  # a submission named as a run a team launched outside the controller (adopted)
+    WRONG_POOL = "wrong-pool"  # a run's pool tag names a pool other than the one whose capacity it runs on
 
 
 class RequestRefused(PreemptorError):

@@ -33,6 +33,7 @@ from ..core import events as ev
 from ..core.errors import CheckpointLocationUnavailable, ConflictError, PreemptorError, TransactionConflict
 from ..core.jobs import JobRecord
 from ..core.model import JobState
+from ..core.pools import PoolConfig, pools_running, queue_name
 from ..core.requests import MAX_JOB_NAME_LENGTH, Refusal, RequestRefused, admit_request
 from ..core.s3uri import S3Uri
 from . import actions, escalation
@@ -384,7 +385,7 @@ class Intake:
                 claims = ev.adoption_tags(event.tags or {}, tiers=self.settings.policy.tiers)
             except ev.EventRejected:
                 claims = None  # read otherwise since (the tiers changed): the record stands
-            _, claimed, refused = self._granted(claims, event.tags or {})
+            _, claimed, refused = self._granted(claims, event.tags or {}, record.pool)
             return self._complete_adoption(record, event.event_id, claimed, now, again=True, refused=refused)
         outcome = outcomes.get(status)
         secondary = getattr(event, "secondary_status", None)
@@ -466,10 +467,10 @@ class Intake:
             return IntakeResult("ignored", f"not managed: {service} run {run_id} has no preemptor tags")
         if not running:
             return IntakeResult("ignored", f"not managed: {service} run {run_id} was not adopted (it is {status}; a run is adopted running)")
-        priority, claimed, refused = self._granted(claims, tags)
-        pool = self.settings.pool(claims.pool) if claims.pool else self._pool_for_service(service)
-        if pool is None or pool.service != service:
-            return self._refuse(Refusal.UNKNOWN_POOL, f"no {service} pool {claims.pool!r} for run {run_id}")
+        pool = self._pool_running(event, service, claims.pool)
+        if isinstance(pool, str):
+            return self._refuse(Refusal.UNKNOWN_POOL, f"{service} run {run_id} {pool}")
+        priority, claimed, refused = self._granted(claims, tags, pool.name)
         if service == "sagemaker":
             demand = self._sagemaker_demand(event, pool)
             if isinstance(demand, IntakeResult):
@@ -582,9 +583,11 @@ class Intake:
             once=f"adopted#{event_id}",
         )
 
-    def _granted(self, claims: ev.AdoptionTags | None, tags: dict[str, str]) -> tuple[int | None, str, str | None]:
+    def _granted(self, claims: ev.AdoptionTags | None, tags: dict[str, str], pool: str) -> tuple[int | None, str, str | None]:
         """The priority an adopted run's `claims` are granted, what its line says of the
-        claims refused and the refusal's code ('' and None when none was).
+        claims refused and the refusal's code ('' and None when none was; of several, the
+        last below). `pool`: where it is counted, the pool whose capacity it runs on
+        (`_pool_running`), whatever its pool tag says.
 
         Its GPUs are in use whatever its tags claim: a run refused for claiming too much
         would not be counted, and the pool would be oversubscribed around it. So it is
@@ -607,6 +610,9 @@ class Intake:
             granted = lowest if granted is None else granted
             note += f"; {'; '.join(claims.problems)} ({Refusal.BAD_TAG}: read as absent)"
             refused = Refusal.BAD_TAG.value
+        if claims.pool is not None and claims.pool != pool:
+            note += f"; its pool tag names {claims.pool!r}, and it runs on pool {pool!r}'s capacity ({Refusal.WRONG_POOL}: not believed)"
+            refused = Refusal.WRONG_POOL.value
         if ev.launched_by_controller(tags, self.settings.controller):
             note += (
                 f"; its tags claim it is the controller's run of job {tags[ev.JOB_TAG]!r}"
@@ -628,21 +634,34 @@ class Intake:
 
     def _sagemaker_demand(self, event: "ev.TrainingJobStateChanged", pool) -> "int | IntakeResult":
         """GPUs of an adopted training job, counted from its own ResourceConfig: every
-        instance group in full, each of the pool's instance type."""
+        instance group in full, each instance with the pool's GPUs per instance (its types
+        are the pool's: `_pool_running`)."""
         groups = event.instance_groups or ((event.instance_type, event.instance_count or 0),)
-        instances = 0
-        for instance_type, count in groups:
-            if pool.instance_type and instance_type and instance_type != pool.instance_type:
-                return self._refuse(
-                    Refusal.BAD_DEMAND, f"instance type {instance_type} is not pool {pool.name!r}'s {pool.instance_type}"
-                )
-            instances += count
+        instances = sum(count for _, count in groups)
         if instances <= 0:
             return self._refuse(Refusal.BAD_DEMAND, f"training job {event.training_job_name} states no instance count")
         return instances * pool.gpus_per_instance
 
-    def _pool_for_service(self, service: str):
-        return next((p for p in self.settings.pools if p.service == service), None)
+    def _pool_running(self, event, service: str, tagged: str | None) -> "PoolConfig | str":
+        """The pool whose capacity a run a team launched holds (`pools_running`): where the
+        service runs it (its instance types and whether on spot, its job queue), not where its
+        tags say; the tagged pool only among those it is likeliest to be on (the first tier).
+        Else why it runs on none of the pools.
+
+        Before, the pool tag (else the service's first pool) decided: a run tagged with
+        another pool, or with none and run on a second pool's instance type or on a fallback
+        type, was refused, and its GPUs, held all the same, were not counted."""
+        if service == "sagemaker":
+            groups = event.instance_groups or ((event.instance_type, event.instance_count),)
+            types = tuple(dict.fromkeys(t for t, _ in groups if t))
+            tiers = pools_running(self.settings.pools, service, instance_types=types, spot=event.spot)
+            where = f"runs on {', '.join(types) or 'no instance type it states'}{' (spot)' if event.spot else ''}"
+        else:
+            tiers = pools_running(self.settings.pools, service, job_queue=event.job_queue)
+            where = f"runs in job queue {queue_name(event.job_queue)}"
+        if not tiers:
+            return f"{where}, which no {service} pool has"
+        return next((p for p in tiers[0] if p.name == tagged), tiers[0][0])
 
     # -- EC2 warnings ---------------------------------------------------------------------
     def _instance_warning(self, event, now: float) -> IntakeResult:

@@ -1,0 +1,61 @@
+"""Where a run a team launched is counted: the pools whose capacity it runs on (`pools_running`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from preemptor.core.pools import PoolConfig, pools_running, queue_name
+
+P5 = PoolConfig(name="p5", instance_type="ml.p5.48xlarge", instances=8)
+P5_SPOT = PoolConfig(name="p5-spot", instance_type="ml.p5.48xlarge", instances=4, capacity_type="spot")
+P5_SPOT_OR_NOT = P5_SPOT.model_copy(update={"name": "p5-spot-or-not", "on_demand_fallback": True})
+P4 = PoolConfig(name="p4", instance_type="ml.p4d.24xlarge", fallback_instance_types=("ml.p5.48xlarge",), instances=4)
+ANY = PoolConfig(name="any", instances=2)
+G5 = PoolConfig(name="g5", service="batch", gpus=32, job_queue="g5-queue", fallback_job_queues=("g5-on-demand",))
+G6 = PoolConfig(name="g6", service="batch", gpus=32, job_queue="arn:aws:batch:us-east-1:123456789012:job-queue/g6-queue")
+UNQUEUED = PoolConfig(name="unqueued", service="batch", gpus=8)
+POOLS = (P4, P5_SPOT, P5, ANY, P5_SPOT_OR_NOT, G5, G6, UNQUEUED)
+
+
+def names(tiers: tuple[tuple[PoolConfig, ...], ...]) -> list[list[str]]:
+    return [[p.name for p in tier] for tier in tiers]
+
+
+@pytest.mark.parametrize(
+    "types, spot, expected",
+    [
+        # Its own type before a fallback type; with the way it is bought unknown, either way
+        (("ml.p5.48xlarge",), None, [["p5-spot", "p5", "p5-spot-or-not", "p4"], ["any"]]),
+        # On spot: the spot pools, then those of its type bought on demand
+        (("ml.p5.48xlarge",), True, [["p5-spot", "p5-spot-or-not"], ["p5", "p4"], ["any"]]),
+        # On demand: the on-demand pools and a spot pool that falls back to on-demand
+        (("ml.p5.48xlarge",), False, [["p5", "p5-spot-or-not", "p4"], ["p5-spot"], ["any"]]),
+        # Every instance group's type must be the pool's
+        (("ml.p4d.24xlarge", "ml.p5.48xlarge"), None, [["p4"], ["any"]]),
+        (("ml.g5.48xlarge",), None, [["any"]]),
+    ],
+)
+def test_a_training_job_is_on_the_pools_with_its_instance_types_bought_its_way_first(types, spot, expected):
+    assert names(pools_running(POOLS, "sagemaker", instance_types=types, spot=spot)) == expected
+
+
+def test_a_training_job_on_a_type_no_pool_has_is_on_none_when_every_pool_names_its_type():
+    assert pools_running((P5, P4), "sagemaker", instance_types=("ml.g5.48xlarge",)) == ()
+
+
+@pytest.mark.parametrize(
+    "queue, expected",
+    [
+        ("g5-queue", [["g5"], ["g6", "unqueued"]]),
+        ("arn:aws:batch:us-east-1:123456789012:job-queue/g5-on-demand", [["g5"], ["g6", "unqueued"]]),
+        ("g6-queue", [["g6"], ["g5", "unqueued"]]),
+        # A queue of no pool's may share any pool's compute environments
+        ("team-queue", [["g5", "g6", "unqueued"]]),
+    ],
+)
+def test_a_batch_job_is_on_the_pool_whose_queue_runs_it_else_maybe_on_any(queue, expected):
+    assert names(pools_running(POOLS, "batch", job_queue=queue)) == expected
+
+
+def test_a_queue_is_known_by_its_name_or_its_arn():
+    assert queue_name("arn:aws:batch:us-east-1:123456789012:job-queue/g6-queue") == queue_name("g6-queue") == "g6-queue"
