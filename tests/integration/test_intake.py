@@ -370,19 +370,27 @@ def test_an_adopted_batch_job_counts_the_gpus_batch_says_it_requires(tag, requir
         assert env.job("event-test").gpus == counted and env.store.pool("g5")["used_gpus"] == counted
 
 
-@pytest.mark.parametrize(
-    "tags, policy, reason",
-    [
-        pytest.param({"preemptor:team": "Research Team\n"}, {}, "bad-tag: tag preemptor:team: team must be", id="malformed-team"),
-    ],
-)
-def test_adoption_claims_that_cannot_be_read_are_refused(tags, policy, reason):
+@pytest.mark.parametrize("policy", [{}, {"teams": {"research": {}}}], ids=["teams-unlisted", "teams-listed"])
+@pytest.mark.parametrize("team", ["Research Team\n", "r" * 300])
+def test_a_run_whose_team_tag_names_no_team_is_counted_as_no_ones_at_the_lowest_tier(monkeypatch, policy, team):
+    emitted: list[tuple[str, dict]] = []
+    monkeypatch.setattr(intake, "emit", lambda name, value, **dims: emitted.append((name, dims)))
     with emulation(policy=policy) as env:
+        # Given a run on the pool's instances (3 x 8 GPUs) whose team tag is malformed, and
+        # whose priority tag claims high
         event = _sample(ADOPTABLE_SAGEMAKER)
-        event["detail"]["Tags"].update(tags)
-        result = env.put(event).results[0]
-        assert result["outcome"] == "rejected" and result["reason"].startswith(reason)
-        assert (env.store.pool("p5") or {}).get("used_gpus", 0) == 0
+        event["detail"]["Tags"]["preemptor:team"] = team
+        # When its InProgress event reaches the intake
+        result = intake.handler(event, CONTEXT)
+        # Then it is adopted and counted (before: refused bad-tag, its GPUs in use and not
+        # counted), as no team's, at the lowest tier: no team's grant, quota or share is its
+        assert (result["outcome"], result["reason"], result["refused"]) == ("accepted", "adopted", "bad-tag")
+        job = env.job(result["job"])
+        assert (job.team, job.priority, job.gpus) == ("(unattributed)", 50, 24) and env.store.pool("p5")["used_gpus"] == 24
+        [line] = [e for e in env.store.history(job.name) if e["kind"] == "adopted"]
+        assert "counted as (unattributed) at the lowest tier, not its priority tag's 500" in line["detail"]
+        assert "tag preemptor:team: team must be" in line["detail"] and len(line["detail"]) < 1000
+        assert ("RefusedClaims", {"Reason": "bad-tag"}) in emitted
 
 
 def test_an_adoption_and_its_line_are_written_together_whatever_befalls_the_handling_after():

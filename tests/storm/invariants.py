@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 
-from preemptor.core.policy import CheckpointTimeoutAction, Policy, PreemptionMode, ReclaimMode
+from preemptor.core.policy import TEAM_NAME, UNATTRIBUTED, CheckpointTimeoutAction, Policy, PreemptionMode, ReclaimMode
 from preemptor_tools.local.demo import START, DemoResult
 from preemptor_tools.local.scenario import Scenario
 
@@ -49,6 +49,16 @@ def _team_runs(scenario: Scenario) -> set[str]:
     """The runs teams launch themselves: their own, whatever their tags claim (a team may
     put the controller's job tags on one)."""
     return {j.name for j in scenario.jobs if j.launched_by == "team"}
+
+
+def _team_of(scenario: Scenario) -> dict[str, str]:
+    """Each job's team as the controller counts it: a run its team launched under a team tag
+    that is no team's name is no one's (`UNATTRIBUTED`)."""
+    out = {}
+    for job in scenario.jobs:
+        tagged = job.tags.get("preemptor:team", job.team) if job.launched_by == "team" else job.team
+        out[job.name] = tagged.strip() if TEAM_NAME.fullmatch(tagged.strip()) else UNATTRIBUTED
+    return out
 
 
 def _launched_for(run: dict, teams: set[str]) -> str | None:
@@ -353,7 +363,7 @@ def stops_serve_a_waiting_job(result: DemoResult, scenario: Scenario) -> list[st
     policy = Policy(**scenario.policy)
     waits, priorities = _waits_and_priorities(result, scenario)
     pool_of = {j.name: j.pool for j in scenario.jobs}
-    team_of = {j.name: j.team for j in scenario.jobs}
+    team_of = _team_of(scenario)
     out = []
     for stop in result.history:
         if stop["kind"] != "stop-requested" or not stop["detail"].startswith("preempted by"):
@@ -452,17 +462,20 @@ def budget_never_exceeded(result: DemoResult, scenario: Scenario) -> list[str]:
 
 def priorities_within_team_ceilings(result: DemoResult, scenario: Scenario) -> list[str]:
     """No job is ever at a priority its team is not granted (`teams`): a submission above
-    it is refused, a run whose tags claim more is counted at the ceiling."""
+    it is refused, a run whose tags claim more is counted at the ceiling, the run of a team
+    the policy does not list (or of no team: `UNATTRIBUTED`) at the lowest tier."""
     policy = Policy(**scenario.policy)
     if policy.teams is None:
         return []
     _, priorities = _waits_and_priorities(result, scenario)
     logged = {e["job"] for e in result.history if e["kind"] in ("submitted", "adopted")}
-    team_of = {j.name: j.team for j in scenario.jobs}
+    team_of = _team_of(scenario)
+    lowest = min(policy.tiers.values())
+    ceiling = {job: policy.max_priority(team) if policy.team_listed(team) else lowest for job, team in team_of.items()}
     return [
-        f"job {job}: priority {p} from {at - START:.0f} s, above team {team_of[job]}'s ceiling {policy.max_priority(team_of[job])}"
+        f"job {job}: priority {p} from {at - START:.0f} s, above team {team_of[job]}'s ceiling {ceiling[job]}"
         for job, changes in sorted(priorities.items()) if job in logged
-        for at, p in changes if p > policy.max_priority(team_of[job])
+        for at, p in changes if p > ceiling[job]
     ]
 
 

@@ -79,8 +79,8 @@ def random_story(service: str, seed: int, chaos: dict | None = None, jobs: int =
 def _claims_not_granted(rng: random.Random, specs: list[dict]) -> None:
     """Some of the runs teams launch themselves carry tags the platform does not believe:
     the controller's own job tags (naming another job of the story, or none), a priority
-    no tier is named, or a pool it does not run on. Each is adopted and counted, at what
-    the platform grants, in the pool it runs on."""
+    no tier is named, a pool it does not run on, or a team that is no team's name. Each is
+    adopted and counted, at what the platform grants, in the pool it runs on."""
     others = [s["name"] for s in specs if s.get("launched_by") != "team"] or ["no-such-job"]
     for spec in specs:
         if spec.get("launched_by") != "team":
@@ -95,6 +95,8 @@ def _claims_not_granted(rng: random.Random, specs: list[dict]) -> None:
             spec["tags"] = {"preemptor:priority": "urgent"}
         elif roll < 0.5:
             spec["tags"] = {"preemptor:pool": "retired-pool"}  # a pool it does not run on
+        elif roll < 0.58:
+            spec["tags"] = {"preemptor:team": "Research Team"}  # no team's name: counted as no one's
 
 
 def _knobs(rng: random.Random, service: str, specs: list[dict], faults: list[dict]) -> dict:

@@ -271,7 +271,7 @@ class AdoptionTags:
     """
 
     priority: int | None  # None: its tag is unusable (`problems`)
-    team: str
+    team: str | None  # None: its tag is unusable (`problems`): no team to grant it anything
     pool: str | None
     gpus: int | None
     checkpoint_s3_uri: str | None
@@ -397,23 +397,21 @@ def adoption_tags(tags: Mapping[str, str], tiers: Mapping[str, int] = DEFAULT_TI
     a run without them is not under the scheduler. `preemptor:pool`, `preemptor:gpus`
     and `preemptor:checkpoint` are optional. The priority tag is an integer or a name
     from `tiers`; the team a well-formed team name; GPUs a positive integer. A tag
-    present but unusable (an unknown tier, a priority out of range, GPUs not a positive
-    integer, a checkpoint that is not an S3 prefix, an empty pool) is read as absent
-    (priority: None) and said in `problems`: the run's GPUs are in use whatever its tags
-    say, and the intake counts it on what the platform grants. Whether the claims fit the
-    configuration (the team's ceiling, the pool's capacity) is the intake's to check.
-
-    Raises:
-        EventRejected: "bad-tag" when the team tag is unusable (malformed): there is no
-            team to count the run against.
+    present but unusable (a malformed team, an unknown tier, a priority out of range, GPUs
+    not a positive integer, a checkpoint that is not an S3 prefix, an empty pool) is read
+    as absent (team, priority: None) and said in `problems`: the run's GPUs are in use
+    whatever its tags say, and the intake counts it on what the platform grants. Whether
+    the claims fit the configuration (the team's ceiling, the pool's capacity) is the
+    intake's to check.
     """
     if PRIORITY_TAG not in tags or TEAM_TAG not in tags:
         return None
-    try:
-        team = validate_team_name(tags[TEAM_TAG].strip())
-    except ValueError as error:
-        raise EventRejected(Refusal.BAD_TAG, f"tag {TEAM_TAG}: {error}") from error
     problems: list[str] = []
+    try:
+        team: str | None = validate_team_name(tags[TEAM_TAG].strip())
+    except ValueError as error:
+        team = None
+        problems.append(f"tag {TEAM_TAG}: {error}")
 
     def read(key: str, parse: Callable[[str], Any]) -> Any:
         if key not in tags:

@@ -31,6 +31,9 @@ LOWEST_TIER = "lowest"  # in `spot_max_priority`: whatever the lowest configured
 # (`<bucket>/<team>/<job>`), a tag value and a principal tag: lower-case letters, digits
 # and hyphens, at most 63 characters, so it is valid in all four.
 TEAM_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+# Whom a run a team launched is counted against when its team tag names no team (malformed):
+# not a team name, so no team's quota, grant or share is taken by it.
+UNATTRIBUTED = "(unattributed)"
 
 
 def validate_team_name(team: object) -> str:

@@ -33,6 +33,7 @@ from ..core import events as ev
 from ..core.errors import CheckpointLocationUnavailable, ConflictError, PreemptorError, TransactionConflict
 from ..core.jobs import JobRecord
 from ..core.model import JobState
+from ..core.policy import UNATTRIBUTED
 from ..core.pools import PoolConfig, pools_running, queue_name
 from ..core.requests import MAX_JOB_NAME_LENGTH, Refusal, RequestRefused, admit_request
 from ..core.s3uri import S3Uri
@@ -515,7 +516,7 @@ class Intake:
             checkpoint = ""
         record = JobRecord(
             name=name,
-            team=claims.team,
+            team=claims.team or UNATTRIBUTED,
             priority=priority,
             pool=pool.name,
             service=service,
@@ -601,8 +602,14 @@ class Intake:
         policy = self.settings.policy
         lowest = min(policy.tiers.values())
         granted, note, refused = claims.priority, "", None
-        refusal = self._team_refusal(claims.team, claims.priority) if claims.priority is not None else None
-        if refusal is not None:
+        refusal = self._team_refusal(claims.team, claims.priority) if claims.priority is not None and claims.team is not None else None
+        if claims.team is None:
+            # No team to grant it anything: counted as no one's, at the lowest tier.
+            granted = lowest
+            note = f"; counted as {UNATTRIBUTED} at the lowest tier"
+            if claims.priority is not None and claims.priority != lowest:
+                note += f", not its priority tag's {claims.priority}"
+        elif refusal is not None:
             granted = policy.max_priority(claims.team) if policy.team_listed(claims.team) else lowest
             note, refused = f"; its priority tag claims {claims.priority} ({refusal[0]}: {refusal[1]}), not granted", refusal[0].value
         if claims.problems:
