@@ -125,13 +125,52 @@ def test_an_unusable_adoption_tag_is_read_as_absent_and_the_run_counted(monkeypa
         assert "RejectedEvents" not in added and ("RefusedClaims", {"Reason": "bad-tag"}) in emitted
 
 
-def test_a_run_tagged_with_more_gpus_than_its_pool_holds_is_refused():
-    with emulation(pools=[G5]) as env:
-        event = _sample(ADOPTABLE_BATCH)
-        event["detail"]["tags"]["preemptor:gpus"] = "64"
-        result = env.put(event).results[0]
-        assert result["outcome"] == "rejected" and result["reason"] == "bad-tag: 64 GPUs is more than pool 'g5' holds (32)"
-        assert (env.store.pool("g5") or {}).get("used_gpus", 0) == 0
+@pytest.mark.parametrize(
+    "service, change, counted, said, refused",
+    [
+        # Only its tag says so: bounded by what the pool holds, the claim refused
+        pytest.param("batch", {"tag": "64"}, 32,
+                     "its preemptor:gpus tag claims 64 GPUs, more than pool 'g5' holds (bad-tag): counted as the pool's 32", "bad-tag",
+                     id="batch-tag"),
+        # The service says so: counted in full, the pool over-full while it runs
+        pytest.param("batch", {"required": "48"}, 48,
+                     "it holds 48 GPUs, more than pool 'g5' is configured with (32): the pool is over-full while it runs", None,
+                     id="batch-container-requirement"),
+        pytest.param("sagemaker", {"instances": 10}, 80,
+                     "it holds 80 GPUs, more than pool 'p5' is configured with (64): the pool is over-full while it runs", None,
+                     id="training-job-instances"),
+    ],
+)
+@pytest.mark.parametrize("first_handling_died", [False, True], ids=["", "redelivered-after-a-handling-died"])
+def test_a_run_holding_more_gpus_than_its_pool_is_configured_with_is_counted(monkeypatch, service, change, counted, said, refused, first_handling_died):
+    emitted: list[tuple[str, dict]] = []
+    monkeypatch.setattr(intake, "emit", lambda name, value, **dims: emitted.append((name, dims)))
+    with emulation(pools=[G5] if service == "batch" else [P5]) as env:
+        # Given a team's run holding, or claiming, more GPUs than its pool is configured with
+        event = _sample(ADOPTABLE_BATCH if service == "batch" else ADOPTABLE_SAGEMAKER)
+        if "tag" in change:
+            event["detail"]["tags"]["preemptor:gpus"] = change["tag"]
+        if "required" in change:
+            event["detail"]["container"]["resourceRequirements"].append({"type": "GPU", "value": change["required"]})
+        if "instances" in change:
+            event["detail"]["ResourceConfig"]["InstanceCount"] = change["instances"]
+        if service == "batch":  # a checkpoint location, whose alias the first handling dies on
+            event["detail"]["tags"]["preemptor:checkpoint"] = "s3://team-bucket/research/event-test"
+        if first_handling_died:  # its first handling inserted the run, then failed on its checkpoint alias
+            throttled = error_response("ThrottlingException", "Rate of requests exceeds the allowed throughput.", 400)
+            alias = lambda params: throttled if params.get("Item", {}).get("pk", {}).get("S", "").startswith("CKPT") else None  # noqa: E731
+            with aws_says_no(env.store.client, "PutItem", alias), pytest.raises(Throttled):
+                intake.handler(event, CONTEXT)
+            emitted.clear()
+        # When its event reaches the intake
+        result = intake.handler(event, CONTEXT)
+        # Then it is adopted and counted (before: refused, bad-tag, and its GPUs not counted)
+        assert (result["outcome"], result["reason"], result.get("refused")) == ("accepted", "adopted", refused)
+        job = env.job(result["job"])
+        assert job.gpus == counted and env.store.pool(job.pool)["used_gpus"] == counted
+        [line] = [e for e in env.store.history(job.name) if e["kind"] == "adopted"]
+        assert said in line["detail"]
+        assert [d["Reason"] for n, d in emitted if n == "RefusedClaims"] == ([refused] if refused else [])
 
 
 def test_an_adopted_batch_job_counts_the_gpus_its_tag_states():

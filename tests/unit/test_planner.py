@@ -45,6 +45,30 @@ def test_admits_in_rank_order_while_capacity_lasts():
     assert not decision.preemptions
 
 
+@pytest.mark.parametrize("stopping", [False, True], ids=["", "a-stop-already-under-way"])
+def test_gpus_freed_in_an_over_full_pool_repay_its_excess_before_any_job_counts_on_them(stopping):
+    # Given a 64-GPU pool over-full by 24: a team's run the controller adopted holds 80 GPUs
+    # (the account gave it ten instances), and a job of the controller's 8 more
+    snap = snapshot(64).running(
+        running("teams-run", 50, 80, last_checkpoint_at=NOW - 60, stopping=stopping),
+        running("small", 200, 8, last_checkpoint_at=NOW - 60),
+    ).pending(
+        pending("critical", 1000, 8, submitted_at=1), pending("high", 500, 64, submitted_at=2),
+    ).build()
+    # When planning
+    decision = plan(snap, DEFAULT, NOW)
+    # Then the team's run is stopped (now, or already) for the critical job, and its 80 GPUs
+    # repay the 24 first: 56 come back, 48 after the critical job's 8. The high job cannot
+    # count on 64 of them (before: it held 64 of the 72 it thought freed, GPUs that never
+    # come, where the next cycle finds it no room); with the small job's 8, 56 are too few.
+    assert victims(decision) == ([] if stopping else ["teams-run"]) and not decision.admits
+    lines = {e.job: e for e in decision.explanations if e.verdict is Verdict.WAIT}
+    assert lines["critical"].reason is (Reason.WAITING_FOR_PREEMPTED_CAPACITY if stopping else Reason.PREEMPTS_LOWER_PRIORITY)
+    assert lines["high"].reason is Reason.NO_CAPACITY_NO_ELIGIBLE_VICTIMS
+    freed = "72 being freed (the pool is over-full by 24: they repay that first)" if stopping else "48 being freed"
+    assert lines["high"].detail == f"needs 64 GPUs; 0 free, {freed}, at most 8 held by jobs it may preempt"
+
+
 def test_mission_story_one_victim_for_the_critical_job():
     # Given a low experiment holding the whole pool and a critical job waiting for all of it
     snap = snapshot(512).running(running("experiment", 50, 512, started_at=0, last_checkpoint_at=100)).pending(

@@ -171,7 +171,12 @@ class PoolPlanner:
         fails = knobs.max_preemptions is not None and knobs.on_max_preemptions is MaxPreemptionsAction.FAIL
         self._fail_at = knobs.max_preemptions if fails else None
         self._starving_after = knobs.aging.starving_after_s
-        self.free = max(0, pool.gpus - sum(v.gpus for v in running))
+        used = sum(v.gpus for v in running)
+        self.free = max(0, pool.gpus - used)
+        # GPUs held beyond the pool's size (runs its teams launched and the controller
+        # adopted hold what the account gave them): the first GPUs freed repay them, not
+        # the jobs waiting (`_nominate`, `_commit`).
+        self.deficit = max(0, used - pool.gpus)
         # The service has no instances for the pool (`Pool.no_capacity_until`): nothing is stopped.
         outage = pool.no_capacity_until
         self._outage = (
@@ -756,7 +761,7 @@ class PoolPlanner:
         (`waited`: its `waited_enough`; `fit`: its `Quotas.fits` in the GPUs available, when
         known)."""
         job, k, now = r.job, self.knobs, self.now
-        available = self.free + self.releasing
+        available = self.free + self.releasing - self.deficit
         if fit is not None:
             ok, short_of = fit
         elif bucket is None:  # `Quotas.fits` without a quota, inline
@@ -894,7 +899,8 @@ class PoolPlanner:
             self._wait(job, Reason.OVER_QUOTA, detail)
             return Reason.OVER_QUOTA, detail
         reason = _BLOCKED if job.gpus <= self.initial_free else _NO_VICTIMS
-        detail = f"needs {job.gpus} GPUs; {self.free} free, {self.releasing} being freed, {eligible}"
+        over = f" (the pool is over-full by {self.deficit}: they repay that first)" if self.deficit else ""
+        detail = f"needs {job.gpus} GPUs; {self.free} free, {self.releasing} being freed{over}, {eligible}"
         if reason is _BLOCKED:
             detail += f"; {self.admitted_gpus} GPUs admitted and {self.held_gpus} held for higher-ranked jobs"
         self._wait(job, reason, detail)
@@ -953,7 +959,12 @@ class PoolPlanner:
         self.free -= from_free
         if still_needed > from_free:
             self._take_releasing(r, still_needed - from_free)
-        self.releasing += max(0, victim_gpus - job.gpus)
+        surplus = max(0, victim_gpus - job.gpus)
+        if self.deficit:  # an over-full pool is repaid first
+            repaid = min(self.deficit, surplus)
+            self.deficit -= repaid
+            surplus -= repaid
+        self.releasing += surplus
         self.held_gpus += job.gpus
         for key, scanned in choice.scanned.items():
             if scanned:

@@ -387,6 +387,11 @@ class Intake:
             except ev.EventRejected:
                 claims = None  # read otherwise since (the tiers changed): the record stands
             _, claimed, refused = self._granted(claims, event.tags or {}, record.pool)
+            pool = self.settings.pool(record.pool)
+            demand = self._demand(event, claims, pool) if claims is not None and pool is not None else None
+            if isinstance(demand, tuple):
+                _, over, over_refused = self._over_capacity(*demand, pool)
+                claimed, refused = claimed + over, over_refused or refused
             return self._complete_adoption(record, event.event_id, claimed, now, again=True, refused=refused)
         outcome = outcomes.get(status)
         secondary = getattr(event, "secondary_status", None)
@@ -472,23 +477,15 @@ class Intake:
         if isinstance(pool, str):
             return self._refuse(Refusal.UNKNOWN_POOL, f"{service} run {run_id} {pool}")
         priority, claimed, refused = self._granted(claims, tags, pool.name)
+        demand = self._demand(event, claims, pool)
+        if isinstance(demand, IntakeResult):
+            return demand
+        gpus, over, over_refused = self._over_capacity(*demand, pool)
+        claimed, refused = claimed + over, over_refused or refused
         if service == "sagemaker":
-            demand = self._sagemaker_demand(event, pool)
-            if isinstance(demand, IntakeResult):
-                return demand
-            gpus, name, checkpoint = demand, event.training_job_name, event.checkpoint_s3_uri or ""
+            name, checkpoint = event.training_job_name, event.checkpoint_s3_uri or ""
         else:
-            # What Batch says the container requires is counted, never less: a tag is the
-            # submitter's word, and an understated one would oversubscribe the pool.
-            if event.gpus is not None:
-                gpus = event.gpus
-            else:
-                gpus = claims.gpus if claims.gpus is not None else pool.gpus_per_instance
             name, checkpoint = event.job_name, claims.checkpoint_s3_uri or ""
-        if gpus > pool.capacity_gpus:
-            return self._refuse(
-                Refusal.BAD_TAG, f"{gpus} GPUs is more than pool {pool.name!r} holds ({pool.capacity_gpus})"
-            )
         run_name, names = name, adoption_names(name, service, run_id)
         name = names[0]
         shared = ""
@@ -648,6 +645,37 @@ class Intake:
         if instances <= 0:
             return self._refuse(Refusal.BAD_DEMAND, f"training job {event.training_job_name} states no instance count")
         return instances * pool.gpus_per_instance
+
+    def _demand(self, event, claims: ev.AdoptionTags, pool: PoolConfig) -> "tuple[int, bool] | IntakeResult":
+        """(GPUs an adopted run holds, whether only its `preemptor:gpus` tag says so), or its
+        refusal. What the service says it holds is counted, never less: a training job's
+        instances (`_sagemaker_demand`), a Batch container's GPU requirement (a tag is the
+        submitter's word, and an understated one would oversubscribe the pool); else the
+        tag; else one instance's."""
+        if isinstance(event, ev.TrainingJobStateChanged):
+            demand = self._sagemaker_demand(event, pool)
+            return demand if isinstance(demand, IntakeResult) else (demand, False)
+        if event.gpus is not None:
+            return event.gpus, False
+        return (claims.gpus, True) if claims.gpus is not None else (pool.gpus_per_instance, False)
+
+    @staticmethod
+    def _over_capacity(gpus: int, by_tag: bool, pool: PoolConfig) -> tuple[int, str, str | None]:
+        """(GPUs counted, what the line says, the refusal's code or None) of an adopted run of
+        `gpus` (`by_tag`: only its tag says so) in `pool`.
+
+        More than the pool is configured with: what the service says it holds is counted in
+        full (the account gave it those instances; the pool is over-full while it runs, and
+        nothing else is admitted into it); a number only its tag states, at the pool's
+        capacity, the claim refused (`bad-tag`). Before, either was refused and its GPUs
+        went uncounted: the controller filled the pool around it, and its launches met the
+        account's quota."""
+        if gpus <= pool.capacity_gpus:
+            return gpus, "", None
+        if by_tag:
+            note = f"; its {ev.GPUS_TAG} tag claims {gpus} GPUs, more than pool {pool.name!r} holds ({Refusal.BAD_TAG}): counted as the pool's {pool.capacity_gpus}"
+            return pool.capacity_gpus, note, Refusal.BAD_TAG.value
+        return gpus, f"; it holds {gpus} GPUs, more than pool {pool.name!r} is configured with ({pool.capacity_gpus}): the pool is over-full while it runs", None
 
     def _pool_running(self, event, service: str, tagged: str | None) -> "PoolConfig | str":
         """The pool whose capacity a run a team launched holds (`pools_running`): where the
