@@ -501,6 +501,13 @@ def test_a_run_of_an_instance_type_no_pool_has_is_not_adopted_into_the_pool_its_
         assert (env.store.pool("p5") or {}).get("used_gpus", 0) == 0
 
 
+def _pool_tag(tags: dict, pool: str | None) -> None:
+    """The run's `preemptor:pool` tag set to `pool`, or removed (None)."""
+    tags.pop("preemptor:pool", None)
+    if pool is not None:
+        tags["preemptor:pool"] = pool
+
+
 P4 = PoolConfig(name="p4", service="sagemaker", instance_type="ml.p4d.24xlarge", instances=4, gpus_per_instance=8,
                 fallback_instance_types=("ml.p4de.24xlarge",))
 P5_SPOT = PoolConfig(name="p5-spot", service="sagemaker", instance_type="ml.p5.48xlarge", instances=4, gpus_per_instance=8, capacity_type="spot")
@@ -534,9 +541,7 @@ def test_a_teams_training_job_is_counted_in_the_pool_whose_instances_it_runs_on_
         event["detail"]["ResourceConfig"]["InstanceType"] = instance_type
         if spot is not None:
             event["detail"]["EnableManagedSpotTraining"] = spot
-        event["detail"]["Tags"].pop("preemptor:pool")
-        if tag is not None:
-            event["detail"]["Tags"]["preemptor:pool"] = tag
+        _pool_tag(event["detail"]["Tags"], tag)
         # When its InProgress event reaches the intake
         result = intake.handler(event, CONTEXT)
         # Then it is adopted and its 24 GPUs counted in the pool it runs on, and nowhere else
@@ -572,9 +577,7 @@ def test_a_teams_batch_job_is_counted_in_the_pool_whose_queue_it_runs_in(monkeyp
         # Given a Batch job its team submitted to `queue` (8 GPUs), tagged with `tag`
         event = _sample(ADOPTABLE_BATCH)
         event["detail"]["jobQueue"] = queue
-        event["detail"]["tags"].pop("preemptor:pool")
-        if tag is not None:
-            event["detail"]["tags"]["preemptor:pool"] = tag
+        _pool_tag(event["detail"]["tags"], tag)
         result = intake.handler(event, CONTEXT)
         # Then it is counted in the pool whose queue runs it (else its tag's, else the first)
         assert (result["outcome"], result["reason"], result.get("refused")) == ("accepted", "adopted", refused)
