@@ -382,10 +382,7 @@ class Intake:
             return IntakeResult("ignored", f"stale: event for incarnation {incarnation} of {name}", name)
         if record.adopted and record.submitted_by == event.event_id:
             # The event that adopted it, again (its handling died after the insert).
-            try:
-                claims = ev.adoption_tags(event.tags or {}, tiers=self.settings.policy.tiers)
-            except ev.EventRejected:
-                claims = None  # read otherwise since (the tiers changed): the record stands
+            claims = ev.adoption_tags(event.tags or {}, tiers=self.settings.policy.tiers)
             _, claimed, refused = self._granted(claims, event.tags or {}, record.pool)
             pool = self.settings.pool(record.pool)
             demand = self._demand(event, claims, pool) if claims is not None and pool is not None else None
@@ -460,10 +457,7 @@ class Intake:
             # Our own run, whose start event beat the run alias: the launch records it (or,
             # a run of an incarnation its job has left, reconcile stops it).
             return IntakeResult("ignored", f"own run: {service} run {run_id} was launched by the controller")
-        try:
-            claims = ev.adoption_tags(tags, tiers=self.settings.policy.tiers)
-        except ev.EventRejected as e:
-            return self._refuse(e.reason, e.detail)
+        claims = ev.adoption_tags(tags, tiers=self.settings.policy.tiers)  # an unusable tag is read as absent
         if claims is None and claimed_ours:
             return self._refuse(
                 Refusal.CONTROLLER_TAGS,
