@@ -153,8 +153,10 @@ class TrainingJobStateChanged(_Event):
     checkpoint_s3_uri: str | None
     # ResourceConfig.InstanceGroups (heterogeneous clusters) as (instance type, count).
     instance_groups: tuple[tuple[str, int], ...] = ()
-    # EnableManagedSpotTraining: whether it runs on managed spot; None when the event does not
-    # say (or says it malformed: read as unknown, never a reason to refuse the event).
+    # EnableManagedSpotTraining: whether it runs on managed spot; None when the detail does not
+    # say (EventBridge's schema of the event lists no such field; DescribeTrainingJob, whose
+    # answer reconcile passes as the event, states it) or says it malformed: read as unknown,
+    # never a reason to refuse the event.
     spot: bool | None = None
 
 
