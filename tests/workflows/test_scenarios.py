@@ -268,12 +268,21 @@ def test_shadow_mode_launches_and_stops_nothing_and_reports_what_enforce_mode_wo
     assert {(k.removeprefix("shadow-"), j, f) for k, j, f in logged} == set(would)
 
 
-def test_an_adopted_run_preempted_in_enforce_mode_is_stopped_and_left_to_its_team_to_relaunch():
+@pytest.mark.parametrize(
+    "tags, team",
+    [({}, "research"), ({"preemptor:team": "Research Team"}, "(unattributed)")],
+    ids=["", "its-team-tag-naming-no-team"],
+)
+def test_an_adopted_run_preempted_in_enforce_mode_is_stopped_and_left_to_its_team_to_relaunch(tags, team):
     from preemptor_tools.local import demo
 
     # Given the research team's own run, adopted (tagged preemptor:managed=true, so it may be
-    # stopped), and a critical fine-tune submitted to the controller in enforce mode
+    # stopped; with a team tag that names no team, as no one's), and a critical fine-tune
+    # submitted to the controller in enforce mode
     scenario = Scenario.load(SCENARIOS / "shadow-mode.yaml").model_copy(update={"mode": "enforce"})
+    scenario = scenario.model_copy(
+        update={"jobs": [j.model_copy(update={"tags": tags}) if j.name == "experiment" else j for j in scenario.jobs]}
+    )
     result = demo.run(scenario, tick_s=60)
     jobs = _jobs(result.report)
     # Then the fine-tune preempted it and ran to its end
@@ -287,6 +296,8 @@ def test_an_adopted_run_preempted_in_enforce_mode_is_stopped_and_left_to_its_tea
     [ended] = [t for t in said if t.what == "preempted-not-relaunched"]
     assert "launched outside the controller" in ended.why
     assert not any(t.what == "launched" for t in said)
+    notices = [json.loads(a) for a in result.alerts]
+    assert ("preempted", "experiment", team) in {(n["kind"], n["job"], n["team"]) for n in notices}
     assert violations(result, scenario) == []
 
 
