@@ -526,6 +526,8 @@ P5_SPOT = PoolConfig(name="p5-spot", service="sagemaker", instance_type="ml.p5.4
         pytest.param("ml.p5.48xlarge", True, "p5", "p5-spot", "wrong-pool", id="on-spot-tagged-for-the-on-demand-pool"),
         pytest.param("ml.p5.48xlarge", False, "p5-spot", "p5", "wrong-pool", id="on-demand-tagged-for-the-spot-pool"),
         pytest.param("ml.p5.48xlarge", True, None, "p5-spot", None, id="on-spot-untagged"),
+        # EventBridge's event states no flag: a maximum wait, accepted only on spot, says it
+        pytest.param("ml.p5.48xlarge", "max-wait", "p5", "p5-spot", "wrong-pool", id="on-spot-by-its-max-wait-tagged-p5"),
         pytest.param("ml.p5.48xlarge", None, "p5-spot", "p5-spot", None, id="either-way-the-tag-picks-among-its-type"),
     ],
 )
@@ -539,7 +541,9 @@ def test_a_teams_training_job_is_counted_in_the_pool_whose_instances_it_runs_on_
         # Given a run its team launched (3 instances) on `instance_type`, tagged with `tag`
         event = _sample(ADOPTABLE_SAGEMAKER)
         event["detail"]["ResourceConfig"]["InstanceType"] = instance_type
-        if spot is not None:
+        if spot == "max-wait":
+            event["detail"]["StoppingCondition"] = {"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 7200}
+        elif spot is not None:
             event["detail"]["EnableManagedSpotTraining"] = spot
         _pool_tag(event["detail"]["Tags"], tag)
         # When its InProgress event reaches the intake

@@ -1200,12 +1200,20 @@ def test_a_malformed_alarm_state_change_is_refused_with_the_reason(change, reaso
 
 
 @pytest.mark.parametrize(
-    "value, spot",
-    [(True, True), (False, False), (_DELETE, None), (None, None), ("true", None), (1, None)],
+    "flag, stopping, spot",
+    [
+        (True, _DELETE, True), (False, _DELETE, False), (_DELETE, _DELETE, None), (None, None, None), ("true", _DELETE, None), (1, _DELETE, None),
+        # EventBridge's event carries no flag, but the StoppingCondition: a maximum wait is
+        # accepted only with managed spot
+        (_DELETE, {"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 7200}, True),
+        (_DELETE, {"MaxRuntimeInSeconds": 3600}, None),
+        (_DELETE, {"MaxWaitTimeInSeconds": "7200"}, None), (_DELETE, "7200", None), (_DELETE, {"MaxWaitTimeInSeconds": True}, None),
+        (False, {"MaxWaitTimeInSeconds": 7200}, False),
+    ],
 )
-def test_whether_a_training_job_runs_on_managed_spot_is_read_leniently(value, spot):
+def test_whether_a_training_job_runs_on_managed_spot_is_read_leniently(flag, stopping, spot):
     # Given a training job's event that says it runs on managed spot, or not, or says it
     # malformed (a terminal event refused for that would leave its capacity held)
-    event = parse_event(with_detail(TRAINING_IN_PROGRESS_TAGGED, EnableManagedSpotTraining=value))
-    # Then only a boolean is believed, and the event is never refused for it
+    event = parse_event(with_detail(TRAINING_IN_PROGRESS_TAGGED, EnableManagedSpotTraining=flag, StoppingCondition=stopping))
+    # Then only what is well formed is believed, and the event is never refused for it
     assert event.spot is spot

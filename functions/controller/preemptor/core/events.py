@@ -153,10 +153,7 @@ class TrainingJobStateChanged(_Event):
     checkpoint_s3_uri: str | None
     # ResourceConfig.InstanceGroups (heterogeneous clusters) as (instance type, count).
     instance_groups: tuple[tuple[str, int], ...] = ()
-    # EnableManagedSpotTraining: whether it runs on managed spot; None when the detail does not
-    # say (EventBridge's schema of the event lists no such field; DescribeTrainingJob, whose
-    # answer reconcile passes as the event, states it) or says it malformed: read as unknown,
-    # never a reason to refuse the event.
+    # Whether it runs on managed spot (`_on_spot`); None when the detail does not say.
     spot: bool | None = None
 
 
@@ -712,14 +709,23 @@ def _training_job(
         last_modified=detail.optional_time("LastModifiedTime"),
         checkpoint_s3_uri=detail.optional_object("CheckpointConfig").optional_str("S3Uri"),
         instance_groups=_instance_groups(resources),
-        spot=_flag(detail, "EnableManagedSpotTraining"),
+        spot=_on_spot(detail),
     )
 
 
-def _flag(fields: _Fields, key: str) -> bool | None:
-    """A boolean field read leniently: True or False as given, None otherwise."""
-    value = fields.get(key)
-    return value if isinstance(value, bool) else None
+def _on_spot(detail: _Fields) -> bool | None:
+    """Whether a training job runs on managed spot, read leniently (None: not said, or said
+    malformed; never a reason to refuse the event): `EnableManagedSpotTraining` where the
+    detail states it (DescribeTrainingJob does), else True where its StoppingCondition has
+    a MaxWaitTimeInSeconds, which SageMaker accepts only with managed spot ("Invalid
+    MaxWaitTimeInSeconds. It is only supported when EnableManagedSpotTraining is set to
+    true"). EventBridge's state-change event carries the StoppingCondition, not the flag."""
+    flag = detail.get("EnableManagedSpotTraining")
+    if isinstance(flag, bool):
+        return flag
+    stopping = detail.get("StoppingCondition")
+    wait = stopping.get("MaxWaitTimeInSeconds") if isinstance(stopping, dict) else None
+    return True if isinstance(wait, int | float) and not isinstance(wait, bool) and wait > 0 else None
 
 
 def _instance_groups(resources: _Fields) -> tuple[tuple[str, int], ...]:
