@@ -393,3 +393,46 @@ def test_a_teams_own_run_claiming_more_than_its_ceiling_is_counted_at_it_and_one
     assert [(r.run, r.requested, r.quota) for r in result.quota_refusals] == [("applied-own-run", 2, 8)]
     assert max(p["max_gpus_in_use"] for p in result.report["pools"]) <= 64
     assert violations(result, scenario) == []
+
+
+@pytest.mark.parametrize("tagged", ["p5", "retired-pool"], ids=["tagged-with-the-other-pool", "tagged-with-no-pool"])
+def test_a_teams_run_on_the_second_pools_instances_is_counted_there_and_its_jobs_launch_within_the_quota(tagged):
+    from preemptor_tools.local import demo
+
+    # Given two pools of the account's whole quota, p5 (8 x ml.p5.48xlarge) and p4 (4 x
+    # ml.p4d.24xlarge), and a team's own low run of 2 p4 instances (tagged managed) whose pool
+    # tag names p5 (or a pool that is no more); then, while it runs, two medium jobs of the
+    # controller's for p4's 4 instances
+    team_run = {"name": "teams-p4-run", "team": "research", "priority": "low", "pool": "p4", "instances": 2, "submit_at": 0,
+                "duration": 3600, "launched_by": "team", "tags": {"preemptor:pool": tagged}}
+    scenario = Scenario.model_validate(
+        {
+            "pools": [
+                {"name": "p5", "service": "sagemaker", "instance_type": "ml.p5.48xlarge", "instances": 8, "gpus_per_instance": 8},
+                {"name": "p4", "service": "sagemaker", "instance_type": "ml.p4d.24xlarge", "instances": 4, "gpus_per_instance": 8},
+            ],
+            "jobs": [
+                team_run,
+                {"name": "eval-a", "team": "applied", "priority": "medium", "pool": "p4", "instances": 2, "submit_at": 900, "duration": 1200},
+                {"name": "eval-b", "team": "applied", "priority": "medium", "pool": "p4", "instances": 2, "submit_at": 900, "duration": 1200},
+            ],
+            "horizon": 7200,
+        }
+    )
+    result = demo.run(scenario, tick_s=60)
+    # Then the team's run is counted in p4, where it runs (before: refused, bad-demand or
+    # unknown-pool, its 16 GPUs not counted; the controller launched both evals into p4's 4
+    # instances, and the account's quota refused the second's launches, ResourceLimitExceeded,
+    # one after another for as long as the team's run held its instances)
+    [adopted] = [e for e in result.history if e["kind"] == "adopted"]
+    assert adopted["detail"].startswith("16 GPUs counted in p4")
+    assert f"its pool tag names {tagged!r}, and it runs on pool 'p4''s capacity (wrong-pool: not believed)" in adopted["detail"]
+    assert result.quota_refusals == []
+    # And one eval ran at once; the other preempted the team's run for its 2 instances, then
+    # ran in them
+    jobs = _jobs(result.report)
+    assert jobs["eval-a"]["state"] == jobs["eval-b"]["state"] == "Completed"
+    assert jobs["teams-p4-run"]["preemptions"] == 1
+    [stopped] = [t for t in result.timeline if t.source == "controller" and t.job == "teams-p4-run" and t.what == "stop-requested"]
+    assert "preempted by eval-" in stopped.why
+    assert violations(result, scenario) == []
