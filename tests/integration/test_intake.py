@@ -27,6 +27,15 @@ ADOPTABLE_BATCH = "batch/constructed__batch-job-state-change__running-tagged.jso
 G5 = PoolConfig(name="g5", service="batch", gpus=32)
 
 
+def _dies_after_the_insert(env, event: dict) -> None:
+    """A handling of `event` that inserts its adopted run, then fails on the run's checkpoint
+    alias (throttled through every retry): the event goes back for a redelivery."""
+    throttled = error_response("ThrottlingException", "Rate of requests exceeds the allowed throughput.", 400)
+    alias = lambda params: throttled if params.get("Item", {}).get("pk", {}).get("S", "").startswith("CKPT") else None  # noqa: E731
+    with aws_says_no(env.store.client, "PutItem", alias), pytest.raises(Throttled):
+        intake.handler(event, CONTEXT)
+
+
 def _sample(relpath: str, **changes) -> dict:
     """A sample from events/ with top-level changes (e.g. source=...)."""
     event = json.loads(load_raw(relpath))
@@ -157,10 +166,7 @@ def test_a_run_holding_more_gpus_than_its_pool_is_configured_with_is_counted(mon
         if service == "batch":  # a checkpoint location, whose alias the first handling dies on
             event["detail"]["tags"]["preemptor:checkpoint"] = "s3://team-bucket/research/event-test"
         if first_handling_died:  # its first handling inserted the run, then failed on its checkpoint alias
-            throttled = error_response("ThrottlingException", "Rate of requests exceeds the allowed throughput.", 400)
-            alias = lambda params: throttled if params.get("Item", {}).get("pk", {}).get("S", "").startswith("CKPT") else None  # noqa: E731
-            with aws_says_no(env.store.client, "PutItem", alias), pytest.raises(Throttled):
-                intake.handler(event, CONTEXT)
+            _dies_after_the_insert(env, event)
             emitted.clear()
         # When its event reaches the intake
         result = intake.handler(event, CONTEXT)
@@ -437,10 +443,7 @@ def test_an_adoption_and_its_line_are_written_together_whatever_befalls_the_hand
         # Given a team's run whose adoption dies after the insert (its checkpoint location's
         # alias throttled through every retry), and whose event is then dead-lettered
         event = _sample(ADOPTABLE_SAGEMAKER)
-        throttled = error_response("ThrottlingException", "Rate of requests exceeds the allowed throughput.", 400)
-        alias = lambda params: throttled if params.get("Item", {}).get("pk", {}).get("S", "").startswith("CKPT") else None  # noqa: E731
-        with aws_says_no(env.store.client, "PutItem", alias), pytest.raises(Throttled):
-            env.put(event)
+        _dies_after_the_insert(env, event)
         # Then the run is counted and its decision log says so (before: the line was written
         # after the insert, and lost with the handling: knobs seeds batch 0, 34 and 36)
         name = event["detail"]["TrainingJobName"]
@@ -472,10 +475,7 @@ def test_a_run_claiming_more_than_its_team_is_granted_is_counted_at_the_grant(mo
         event = _sample(ADOPTABLE_SAGEMAKER)
         event["detail"]["Tags"].update(tags)
         if first_handling_died:  # its first handling inserted the run, then failed on its checkpoint alias
-            throttled = error_response("ThrottlingException", "Rate of requests exceeds the allowed throughput.", 400)
-            alias = lambda params: throttled if params.get("Item", {}).get("pk", {}).get("S", "").startswith("CKPT") else None  # noqa: E731
-            with aws_says_no(env.store.client, "PutItem", alias), pytest.raises(Throttled):
-                env.put(event)
+            _dies_after_the_insert(env, event)
         # When its InProgress event reaches the intake
         result = intake.handler(event, CONTEXT)
         # Then it is adopted and its GPUs counted, at the priority the platform grants

@@ -15,15 +15,12 @@ from typing import Any, Protocol
 from botocore.exceptions import ClientError, HTTPClientError, ParamValidationError
 
 from ..core.errors import RunNameTaken, ServiceJobNotFound, ServiceRejected, ServiceUnavailable
+from ..core.events import CONTROLLER_TAG, INCARNATION_TAG, JOB_TAG, MANAGED_TAG, POOL_TAG, PRIORITY_TAG, TEAM_TAG
 from ..core.jobs import JobRecord
 from ..core.pools import SPOT, parse_offering
 from ..core.requests import spot_launch
 from .errors import ErrorKind, classify, code_of, is_sagemaker_not_found, translate
 
-MANAGED_TAG = "preemptor:managed"
-JOB_TAG = "preemptor:job"
-INCARNATION_TAG = "preemptor:incarnation"
-CONTROLLER_TAG = "preemptor:controller"
 CHECKPOINT_ENV = "PREEMPTOR_CHECKPOINT_S3_URI"
 
 
@@ -92,9 +89,9 @@ def controller_tags(record: JobRecord, controller: str = "") -> dict[str, str]:
         MANAGED_TAG: "true",
         JOB_TAG: record.name,
         INCARNATION_TAG: str(record.incarnation),
-        "preemptor:team": record.team,
-        "preemptor:priority": str(record.priority),
-        "preemptor:pool": record.pool,
+        TEAM_TAG: record.team,
+        PRIORITY_TAG: str(record.priority),
+        POOL_TAG: record.pool,
     }
     return {**tags, CONTROLLER_TAG: controller} if controller else tags
 
@@ -117,7 +114,7 @@ def may_be_own_run(tags: dict[str, str], record: JobRecord | None, run_name: str
     that incarnation's name. A team that puts the controller's tags on a run of its own
     fails one of these unless it copies a run of the job exactly (then the controller's
     SageMaker launch finds the name taken: `RunNameTaken`)."""
-    if record is None or tags.get("preemptor:team") != record.team:
+    if record is None or tags.get(TEAM_TAG) != record.team:
         return False
     try:
         incarnation = int(tags.get(INCARNATION_TAG, ""))

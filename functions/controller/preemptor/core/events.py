@@ -63,6 +63,7 @@ CHECKPOINT_TAG = "preemptor:checkpoint"  # Batch jobs: the job's checkpoint pref
 # never adopted, even when its start event arrives before the controller recorded the run,
 # where the jobs table bears the claim out (`service.intake.controllers_job`).
 JOB_TAG = "preemptor:job"
+INCARNATION_TAG = "preemptor:incarnation"
 MANAGED_TAG = "preemptor:managed"
 # The stack that launched a run: a second stack in the account leaves the first's runs alone.
 CONTROLLER_TAG = "preemptor:controller"

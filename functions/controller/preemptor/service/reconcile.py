@@ -18,7 +18,7 @@ from typing import Any
 
 from ..adapters.alerts import Alerts
 from ..adapters.checkpoints import CheckpointStore
-from ..adapters.runners import INCARNATION_TAG, JOB_TAG, Runner
+from ..adapters.runners import Runner
 from ..adapters.store import JobsStore, LogLine
 from ..adapters.workflows import WorkflowStarter, execution_name
 from ..config import Settings
@@ -238,7 +238,7 @@ def _check_live_run(
             return None
         why = "the controller launched no such run"
     else:
-        if tags.get(INCARNATION_TAG) == str(record.incarnation):
+        if tags.get(ev.INCARNATION_TAG) == str(record.incarnation):
             if record.status in (JobState.ADMITTED, JobState.PENDING):
                 return None  # its launch takes this run up
             if record.run_id == run.run_id and record.status.holds_capacity:
@@ -251,7 +251,7 @@ def _check_live_run(
     kind = Repair.UNKNOWN_RUN_STOPPED
     if record is not None:
         store.log(record.name, now, "unknown-run-stopped", kind.value, f"run {run.run_id} stopped: {why}", run=run.run_id)
-    return {"pool": record.pool if record else tags.get("preemptor:pool", ""), "repair": kind.value, "run": run.run_id, "job": tags.get(JOB_TAG), "why": why}
+    return {"pool": record.pool if record else tags.get(ev.POOL_TAG, ""), "repair": kind.value, "run": run.run_id, "job": tags.get(ev.JOB_TAG), "why": why}
 
 
 def _fold_ended_runs(store: JobsStore, settings: Settings, pool: str) -> int:
