@@ -46,7 +46,7 @@ def test_a_checkpoint_during_the_grace_makes_a_declared_job_trusted():
     # When it is requeued
     changes = learning.after_stop(stopped)
     # Then it is trusted: the planner will stop it at once next time
-    assert changes == {"saved_on_stop": True, "stop_signal_at": None, "stop_at_once": False, "stop_reason": None}
+    assert changes == {"saved_on_stop": True, "stop_signal_at": None, "stop_fresh": None, "stop_at_once": False, "stop_reason": None}
     assert stopped.with_changes(**changes).as_running().saves_on_stop
 
 

@@ -355,3 +355,42 @@ def test_a_step_whose_write_got_no_answer_is_retried_and_its_workflow_goes_on():
             if key in ("lambdaFunctionFailedEventDetails", "taskFailedEventDetails")
         ]
         assert failures == ["ServiceUnavailable"]
+
+
+def test_a_stop_at_once_whose_workflow_is_restarted_after_the_signal_is_not_told_fresh_by_the_checkpoint_of_its_grace():
+    from aws_faults import THROTTLING, aws_says_no
+
+    from preemptor.service.reconcile import PREEMPT_START_GRACE_S
+
+    with emulation(hostile=_hostile) as env:
+        # Given a low sweep on the whole pool, 30 minutes of work since its start and no
+        # checkpoint (it saves on SIGTERM, as the training helper does, but has not been
+        # seen to: not trusted yet)
+        env.submit(
+            name="sweep", team="research", priority="low", pool="p5", instances=8, duration=14400, checkpoint_every=7200,
+            runs_training_helper=True,
+        )
+        env.advance(1800)
+        # When a critical job preempts it at once (its wait would cost more than the work at
+        # risk), and the stop goes out but the write of its line is throttled through every
+        # retry of the step: the workflow fails after the signal
+        line = lambda params: THROTTLING["dynamodb"] if params.get("Item", {}).get("kind", {}).get("S") == "stop-requested" else None  # noqa: E731
+        with aws_says_no(env.stack.deps().store.client, "PutItem", line) as refused:
+            env.submit(name="incident", team="production", priority="critical", pool="p5", instances=8, duration=600)
+            env.advance(240)
+        assert refused and [s.run for s in env.fleet.stops] == ["sweep"]
+        [failed] = env.executions("PreemptStateMachine")
+        assert failed["status"] == "FAILED"
+        # And the sweep saved during the grace, after the signal
+        assert env.job("sweep").last_checkpoint_at > env.job("sweep").stop_signal_at
+        # When reconcile restarts its workflow, whose check finds that checkpoint
+        env.advance(PREEMPT_START_GRACE_S)
+        repairs = env.stack.invoke_lambda(env.stack.resources["ReconcileFunction"], {})["repairs"]
+        env.stack.drain()
+        assert [r["repair"] for r in repairs if r.get("job") == "sweep"] == ["preemption-workflow-restarted"]
+        env.advance(300)
+        # Then the stop is told as it went: at once, without a fresh checkpoint (before:
+        # "fresh-checkpoint", for a stop that threw away 30 minutes of 64 GPUs' work)
+        [stop] = [e for e in env.store.history("sweep") if e["kind"] == "stop-requested"]
+        assert stop["reason"] == "stop-at-once" and "WITHOUT a fresh checkpoint" in stop["detail"]
+        assert env.job("sweep").status is JobState.PENDING and env.job("incident").status is JobState.RUNNING

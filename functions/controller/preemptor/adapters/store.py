@@ -1000,17 +1000,19 @@ class JobsStore:
         new = record.with_changes(priority=priority, escalated_at=escalated_at)
         return self.transition(record, new, (record.status,), log=log, notice=notice)
 
-    def claim_stop(self, record: JobRecord, at: float) -> bool:
-        """Record that this preemption's stop goes out now, before it is sent: the job still
-        PREEMPTING in its incarnation, in the preemption `record` read (`preempting_since`),
-        and no stop recorded since it began. The version moves, so a write decided on the job
-        as read before (the operator's release of a raised victim, `ops.set_priority`) is
-        refused once the stop is on its way. False when the condition does not hold:
-        released (and perhaps chosen again since, by another preemption), moved on, or
-        claimed already."""
+    def claim_stop(self, record: JobRecord, at: float, fresh: bool = False) -> bool:
+        """Record that this preemption's stop goes out now, before it is sent, with whether
+        the victim's checkpoint is fresh as it goes (`fresh`: what a step retried, or a
+        workflow restarted, after the stop says of it): the job still PREEMPTING in its
+        incarnation, in the preemption `record` read (`preempting_since`), and no stop
+        recorded since it began. The version moves, so a write decided on the job as read
+        before (the operator's release of a raised victim, `ops.set_priority`) is refused
+        once the stop is on its way. False when the condition does not hold: released (and
+        perhaps chosen again since, by another preemption), moved on, or claimed already."""
         since = record.preempting_since
         values = {
             ":at": _to_attr(at),
+            ":fresh": _to_attr(fresh),
             ":preempting": {"S": JobState.PREEMPTING.value},
             ":inc": _to_attr(record.incarnation),
             ":zero": _to_attr(0),
@@ -1026,7 +1028,7 @@ class JobsStore:
                 "update_item",
                 TableName=self.table,
                 Key=job_key(record.name),
-                UpdateExpression="SET stop_signal_at = :at, #ver = if_not_exists(#ver, :zero) + :one",
+                UpdateExpression="SET stop_signal_at = :at, stop_fresh = :fresh, #ver = if_not_exists(#ver, :zero) + :one",
                 ConditionExpression=f"#st = :preempting AND #inc = :inc AND {this_preemption}",
                 ExpressionAttributeNames={"#st": "status", "#inc": "incarnation", "#ver": "version"},
                 ExpressionAttributeValues=values,

@@ -100,6 +100,8 @@ class JobRecord:
     # preemption): a retried request step answers with the request its first attempt made.
     checkpoint_request_by: str | None = None
     stop_signal_at: float | None = None
+    # Whether its checkpoint was fresh as that stop went out (`JobsStore.claim_stop`).
+    stop_fresh: bool | None = None
     stop_at_once: bool = False
     # Why the plan said so (`Preemption.stop`, a `Reason` value), for the decision log.
     stop_reason: str | None = None
@@ -229,5 +231,5 @@ class JobRecord:
         new priority)."""
         return replace(
             self, status=JobState.RUNNING, preempted_by=None, preempting_since=None,
-            stop_signal_at=None, stop_at_once=False, stop_reason=None, **changes,
+            stop_signal_at=None, stop_fresh=None, stop_at_once=False, stop_reason=None, **changes,
         )

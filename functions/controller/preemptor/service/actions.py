@@ -388,9 +388,17 @@ def stop(
     # attempt's Lambda died after the claim) finds this preemption's claim and sends again,
     # harmlessly; the signal's time, which decides whether a checkpoint came during the
     # grace, stays the first.
+    max_age_s = policy.for_pool(record.pool).checkpoint_max_age_s if policy is not None else None
+
+    def aged(victim: JobRecord, at: float) -> bool:
+        """Fresh when the workflow checked, no longer when the stop goes at `at` (its step
+        came late: throttled, retried): told as it is, and counted as a stop without a
+        fresh checkpoint."""
+        return fresh and max_age_s is not None and not is_fresh(victim.last_checkpoint_at, victim.started_at, at, max_age_s)
+
     if _stop_recorded(record):
         signal_at = record.stop_signal_at
-    elif store.claim_stop(record, now):
+    elif store.claim_stop(record, now, fresh=fresh and not aged(record, now)):
         signal_at = now
     else:
         current = _current(store, job, incarnation)
@@ -401,6 +409,14 @@ def stop(
         if current is None or current.status is not JobState.PREEMPTING or not _stop_recorded(current):
             return {"stopping": False, "reason": "not-running"}
         record, signal_at = current, current.stop_signal_at  # an earlier attempt's claim
+    if signal_at != now and record.stop_fresh is not None:
+        # The stop went out before (a step retried, a workflow restarted): its checkpoint is
+        # what it was then. A check made since finds the one written during the grace,
+        # which kept nothing of the work at risk when the signal went (before, it made the
+        # stop "fresh-checkpoint" though a stop at once had thrown that work away).
+        fresh, too_old = record.stop_fresh, False
+    else:
+        too_old = aged(record, signal_at)
     why = f"preempted by {record.preempted_by}" if record.preempted_by else "cancelled"
     try:
         runners[record.service].stop(record.run_id, f"preemptor: {why}")
@@ -411,17 +427,13 @@ def stop(
         # Raised for the workflow to give up loudly; reconcile repairs the preemption.
         store.log(job, now, "stop-refused", "access-denied", str(e))
         raise
-    max_age_s = policy.for_pool(record.pool).checkpoint_max_age_s if policy is not None else None
-    aged = fresh and max_age_s is not None and not is_fresh(record.last_checkpoint_at, record.started_at, signal_at, max_age_s)
-    if aged:
-        # Fresh when the workflow checked, no longer when the stop goes (its step came late:
-        # throttled, retried): told as it is, and counted as a stop without a fresh checkpoint.
+    if too_old:
         fresh = False
         why += f"; its checkpoint, fresh when checked, is over checkpoint_max_age_s {max_age_s:g} at the stop"
     detail = why + ("" if fresh else "; WITHOUT a fresh checkpoint: work since the last one is lost")
     # Why it goes now: its checkpoint is fresh (or aged past the bound since it was checked);
     # the plan said not to wait (issue 10); or the wait ran out.
-    reason = "fresh-checkpoint" if fresh else "checkpoint-aged" if aged else "stop-at-once" if record.stop_at_once else "checkpoint-timeout"
+    reason = "fresh-checkpoint" if fresh else "checkpoint-aged" if too_old else "stop-at-once" if record.stop_at_once else "checkpoint-timeout"
     # Once per preemption however often the step is retried (keyed by the claim's time).
     store.log(job, signal_at, "stop-requested", reason, detail, once=f"stop#{record.incarnation}#{signal_at:.3f}")
     learning.stop_sent(store, record, fresh, signal_at)  # issue 10

@@ -116,7 +116,7 @@ def after_stop(record: JobRecord) -> dict:
     for the next preemption's decision."""
     signal = record.stop_signal_at
     saved = signal is not None and record.last_checkpoint_at is not None and record.last_checkpoint_at > signal
-    return {"saved_on_stop": saved, "stop_signal_at": None, "stop_at_once": False, "stop_reason": None}
+    return {"saved_on_stop": saved, "stop_signal_at": None, "stop_fresh": None, "stop_at_once": False, "stop_reason": None}
 
 
 def request_ahead(store: JobsStore, checkpoints: CheckpointStore, decision: Decision, by_name: dict[str, JobRecord], now: float) -> list[str]:
