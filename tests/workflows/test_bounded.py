@@ -761,3 +761,9 @@ def test_a_stop_step_that_comes_late_judges_the_checkpoint_again(checkpoint_age_
         assert line["reason"] == told
         unfresh = sum(sum(v) if isinstance(v := d["StopsWithoutFreshCheckpoint"], list) else v for d in emitted if "StopsWithoutFreshCheckpoint" in d)
         assert unfresh == (0 if told == "fresh-checkpoint" else 1)
+        # And the requeue with the check's "fresh" counts the stop as it went (before: fresh, as checked)
+        requeue = {"action": "requeue", "job": "sweep", "incarnation": 1, "fresh": True, "phase": "stopped"}
+        assert env.stack.invoke_lambda(env.stack.resources["JobControlFunction"], requeue)["requeued"] is True
+        [requeued] = [e for e in env.store.history("sweep") if e["kind"] == "requeued"]
+        assert requeued["extra"]["fresh_checkpoint"] is (told == "fresh-checkpoint")
+        assert env.job("sweep").stops_without_fresh_checkpoint == (0 if told == "fresh-checkpoint" else 1)

@@ -393,4 +393,7 @@ def test_a_stop_at_once_whose_workflow_is_restarted_after_the_signal_is_not_told
         # "fresh-checkpoint", for a stop that threw away 30 minutes of 64 GPUs' work)
         [stop] = [e for e in env.store.history("sweep") if e["kind"] == "stop-requested"]
         assert stop["reason"] == "stop-at-once" and "WITHOUT a fresh checkpoint" in stop["detail"]
+        # And it is counted so where the stop is accounted: the requeue, the job's record
+        [requeued] = [e for e in env.store.history("sweep") if e["kind"] == "requeued"]
+        assert requeued["extra"]["fresh_checkpoint"] is False and env.job("sweep").stops_without_fresh_checkpoint == 1
         assert env.job("sweep").status is JobState.PENDING and env.job("incident").status is JobState.RUNNING

@@ -458,11 +458,15 @@ def requeue(
     """Put a stopped victim back in the queue under its next incarnation; free its GPUs.
 
     A victim that completed on its own while being stopped is recorded as completed.
+    `fresh`: the workflow's check found its checkpoint fresh; a stop recorded with its own
+    verdict (`stop`: judged as it went) is counted by that one instead.
     """
     record = _current(store, job, incarnation)
     if record is None or record.status is not JobState.PREEMPTING:
         pool = store.require(job).pool
         return {"requeued": False, "reason": "not-preempting", "pool": pool}
+    if _stop_recorded(record) and record.stop_fresh is not None:
+        fresh = record.stop_fresh
     if phase == "completed":
         return finish(
             store=store,
