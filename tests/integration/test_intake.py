@@ -590,6 +590,100 @@ def test_a_teams_batch_job_is_counted_in_the_pool_whose_queue_it_runs_in(monkeyp
         assert (("RefusedClaims", {"Reason": "wrong-pool"}) in emitted) == (refused is not None)
 
 
+def _queues_on(env, **queues: tuple[str, ...]) -> None:
+    """Batch job queues of the emulated account, each on the compute environments named."""
+    batch, iam = env.stack.client("batch"), env.stack.client("iam")
+    role = iam.create_role(RoleName="batch", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    arns = {}
+    for name in sorted({ce for ces in queues.values() for ce in ces}):
+        arns[name] = batch.create_compute_environment(computeEnvironmentName=name, type="UNMANAGED", state="ENABLED", serviceRole=role)["computeEnvironmentArn"]
+    for queue, ces in queues.items():
+        order = [{"order": i + 1, "computeEnvironment": arns[ce]} for i, ce in enumerate(ces)]
+        batch.create_job_queue(jobQueueName=queue, state="ENABLED", priority=1, computeEnvironmentOrder=order)
+
+
+# g5's queue and g6's run on their own fleets; research's queue shares g6's, eval's runs on
+# instances of its own.
+SHARED_QUEUES = {
+    "g5-queue": ("g5-fleet",), "g6-queue": ("g6-fleet",), "research-queue": ("research-fleet", "g6-fleet"), "eval-queue": ("eval-fleet",),
+}
+
+
+@pytest.mark.parametrize(
+    "queue, tag, counted_in, refused",
+    [
+        # Before: counted in g5 (its tag, else the first Batch pool), while g6's instances ran it
+        pytest.param("research-queue", "g5", "g6", "wrong-pool", id="sharing-g6s-fleet-tagged-g5"),
+        pytest.param("research-queue", None, "g6", None, id="sharing-g6s-fleet-untagged"),
+        # Before: counted in g5, whose fleet it never ran on
+        pytest.param("eval-queue", "g5", None, "unknown-pool", id="on-a-fleet-of-its-own"),
+    ],
+)
+def test_a_teams_batch_job_in_a_queue_of_no_pools_is_counted_in_the_pool_whose_compute_environments_it_shares(queue, tag, counted_in, refused):
+    from iam_policy import StackPolicies
+
+    g6 = PoolConfig(name="g6", service="batch", gpus=32, job_queue="g6-queue")
+    with emulation(pools=[G5, g6]) as env:
+        _queues_on(env, **SHARED_QUEUES)
+        # Given a Batch job its team submitted to a queue of its own (8 GPUs), tagged with `tag`
+        event = _sample(ADOPTABLE_BATCH)
+        event["detail"]["jobQueue"] = f"arn:aws:batch:us-east-1:123456789012:job-queue/{queue}"
+        _pool_tag(event["detail"]["tags"], tag)
+        before = len(env.stack.calls.calls)
+        result = env.put(event).results[0]
+        # Then it is counted in the pool whose fleet its queue runs on, and in no other; on a
+        # fleet of its own, nowhere (it holds none of the pools' GPUs), and the refusal says why
+        used = {p: (env.store.pool(p) or {}).get("used_gpus", 0) for p in ("g5", "g6")}
+        assert used == {p: 8 if p == counted_in else 0 for p in ("g5", "g6")}
+        if counted_in is None:
+            assert result["outcome"] == "rejected" and result["reason"].startswith("unknown-pool")
+            assert "runs in job queue eval-queue, whose compute environments no batch pool's queues use" in result["reason"]
+        else:
+            assert (result["outcome"], result["reason"], result.get("refused")) == ("accepted", "adopted", refused)
+            assert env.job(result["job"]).pool == counted_in
+        # And the intake read the queues with the rights it has
+        calls = env.stack.calls.calls[before:]
+        assert "batch:DescribeJobQueues" in {r.action for c in calls for r in c.requests}
+        assert StackPolicies.of(env.stack).denials(calls) == []
+
+
+def test_a_teams_batch_job_whose_queues_compute_environments_cannot_be_read_is_counted_as_before_and_said_so():
+    g6 = PoolConfig(name="g6", service="batch", gpus=32, job_queue="g6-queue")
+    with emulation(pools=[G5, g6]) as env:
+        _queues_on(env, **SHARED_QUEUES)
+        event = _sample(ADOPTABLE_BATCH)
+        event["detail"]["jobQueue"] = "research-queue"
+        _pool_tag(event["detail"]["tags"], "g5")
+        denied = error_response("AccessDeniedException", "User is not authorized to perform: batch:DescribeJobQueues", 403)
+        # When Batch refuses the look-up for good (an SCP, a role edited by hand)
+        with aws_says_no(env.stack.deps().runners["batch"].client, "DescribeJobQueues", denied) as refused:
+            result = env.put(event).results[0]
+        assert refused
+        # Then the job is still counted (its GPUs are held), in its tagged pool, and its line says so
+        assert (result["outcome"], result["reason"]) == ("accepted", "adopted")
+        assert env.job(result["job"]).pool == "g5" and env.store.pool("g5")["used_gpus"] == 8
+        [line] = [e for e in env.store.history(result["job"]) if e["kind"] == "adopted"]
+        assert "the compute environments of job queue research-queue could not be read (AccessDeniedException)" in line["detail"]
+
+
+def test_a_teams_batch_job_whose_queue_look_up_is_throttled_is_counted_where_it_runs_when_its_event_comes_again():
+    g6 = PoolConfig(name="g6", service="batch", gpus=32, job_queue="g6-queue")
+    with emulation(pools=[G5, g6]) as env:
+        _queues_on(env, **SHARED_QUEUES)
+        event = _sample(ADOPTABLE_BATCH)
+        event["detail"]["jobQueue"] = "research-queue"
+        fn = env.stack.resources["IntakeFunction"]
+        # When the look-up is throttled through botocore's retries, the handling fails (Lambda
+        # retries the event) and nothing is counted in a pool it may not run on
+        with aws_says_no(env.stack.deps().runners["batch"].client, "DescribeJobQueues", THROTTLING["batch"]), pytest.raises(Throttled):
+            env.stack.invoke_lambda(fn, event)
+        assert {p: (env.store.pool(p) or {}).get("used_gpus", 0) for p in ("g5", "g6")} == {"g5": 0, "g6": 0}
+        # Then the event's retry counts it in g6, whose fleet its queue shares
+        result = env.stack.invoke_lambda(fn, event)
+        assert (result["outcome"], result["reason"]) == ("accepted", "adopted")
+        assert env.job(result["job"]).pool == "g6" and env.store.pool("g6")["used_gpus"] == 8
+
+
 def test_a_heterogeneous_cluster_is_counted_in_full():
     with emulation() as env:
         # Given a run whose ResourceConfig has two instance groups of the pool's type

@@ -9,8 +9,9 @@ lowered or cancelled while their victims checkpoint.
 With `knobs`, the seed also draws (from a generator of its own, so the story above stays
 the same) a policy of random knobs (quotas and reclaim, the preemption modes, team
 ceilings, protections, a budget, delays, aging, the checkpoint timeout's action), runs
-teams launch themselves on SageMaker (adopted, some claiming more than their team is
-granted) and the service running out of capacity for a while.
+teams launch themselves (adopted, some claiming more than their team is granted; on
+Batch, some in a queue of their team's that shares the pool's compute environment) and
+the service running out of capacity for a while.
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ def random_story(service: str, seed: int, chaos: dict | None = None, jobs: int =
             for spec in specs:
                 if team_launches.random() < 0.2:
                     spec["launched_by"], spec["runs_training_helper"] = "team", False
+            # Half of them go to a queue of their team's own on the pool's compute
+            # environment: counted in the pool all the same (a generator of its own again).
+            own_queues = random.Random(f"batch-team-queues-{seed}")
+            for spec in specs:
+                if spec.get("launched_by") == "team" and own_queues.random() < 0.5:
+                    spec["job_queue"] = f"{spec['team']}-queue"
         _claims_not_granted(random.Random(f"claims-{seed}"), specs)
     return Scenario.model_validate(
         {

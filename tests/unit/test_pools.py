@@ -59,3 +59,35 @@ def test_a_batch_job_is_on_the_pool_whose_queue_runs_it_else_maybe_on_any(queue,
 
 def test_a_queue_is_known_by_its_name_or_its_arn():
     assert queue_name("arn:aws:batch:us-east-1:123456789012:job-queue/g6-queue") == queue_name("g6-queue") == "g6-queue"
+
+
+CE = "arn:aws:batch:us-east-1:123456789012:compute-environment/"
+# g5's queues run on the g5 fleet (its fallback on on-demand instances), g6's on its own;
+# research's queue shares g6's, eval's runs on instances of its own.
+ENVIRONMENTS = {
+    "g5-queue": frozenset({CE + "g5-spot"}),
+    "g5-on-demand": frozenset({CE + "g5-on-demand"}),
+    "g6-queue": frozenset({CE + "g6"}),
+    "research-queue": frozenset({CE + "research", CE + "g6"}),
+    "eval-queue": frozenset({CE + "eval"}),
+    "g5-backfill": frozenset({CE + "g5-on-demand"}),
+}
+
+
+@pytest.mark.parametrize(
+    "queue, expected",
+    [
+        # A pool's own queue decides first; then the pools its compute environments are shared with
+        ("g5-queue", [["g5"]]),
+        ("g6-queue", [["g6"]]),
+        # A queue of no pool's: the pools with a queue on one of its compute environments
+        ("research-queue", [["g6"]]),
+        ("g5-backfill", [["g5"]]),
+        # On compute environments no pool's queue uses: it holds none of their GPUs
+        ("eval-queue", []),
+        # A queue Batch did not list: any pool, as before
+        ("unlisted-queue", [["g5", "g6", "unqueued"]]),
+    ],
+)
+def test_a_batch_job_in_a_queue_of_no_pools_is_on_the_pools_sharing_its_compute_environments(queue, expected):
+    assert names(pools_running(POOLS, "batch", job_queue=queue, compute_environments=ENVIRONMENTS)) == expected

@@ -113,6 +113,7 @@ ACTIONS_WITHOUT_RESOURCES = {
     "sagemaker:ListTrainingJobs",
     "batch:DescribeJobs",
     "batch:ListJobs",
+    "batch:DescribeJobQueues",
     "logs:CreateLogDelivery",
     "logs:GetLogDelivery",
     "logs:UpdateLogDelivery",

@@ -454,3 +454,65 @@ def test_an_adopted_batch_run_back_in_its_queue_is_neither_terminated_nor_requeu
         assert not [r for r in second["repairs"] if r["repair"] in ("stuck-runnable-requeued", "unknown-run-stopped")]
         assert batch.describe_jobs(jobs=[job_id])["jobs"][0]["status"] == "RUNNABLE"
         assert env.job("team-eval").status is JobState.RUNNING and "capacity-wait" not in env.kinds("team-eval")
+
+
+def test_reconcile_adopts_a_teams_lost_batch_job_in_a_queue_sharing_the_pools_compute_environment_and_no_other():
+    from iam_policy import StackPolicies
+    from preemptor_tools.local import moto_patches
+
+    pool = PoolConfig(name="g5", service="batch", gpus=32, job_queue="g5-queue")
+    with emulation(pools=[pool]) as env:
+        # Given research's own queue on the pool's compute environment, and eval's on one of its own
+        batch_queues(env, "g5-queue", "research-queue")
+        batch = env.stack.client("batch")
+        [role] = [r["Arn"] for r in env.stack.client("iam").list_roles()["Roles"] if r["RoleName"] == "batch"]
+        eval_fleet = batch.create_compute_environment(computeEnvironmentName="eval-ce", type="UNMANAGED", state="ENABLED", serviceRole=role)
+        batch.create_job_queue(
+            jobQueueName="eval-queue", state="ENABLED", priority=1,
+            computeEnvironmentOrder=[{"order": 1, "computeEnvironment": eval_fleet["computeEnvironmentArn"]}],
+        )
+        # And a tagged job of each team running there, whose events never came (no fleet to tell)
+        env.fleet.close()
+        tags = {"preemptor:priority": "high", "preemptor:pool": "g5", "preemptor:gpus": "8"}
+        for team, queue in (("research", "research-queue"), ("eval", "eval-queue")):
+            job_id = batch.submit_job(
+                jobName=f"{team}-run", jobQueue=queue, jobDefinition="g5-training", tags={**tags, "preemptor:team": team}
+            )["jobId"]
+            moto_patches.set_batch_job_status(job_id, "RUNNING")
+        env.advance(UNKNOWN_RUN_GRACE_S + 60)
+        before = len(env.stack.calls.calls)
+        # When reconcile runs
+        result = env.stack.invoke_lambda("preemptor-ReconcileFunction", {})
+        env.stack.drain()
+        # Then research's job, on the pool's instances, is adopted and counted (before: its
+        # queue was never listed, and its GPUs never counted); eval's, on instances of its
+        # own, is left alone
+        assert [(r["job"], r["pool"]) for r in result["repairs"] if r["repair"] == "run-adopted"] == [("research-run", "g5")]
+        assert env.store.pool("g5")["used_gpus"] == 8 and env.store.get("eval-run") is None
+        assert not result.get("errors")
+        # And reconcile did it with the rights it has
+        assert StackPolicies.of(env.stack).denials(env.stack.calls.calls[before:]) == []
+
+
+def test_reconcile_refused_the_job_queues_still_scans_the_pools_own_queues_and_says_so():
+    from preemptor_tools.local import moto_patches
+
+    pool = PoolConfig(name="g5", service="batch", gpus=32, job_queue="g5-queue")
+    with emulation(pools=[pool]) as env:
+        batch_queues(env, "g5-queue", "research-queue")
+        env.fleet.close()
+        batch = env.stack.client("batch")
+        tags = {"preemptor:team": "research", "preemptor:priority": "high", "preemptor:gpus": "8"}
+        for name, queue in (("in-the-pools-queue", "g5-queue"), ("in-a-sharing-queue", "research-queue")):
+            moto_patches.set_batch_job_status(batch.submit_job(jobName=name, jobQueue=queue, jobDefinition="g5-training", tags=tags)["jobId"], "RUNNING")
+        env.advance(UNKNOWN_RUN_GRACE_S + 60)
+        # When Batch throttles reconcile's look-up of the job queues through every retry
+        with aws_says_no(env.stack.deps().runners["batch"].client, "DescribeJobQueues", THROTTLING["batch"]):
+            result = env.stack.invoke_lambda("preemptor-ReconcileFunction", {})
+        env.stack.drain()
+        # Then the pool's own queue is scanned all the same, and the look-up's failure is reported
+        assert [r["job"] for r in result["repairs"] if r["repair"] == "run-adopted"] == ["in-the-pools-queue"]
+        assert [e["error"] for e in result["errors"]] == ["Throttled"]
+        # And the next pass, answered, adopts the other
+        again = env.stack.invoke_lambda("preemptor-ReconcileFunction", {})
+        assert [r["job"] for r in again["repairs"] if r["repair"] == "run-adopted"] == ["in-a-sharing-queue"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Iterable, Protocol
 
 from botocore.exceptions import ClientError, HTTPClientError, ParamValidationError
 
@@ -368,6 +368,28 @@ class BatchRunner:
             LiveRun(j["jobId"], j.get("createdAt", 0) / 1000.0, j.get("jobArn", ""), j.get("tags") or {}, name=j.get("jobName"))
             for j in described
         ]
+
+    def compute_environments(self, queues: Iterable[str] | None = None) -> dict[str, frozenset[str]]:
+        """The compute environments each job queue places its jobs on (DescribeJobQueues),
+        by queue name: of `queues` (names or ARNs; a queue Batch does not know is left out),
+        else of every queue of the account and region. A queue's capacity is its compute
+        environments': queues that share one share its instances."""
+        names = None if queues is None else list(dict.fromkeys(queues))
+        try:
+            batches = [None] if names is None else [names[i : i + 100] for i in range(0, len(names), 100)]
+            found = [
+                queue
+                for batch in batches
+                for page in self.client.get_paginator("describe_job_queues").paginate(**({} if batch is None else {"jobQueues": batch}))
+                for queue in page.get("jobQueues", [])
+            ]
+        except ClientError as e:
+            raise translate(e, "DescribeJobQueues") from e
+        return {
+            q["jobQueueName"]: frozenset(e["computeEnvironment"] for e in q.get("computeEnvironmentOrder") or [] if e.get("computeEnvironment"))
+            for q in found
+            if q.get("jobQueueName")
+        }
 
     def tags_of(self, run: LiveRun) -> dict[str, str]:
         return run.tags or {}

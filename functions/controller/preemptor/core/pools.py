@@ -19,6 +19,7 @@ Pure: pydantic only.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -153,12 +154,18 @@ def queue_name(queue: str) -> str:
     return queue.rsplit("/", 1)[-1]
 
 
+def pool_queues(pool: PoolConfig) -> frozenset[str]:
+    """The names of a Batch pool's job queues: its own and its fallbacks."""
+    return frozenset(queue_name(q) for q in (pool.job_queue, *pool.fallback_job_queues) if q)
+
+
 def pools_running(
     pools: tuple[PoolConfig, ...] | list[PoolConfig],
     service: str,
     instance_types: tuple[str, ...] = (),
     spot: bool | None = None,
     job_queue: str | None = None,
+    compute_environments: Mapping[str, frozenset[str]] | None = None,
 ) -> tuple[tuple[PoolConfig, ...], ...]:
     """The pools whose capacity a run of `service` may hold, by where the service runs it,
     not by what its tags say: tiers, the likeliest first, each in configuration order; none
@@ -171,14 +178,20 @@ def pools_running(
     would oversubscribe); then those that name no instance type. A run on a type no pool
     has holds none of their GPUs.
 
-    Batch: the pools with the run's `job_queue` among theirs; then every other Batch pool,
-    as a queue of no pool's may share a pool's compute environments (what the job queue is
-    not enough to tell)."""
+    Batch: the pools with the run's `job_queue` among theirs; then the pools whose queues
+    share a compute environment with it (a queue's capacity is its compute environments'),
+    by `compute_environments` (queue name -> its compute environments' ARNs); without the
+    run's queue in it (not looked up, or not found), every other Batch pool, as any may
+    share one. A queue that shares none with a pool's holds none of their GPUs."""
     own = [p for p in pools if p.service == service]
     if service != "sagemaker":
         queue = queue_name(job_queue) if job_queue else None
-        sure = [p for p in own if p.job_queue and queue in {queue_name(q) for q in (p.job_queue, *p.fallback_job_queues)}]
-        return tuple(t for t in (tuple(sure), tuple(p for p in own if p not in sure)) if t)
+        sure = [p for p in own if queue in pool_queues(p)]
+        others = [p for p in own if p not in sure]
+        if compute_environments is not None and queue in compute_environments:
+            ces = compute_environments[queue]
+            others = [p for p in others if any(ces & compute_environments.get(q, frozenset()) for q in pool_queues(p))]
+        return tuple(t for t in (tuple(sure), tuple(others)) if t)
     wanted, first = set(instance_types), instance_types[0] if instance_types else None
     typed = sorted((p for p in own if p.instance_type and wanted <= set(p.instance_types)), key=lambda p: p.instance_type != first)
 

@@ -30,11 +30,11 @@ from ..adapters.store import JobsStore, LogLine
 from ..adapters.workflows import WorkflowStarter, execution_name, settled_schedule
 from ..config import Settings
 from ..core import events as ev
-from ..core.errors import CheckpointLocationUnavailable, ConflictError, PreemptorError, TransactionConflict
+from ..core.errors import CheckpointLocationUnavailable, ConflictError, PreemptorError, ServiceRejected, TransactionConflict
 from ..core.jobs import JobRecord
 from ..core.model import JobState
 from ..core.policy import UNATTRIBUTED
-from ..core.pools import PoolConfig, pools_running, queue_name
+from ..core.pools import PoolConfig, pool_queues, pools_running, queue_name
 from ..core.requests import MAX_JOB_NAME_LENGTH, Refusal, RequestRefused, admit_request
 from ..core.s3uri import S3Uri
 from . import actions, escalation
@@ -467,10 +467,12 @@ class Intake:
             return IntakeResult("ignored", f"not managed: {service} run {run_id} has no preemptor tags")
         if not running:
             return IntakeResult("ignored", f"not managed: {service} run {run_id} was not adopted (it is {status}; a run is adopted running)")
-        pool = self._pool_running(event, service, claims.pool)
-        if isinstance(pool, str):
-            return self._refuse(Refusal.UNKNOWN_POOL, f"{service} run {run_id} {pool}")
+        found = self._pool_running(event, service, claims.pool)
+        if isinstance(found, str):
+            return self._refuse(Refusal.UNKNOWN_POOL, f"{service} run {run_id} {found}")
+        pool, unsure = found
         priority, claimed, refused = self._granted(claims, tags, pool.name)
+        claimed += unsure
         demand = self._demand(event, claims, pool)
         if isinstance(demand, IntakeResult):
             return demand
@@ -671,26 +673,50 @@ class Intake:
             return pool.capacity_gpus, note, Refusal.BAD_TAG.value
         return gpus, f"; it holds {gpus} GPUs, more than pool {pool.name!r} is configured with ({pool.capacity_gpus}): the pool is over-full while it runs", None
 
-    def _pool_running(self, event, service: str, tagged: str | None) -> "PoolConfig | str":
+    def _pool_running(self, event, service: str, tagged: str | None) -> "tuple[PoolConfig, str] | str":
         """The pool whose capacity a run a team launched holds (`pools_running`): where the
-        service runs it (its instance types and whether on spot, its job queue), not where its
-        tags say; the tagged pool only among those it is likeliest to be on (the first tier).
-        Else why it runs on none of the pools.
+        service runs it (its instance types and whether on spot, its job queue and the queue's
+        compute environments), not where its tags say; the tagged pool only among those it is
+        likeliest to be on (the first tier). With what its `adopted` line says of a guess
+        (a queue whose compute environments could not be read); else why it runs on none of
+        the pools.
 
         Before, the pool tag (else the service's first pool) decided: a run tagged with
         another pool, or with none and run on a second pool's instance type or on a fallback
-        type, was refused, and its GPUs, held all the same, were not counted."""
+        type, was refused, and its GPUs, held all the same, were not counted; a Batch job in a
+        queue of no pool's was counted in one, whatever compute environments it ran on."""
+        unsure = ""
         if service == "sagemaker":
             groups = event.instance_groups or ((event.instance_type, event.instance_count),)
             types = tuple(dict.fromkeys(t for t, _ in groups if t))
             tiers = pools_running(self.settings.pools, service, instance_types=types, spot=event.spot)
-            where = f"runs on {', '.join(types) or 'no instance type it states'}{' (spot)' if event.spot else ''}"
+            where = f"runs on {', '.join(types) or 'no instance type it states'}{' (spot)' if event.spot else ''}, which no {service} pool has"
         else:
-            tiers = pools_running(self.settings.pools, service, job_queue=event.job_queue)
-            where = f"runs in job queue {queue_name(event.job_queue)}"
+            queue = queue_name(event.job_queue)
+            environments, unsure = self._queue_environments(queue)
+            tiers = pools_running(self.settings.pools, service, job_queue=queue, compute_environments=environments)
+            where = f"runs in job queue {queue}, whose compute environments no {service} pool's queues use"
         if not tiers:
-            return f"{where}, which no {service} pool has"
-        return next((p for p in tiers[0] if p.name == tagged), tiers[0][0])
+            return where
+        return next((p for p in tiers[0] if p.name == tagged), tiers[0][0]), unsure
+
+    def _queue_environments(self, queue: str) -> "tuple[dict[str, frozenset[str]] | None, str]":
+        """(The compute environments of a Batch run's job `queue` and of the pools' queues,
+        what the `adopted` line says when they could not be read). Not looked up for a pool's
+        own queue (that pool is where the run is counted). Batch refusing the look-up for good
+        (denied, invalid) leaves the run counted as if its queue shared a pool's (`None`: the
+        tagged pool, else the first Batch pool, as before), which the line says; a throttled
+        or failed one fails the handling, and Lambda's retry of the event looks again."""
+        queues = {q for p in self.settings.pools if p.service == "batch" for q in pool_queues(p)}
+        if queue in queues:
+            return None, ""
+        try:
+            environments = self.runners["batch"].compute_environments((queue, *sorted(queues)))
+        except ServiceRejected as e:
+            return None, f"; the compute environments of job queue {queue} could not be read ({e.code}): counted as if they were a pool's"
+        if queue not in environments:
+            return None, f"; Batch does not list job queue {queue}: counted as if its compute environments were a pool's"
+        return environments, ""
 
     # -- EC2 warnings ---------------------------------------------------------------------
     def _instance_warning(self, event, now: float) -> IntakeResult:

@@ -18,14 +18,14 @@ from typing import Any
 
 from ..adapters.alerts import Alerts
 from ..adapters.checkpoints import CheckpointStore
-from ..adapters.runners import Runner
+from ..adapters.runners import BatchRunner, Runner
 from ..adapters.store import JobsStore, LogLine
 from ..adapters.workflows import WorkflowStarter, execution_name
 from ..config import Settings
 from ..core import events as ev
-from ..core.errors import ConflictError, ServiceJobNotFound
+from ..core.errors import ConflictError, PreemptorError, ServiceJobNotFound
 from ..core.model import JobState
-from ..core.pools import describe_offering
+from ..core.pools import describe_offering, queue_name
 from . import actions
 from .intake import Intake, controllers_job
 from .scheduling import LEASE_TTL_S, oldest_wait_by_tier, preemption_names
@@ -181,6 +181,9 @@ def _stop_unknown_runs(
     runs without the managed tag are not the controller's to stop (IAM would refuse it), nor
     a team's own run, managed tag or not: that is adopted, as its events would have. Tags
     are read only for runs the table cannot place.
+
+    Batch runs are listed in the pools' queues and in every queue that shares a compute
+    environment with one (`_sharing_queues`): a team's run there holds the pool's GPUs.
     """
     queues: dict[str, set[str | None]] = {}
     for pool in settings.pools:
@@ -188,6 +191,8 @@ def _stop_unknown_runs(
             queues.setdefault(pool.service, set()).update([pool.job_queue, *pool.fallback_job_queues])
         else:
             queues.setdefault(pool.service, set()).add(None)
+    if "batch" in queues and adopt is not None:
+        queues["batch"] |= _sharing_queues(runners["batch"], queues["batch"], errors)
     repairs = []
     for service, service_queues in sorted(queues.items()):
         runner = runners[service]
@@ -203,6 +208,20 @@ def _stop_unknown_runs(
                 if repair:
                     repairs.append(repair)
     return repairs
+
+
+def _sharing_queues(runner: BatchRunner, own: set[str | None], errors: list[dict]) -> set[str]:
+    """The job queues of the account, other than the pools' (`own`), that share a compute
+    environment with one of them; none when Batch refuses the look-up (said in `errors`:
+    the pools' own queues are scanned all the same)."""
+    try:
+        environments = runner.compute_environments()
+    except PreemptorError as error:
+        errors.append({"run": "", "error": type(error).__name__, "detail": f"job queues sharing the pools' compute environments: {error}"[:500]})
+        return set()
+    names = {queue_name(q) for q in own if q}
+    shared = frozenset().union(*(environments.get(q, frozenset()) for q in names))
+    return {q for q, ces in environments.items() if q not in names and ces & shared}
 
 
 def _check_live_run(

@@ -425,7 +425,7 @@ def _on_batch_job(scope: _Scope, op: str, p: dict) -> list[AuthorizationRequest]
     return [AuthorizationRequest(f"batch:{op}", arn, scope.tags_of("batch", arn))]
 
 
-@_translates("batch", "DescribeJobs", "ListJobs")
+@_translates("batch", "DescribeJobs", "ListJobs", "DescribeJobQueues")
 def _batch_unscoped(scope: _Scope, op: str, p: dict) -> list[AuthorizationRequest]:
     return [AuthorizationRequest(f"batch:{op}", "*")]  # no resource-level permissions
 

@@ -310,6 +310,9 @@ def pool_classifier(scenario: Scenario):
         if p.service == "batch"
         for queue in (local_pool(p).job_queue, *p.fallback_job_queues)
     }
+    # A team's own queue is on its pool's compute environment (`create_batch_queues`).
+    by_name = {p.name: p for p in scenario.pools}
+    batch.update({j.job_queue: by_name[j.pool] for j in scenario.jobs if j.job_queue})
 
     def classify(service: str, request: dict) -> tuple[str, int] | None:
         if service == "sagemaker":
@@ -374,7 +377,8 @@ def create_batch_queues(stack: EmulatedStack, scenario: Scenario) -> None:
         ce = batch.create_compute_environment(
             computeEnvironmentName=f"{pool.name}-ce", type="UNMANAGED", state="ENABLED", serviceRole=role
         )["computeEnvironmentArn"]
-        for queue in (local_pool(pool).job_queue, *pool.fallback_job_queues):
+        teams = sorted({j.job_queue for j in scenario.jobs if j.pool == pool.name and j.job_queue})
+        for queue in dict.fromkeys((local_pool(pool).job_queue, *pool.fallback_job_queues, *teams)):
             batch.create_job_queue(
                 jobQueueName=queue, state="ENABLED", priority=1, computeEnvironmentOrder=[{"order": 1, "computeEnvironment": ce}]
             )

@@ -61,6 +61,9 @@ class ScenarioJob(BaseModel):
     # Tags a team's own run carries besides (and over) those above: a claim the platform
     # does not grant (the controller's own job tags, an unknown tier), as a team may write.
     tags: dict[str, str] = Field(default_factory=dict)
+    # A team's own Batch run: the job queue of its own it is submitted to instead of the
+    # pool's, on the pool's compute environment (it holds the pool's GPUs all the same).
+    job_queue: str | None = Field(default=None, min_length=1)
     # The job runs the training helper (preemptor_training.Checkpointer): the simulated job
     # saves on SIGTERM, and a submitted one declares it (label preemptor/saves-on-stop; an
     # adopted run declares nothing, so the controller never trusts it to).
@@ -209,6 +212,8 @@ class Scenario(BaseModel):
             repeated = sorted({p.name for p in self.pools if [q.name for q in self.pools].count(p.name) > 1})
             raise ValueError(f"one pool per name; repeated: {', '.join(repeated)}")
         names = set()
+        # Each job queue is on one pool's compute environment: its own queues, then teams' queues.
+        queue_pools = {q: p.name for p in self.pools if p.service == "batch" for q in (local_pool(p).job_queue, *p.fallback_job_queues)}
         for job in self.jobs:
             if job.name in names:
                 raise ValueError(f"job name {job.name!r} appears twice")
@@ -218,6 +223,10 @@ class Scenario(BaseModel):
                 raise ValueError(f"job {job.name!r} names unknown pool {job.pool!r}")
             if job.tags and job.launched_by != "team":
                 raise ValueError(f"job {job.name!r}: 'tags' are a team's own run's (launched_by: team)")
+            if job.job_queue and (job.launched_by != "team" or pool.service != "batch"):
+                raise ValueError(f"job {job.name!r}: 'job_queue' is a team's own Batch run's (launched_by: team, a Batch pool)")
+            if job.job_queue and queue_pools.setdefault(job.job_queue, pool.name) != pool.name:
+                raise ValueError(f"job {job.name!r}: job queue {job.job_queue!r} is on pool {queue_pools[job.job_queue]!r}'s compute environment")
             if pool.service == "sagemaker" and job.instances is None:
                 raise ValueError(f"job {job.name!r} runs on SageMaker pool {pool.name!r}: give 'instances'")
             if pool.service == "batch" and job.gpus is None:
@@ -380,7 +389,7 @@ def submission_event(job: ScenarioJob, pool: PoolConfig, bucket: str, at: float,
 
 def team_launch_request(job: ScenarioJob, pool: PoolConfig, bucket: str) -> dict:
     """The call a team makes itself, outside the controller (SageMaker's CreateTrainingJob,
-    Batch's SubmitJob into the pool's queue): its run is tagged so that the controller adopts
+    Batch's SubmitJob into the pool's queue, or its `job_queue`): its run is tagged so that the controller adopts
     it (team, priority, pool, and preemptor:managed, which lets the controller stop it, and
     the job's own `tags` over them), with its checkpoints under the team's prefix."""
     request = submission_event(job, pool, bucket, 0.0, "us-east-1")["detail"]["request"]
@@ -399,7 +408,7 @@ def team_launch_request(job: ScenarioJob, pool: PoolConfig, bucket: str) -> dict
         return {
             **request,
             "jobName": job.name,
-            "jobQueue": local_pool(pool).job_queue,
+            "jobQueue": job.job_queue or local_pool(pool).job_queue,
             "containerOverrides": {**overrides, "environment": environment},
             "tags": tags,
             "propagateTags": True,
