@@ -148,6 +148,22 @@ def test_batch_pool_uses_the_same_protocol():
     assert all(j["state"] == "Completed" for j in report["jobs"])
 
 
+def test_a_teams_batch_job_in_a_queue_of_its_own_holds_the_pools_gpus_and_the_hotfix_preempts_around_it():
+    # Given a team's evaluation submitted to its own queue on g5's compute environment
+    # (batch-team-queue.yaml), a low sweep, then a critical hotfix that needs the pool
+    result = replay("batch-team-queue").result
+    jobs = {j["name"]: j for j in result.report["jobs"]}
+    # Then the evaluation was adopted into g5 (its queue shares g5's compute environment)
+    [adopted] = [t for t in result.timeline if t.job == "research-eval" and t.what == "adopted"]
+    assert "16 GPUs counted in g5" in adopted.why
+    # And the hotfix preempted the sweep, not the evaluation, and ran within the Batch
+    # grace and a launch of arriving
+    [p] = result.report["preemption_details"]
+    assert p["victim"] == "batch-sweep" and p["checkpoint_confirmed_before_stop"]
+    assert jobs["research-eval"]["preemptions"] == 0 and jobs["batch-hotfix"]["wait_s"] <= 60
+    assert all(j["state"] == "Completed" for j in jobs.values())
+
+
 def test_spot_interruption_is_traced_to_the_job_checkpointed_and_relaunched():
     report = replay("spot-interruption").result.report
     [job] = report["jobs"]
