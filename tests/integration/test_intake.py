@@ -528,6 +528,7 @@ P5_SPOT = PoolConfig(name="p5-spot", service="sagemaker", instance_type="ml.p5.4
         pytest.param("ml.p5.48xlarge", True, None, "p5-spot", None, id="on-spot-untagged"),
         # EventBridge's event states no flag: a maximum wait, accepted only on spot, says it
         pytest.param("ml.p5.48xlarge", "max-wait", "p5", "p5-spot", "wrong-pool", id="on-spot-by-its-max-wait-tagged-p5"),
+        # Neither, and SageMaker no longer knows the job: either way, the tag picks among its type
         pytest.param("ml.p5.48xlarge", None, "p5-spot", "p5-spot", None, id="either-way-the-tag-picks-among-its-type"),
     ],
 )
@@ -560,6 +561,80 @@ def test_a_teams_training_job_is_counted_in_the_pool_whose_instances_it_runs_on_
         said = f"its pool tag names {tag!r}, and it runs on pool {counted_in!r}'s capacity (wrong-pool: not believed)"
         assert (said in line["detail"]) == (refused is not None)
         assert (("RefusedClaims", {"Reason": "wrong-pool"}) in emitted) == (refused is not None)
+
+
+def _training_job(env, name: str, spot: bool) -> None:
+    """A training job of 3 ml.p5.48xlarge its team created in the emulated SageMaker,
+    on managed spot or on demand."""
+    env.stack.client("sagemaker").create_training_job(
+        TrainingJobName=name,
+        AlgorithmSpecification={"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:1", "TrainingInputMode": "File"},
+        RoleArn="arn:aws:iam::123456789012:role/SMRole",
+        OutputDataConfig={"S3OutputPath": "s3://research-output/out"},
+        ResourceConfig={"InstanceType": "ml.p5.48xlarge", "InstanceCount": 3, "VolumeSizeInGB": 100},
+        StoppingCondition={"MaxRuntimeInSeconds": 3600, **({"MaxWaitTimeInSeconds": 7200} if spot else {})},
+        EnableManagedSpotTraining=spot,
+    )
+
+
+@pytest.mark.parametrize(
+    "spot, tag, counted_in, refused",
+    [
+        # Before: counted where its tag said (either way was believed), the other pool
+        # oversubscribed by its 24 GPUs
+        pytest.param(False, "p5-spot", "p5", "wrong-pool", id="on-demand-tagged-for-the-spot-pool"),
+        pytest.param(True, "p5", "p5-spot", "wrong-pool", id="on-spot-tagged-for-the-on-demand-pool"),
+        pytest.param(True, None, "p5-spot", None, id="on-spot-untagged"),
+    ],
+)
+def test_a_teams_training_job_whose_event_does_not_say_how_it_is_bought_is_counted_in_the_pool_bought_its_way(spot, tag, counted_in, refused):
+    from iam_policy import StackPolicies
+
+    with emulation(pools=[P5, P5_SPOT]) as env:
+        # Given two pools of ml.p5.48xlarge, one on demand and one on spot, and a team's
+        # training job on that type whose event, as EventBridge's, states neither
+        # EnableManagedSpotTraining nor a maximum wait
+        _training_job(env, "research-run", spot)
+        event = _sample(ADOPTABLE_SAGEMAKER)
+        event["detail"]["TrainingJobName"] = "research-run"
+        _pool_tag(event["detail"]["Tags"], tag)
+        before = len(env.stack.calls.calls)
+        result = env.put(event).results[0]
+        # Then the intake asked SageMaker, and counted it in the pool that buys it its way
+        assert (result["outcome"], result["reason"], result.get("refused")) == ("accepted", "adopted", refused)
+        assert env.job(result["job"]).pool == counted_in
+        used = {p: (env.store.pool(p) or {}).get("used_gpus", 0) for p in ("p5", "p5-spot")}
+        assert used == {p: 24 if p == counted_in else 0 for p in ("p5", "p5-spot")}
+        # And with the rights it has
+        calls = env.stack.calls.calls[before:]
+        assert "sagemaker:DescribeTrainingJob" in {r.action for c in calls for r in c.requests}
+        assert StackPolicies.of(env.stack).denials(calls) == []
+
+
+def test_a_training_job_whose_buying_cannot_be_read_is_counted_in_its_tagged_pool_of_its_type_and_said_so():
+    with emulation(pools=[P5, P5_SPOT]) as env:
+        _training_job(env, "research-run", spot=False)
+        event = _sample(ADOPTABLE_SAGEMAKER)
+        event["detail"]["TrainingJobName"] = "research-run"
+        _pool_tag(event["detail"]["Tags"], "p5-spot")
+        denied = error_response("AccessDeniedException", "User is not authorized to perform: sagemaker:DescribeTrainingJob", 400)
+        sagemaker = env.stack.deps().runners["sagemaker"].client
+        # When SageMaker refuses the look-up for good, Then the job is counted all the same,
+        # in its tagged pool among those of its type, and its line says why
+        with aws_says_no(sagemaker, "DescribeTrainingJob", denied) as refused:
+            result = env.put(event).results[0]
+        assert refused and (result["outcome"], result["reason"]) == ("accepted", "adopted")
+        assert env.job(result["job"]).pool == "p5-spot" and env.store.pool("p5-spot")["used_gpus"] == 24
+        [line] = [e for e in env.store.history(result["job"]) if e["kind"] == "adopted"]
+        assert "whether it runs on spot could not be read (AccessDeniedException)" in line["detail"]
+        # And a throttled look-up fails the handling, for Lambda's retry to look again
+        event["id"], event["detail"]["TrainingJobName"] = "another-event", "research-run-2"
+        _training_job(env, "research-run-2", spot=False)
+        fn = env.stack.resources["IntakeFunction"]
+        with aws_says_no(sagemaker, "DescribeTrainingJob", THROTTLING["sagemaker"]), pytest.raises(Throttled):
+            env.stack.invoke_lambda(fn, event)
+        assert env.store.get("research-run-2") is None
+        assert env.job(env.stack.invoke_lambda(fn, event)["job"]).pool == "p5"
 
 
 @pytest.mark.parametrize(

@@ -66,6 +66,9 @@ NOT_EXERCISED = {
     # Paths no example scenario takes; each is executed on moto by the test named.
     ("IntakeFunction", "sagemaker:StopTrainingJob"): "cancel of a running job (tests/integration/test_intake.py)",
     ("IntakeFunction", "batch:TerminateJob"): "cancel of a running Batch job (tests/integration/test_intake.py)",
+    ("IntakeFunction", "sagemaker:DescribeTrainingJob"): (
+        "a team's training job on a type pools buy both ways (tests/integration/test_intake.py, which checks its calls against the policy)"
+    ),
     ("JobControlFunction", "sagemaker:ListTags"): "a launch meeting ResourceInUse checks the run's tags (tests/integration/test_adapters_errors.py)",
     **{
         (principal, action): "the alert of a path that gives up (tests/workflows/test_bounded.py, test_job_ended_and_spot.py)"

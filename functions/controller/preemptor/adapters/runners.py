@@ -231,6 +231,18 @@ class SageMakerRunner:
             raise translate(e, "ListTrainingJobs") from e
         return out
 
+    def on_spot(self, name: str) -> bool | None:
+        """Whether training job `name` runs on managed spot (DescribeTrainingJob's
+        `EnableManagedSpotTraining`: the state-change event does not carry it); None when
+        SageMaker no longer knows the job."""
+        try:
+            job = self.client.describe_training_job(TrainingJobName=name)
+        except ClientError as e:
+            if is_sagemaker_not_found(e):
+                return None
+            raise translate(e, f"DescribeTrainingJob {name}") from e
+        return job.get("EnableManagedSpotTraining") is True
+
     def described(self, run: LiveRun) -> dict | None:
         """The training job as its state-change event's `detail` carries it (DescribeTrainingJob,
         with its tags as a map); None when SageMaker no longer knows it."""

@@ -689,8 +689,16 @@ class Intake:
         if service == "sagemaker":
             groups = event.instance_groups or ((event.instance_type, event.instance_count),)
             types = tuple(dict.fromkeys(t for t, _ in groups if t))
-            tiers = pools_running(self.settings.pools, service, instance_types=types, spot=event.spot)
-            where = f"runs on {', '.join(types) or 'no instance type it states'}{' (spot)' if event.spot else ''}, which no {service} pool has"
+            spot = event.spot
+
+            def likeliest(on_spot: bool) -> list[str]:
+                tiers = pools_running(self.settings.pools, service, instance_types=types, spot=on_spot)
+                return [p.name for p in tiers[0]] if tiers else []
+
+            if spot is None and likeliest(True) != likeliest(False):
+                spot, unsure = self._on_spot(event.training_job_name)
+            tiers = pools_running(self.settings.pools, service, instance_types=types, spot=spot)
+            where = f"runs on {', '.join(types) or 'no instance type it states'}{' (spot)' if spot else ''}, which no {service} pool has"
         else:
             queue = queue_name(event.job_queue)
             environments, unsure = self._queue_environments(queue)
@@ -699,6 +707,19 @@ class Intake:
         if not tiers:
             return where
         return next((p for p in tiers[0] if p.name == tagged), tiers[0][0]), unsure
+
+    def _on_spot(self, name: str) -> "tuple[bool | None, str]":
+        """(Whether training job `name` runs on managed spot, what its `adopted` line says when
+        that could not be read), asked of SageMaker where it decides the pool: pools of its
+        instance types bought both ways (spot and on-demand are separate quotas), and an
+        event that does not say (EventBridge's carries no `EnableManagedSpotTraining`; a
+        maximum wait says spot, `events._on_spot`). Refused for good (denied): unknown, the
+        run counted in its tagged pool among them, else the first, which the line says; a
+        throttled or failed look-up fails the handling, and Lambda's retry looks again."""
+        try:
+            return self.runners["sagemaker"].on_spot(name), ""
+        except ServiceRejected as e:
+            return None, f"; whether it runs on spot could not be read ({e.code}): counted as if it ran either way"
 
     def _queue_environments(self, queue: str) -> "tuple[dict[str, frozenset[str]] | None, str]":
         """(The compute environments of a Batch run's job `queue` and of the pools' queues,
