@@ -853,14 +853,36 @@ def test_a_run_wearing_the_controllers_tags_with_nothing_to_adopt_it_by_is_refus
 
 
 def test_another_controllers_run_is_left_to_it():
-    with emulation() as env:
-        # Given a second stack in the account, whose run names a job of the same name
+    with emulation(parameters={"OtherControllers": "preemptor-staging,preemptor-research"}) as env:
+        # Given a second stack in the account (listed in OtherControllers), whose run names a
+        # job of the same name
         _admitted(env, "x")
         event = _claiming_the_controllers_run("x", "x", **{"preemptor:controller": "preemptor-staging"})
         result = env.put(event).results[0]
         # Then this controller neither takes it for its own job's run nor adopts it
         assert result["outcome"] == "ignored" and result["reason"].startswith("another controller's run:")
         assert [j.name for j in env.store.all_jobs()] == ["x"] and env.store.pool("p5")["used_gpus"] == 24
+
+
+def test_a_teams_run_claiming_a_stack_that_is_not_listed_is_counted_and_never_a_victim(monkeypatch):
+    emitted: list[tuple[str, dict]] = []
+    monkeypatch.setattr(intake, "emit", lambda name, value, **dims: emitted.append((name, dims)))
+    with emulation(parameters={"OtherControllers": "preemptor-staging"}) as env:
+        # Given a team's run (3 x 8 GPUs of p5) tagged as a run of a stack the operators did
+        # not list: a way to hide it from every stack's count (before: ignored here, and
+        # counted by no stack; the pool was oversubscribed around it)
+        event = _claiming_the_controllers_run("x", "research-run", **{"preemptor:controller": "preemptor-shadow"})
+        result = env.put(event).results[0]
+        # Then it is adopted and counted, its claim refused and counted
+        assert (result["outcome"], result["reason"], result["refused"]) == ("accepted", "adopted", "controller-tags")
+        job = env.job(result["job"])
+        assert job.adopted and env.store.pool("p5")["used_gpus"] == 24
+        assert ("RefusedClaims", {"Reason": "controller-tags"}) in emitted
+        # And it is never a victim: IAM keeps this stack off a run tagged with another's name
+        assert job.stoppable is False
+        [line] = [e for e in env.store.history(job.name) if e["kind"] == "adopted"]
+        assert "its tags claim it is stack 'preemptor-shadow''s run (controller-tags" in line["detail"]
+        assert "no preemptor:managed=true tag" not in line["detail"]
 
 
 def test_a_submission_named_as_an_adopted_run_is_refused_with_the_reason_not_taken_for_a_duplicate():

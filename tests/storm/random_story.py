@@ -85,7 +85,8 @@ def random_story(service: str, seed: int, chaos: dict | None = None, jobs: int =
 
 def _claims_not_granted(rng: random.Random, specs: list[dict]) -> None:
     """Some of the runs teams launch themselves carry tags the platform does not believe:
-    the controller's own job tags (naming another job of the story, or none), a priority
+    the controller's own job tags (naming another job of the story, or none; with this
+    stack's name, another's that is not listed, or none), a priority
     no tier is named, a pool it does not run on, or a team that is no team's name. Each is
     adopted and counted, at what the platform grants, in the pool it runs on."""
     others = [s["name"] for s in specs if s.get("launched_by") != "team"] or ["no-such-job"]
@@ -94,9 +95,12 @@ def _claims_not_granted(rng: random.Random, specs: list[dict]) -> None:
             continue
         roll = rng.random()
         if roll < 0.25:
+            # The stack's own name, none, or a stack no operator listed (OtherControllers):
+            # the last would hide the run from every stack's count were it believed.
+            stack = rng.random()
             spec["tags"] = {
                 "preemptor:job": rng.choice([*others, "no-such-job"]), "preemptor:incarnation": "1",
-                **({"preemptor:controller": "preemptor"} if rng.random() < 0.5 else {}),
+                **({"preemptor:controller": "preemptor" if stack < 0.35 else "preemptor-shadow"} if stack < 0.5 else {}),
             }
         elif roll < 0.4:
             spec["tags"] = {"preemptor:priority": "urgent"}

@@ -371,11 +371,15 @@ def test_a_teams_tagged_run_whose_events_never_came_is_adopted_by_reconcile_not_
         assert START < env.clock.now()
 
 
-@pytest.mark.parametrize("stack", ["", "preemptor-staging"], ids=["a-team-wearing-the-controllers-tags", "a-second-stacks-run"])
+@pytest.mark.parametrize(
+    "stack",
+    ["", "preemptor-staging", "preemptor-shadow"],
+    ids=["a-team-wearing-the-controllers-tags", "a-second-stacks-run", "a-team-wearing-a-stack-not-listed"],
+)
 def test_reconcile_never_stops_a_run_whose_controller_tags_this_controller_did_not_put_there(stack):
     from iam_policy import StackPolicies
 
-    with emulation() as env:
+    with emulation(parameters={"OtherControllers": "preemptor-staging"}) as env:
         # Given a live run, whose events were lost, tagged as a run the controller launched
         # for a job "ghost" (managed, job, incarnation, team, priority), older than the grace:
         # a team's own run wearing those tags, or a run of a second stack in the account,
@@ -395,9 +399,14 @@ def test_reconcile_never_stops_a_run_whose_controller_tags_this_controller_did_n
         status = env.stack.client("sagemaker").describe_training_job(TrainingJobName="ghost")["TrainingJobStatus"]
         assert status == "InProgress"
         adopted = [r for r in result["repairs"] if r["repair"] == "run-adopted"]
-        if stack:
+        if stack == "preemptor-staging":
             # And another stack's run is left to it: neither adopted nor counted here
             assert adopted == [] and env.store.get("ghost") is None
+        elif stack:
+            # And a run claiming a stack that is not listed is the team's: adopted, counted,
+            # its claim refused, never a victim (IAM keeps this stack off it)
+            assert [(r["run"], r["refused"]) for r in adopted] == [("ghost", "controller-tags")]
+            assert env.store.pool("p5")["used_gpus"] == 16 and env.job("ghost").stoppable is False
         else:
             # And the team's run is adopted, counted, its controller claim refused
             assert [(r["run"], r["refused"]) for r in adopted] == [("ghost", "controller-tags")]

@@ -26,6 +26,10 @@ class Settings(BaseModel):
     # The controller's name (its stack's), on every run it launches: a second stack in the
     # account and region neither stops nor adopts this one's runs.
     controller: str = ""
+    # The other Preemptor stacks of the account and region (OtherControllers): a run tagged
+    # as one of theirs is left to it. A run claiming a controller not listed is a team's,
+    # its claim not believed (a team's way to hide its run from every stack's count).
+    other_controllers: frozenset[str] = frozenset()
     alerts_topic_arn: str = ""
     mode: Mode = Mode.ENFORCE
     pools: tuple[PoolConfig, ...]
@@ -69,6 +73,7 @@ class Settings(BaseModel):
         return cls(
             jobs_table=env["JOBS_TABLE"],
             controller=env.get("CONTROLLER_NAME", ""),
+            other_controllers=frozenset(n.strip() for n in env.get("OTHER_CONTROLLERS", "").split(",") if n.strip()),
             alerts_topic_arn=env.get("ALERTS_TOPIC_ARN", ""),
             mode=env.get("MODE", "enforce"),
             pools=[PoolConfig(**p) for p in json.loads(env.get("POOLS_CONFIG") or "[]")],

@@ -449,7 +449,7 @@ class Intake:
         tags = event.tags or {}
         controller = self.settings.controller
         other = ev.other_controller(tags, controller)
-        if other is not None:
+        if other is not None and other in self.settings.other_controllers:
             # A second stack's run in the account: its own controller counts it and stops it.
             return IntakeResult("ignored", f"another controller's run: {service} run {run_id} was launched by {other!r}")
         claimed_ours = ev.launched_by_controller(tags, controller)
@@ -507,6 +507,9 @@ class Intake:
             # another job's checkpoints, nor sending that job's helper its requests.
             shared = f"; its checkpoint location {checkpoint} is job {user}'s: not trusted as its own"
             checkpoint = ""
+        # IAM keeps the controller off any run tagged with another stack's name (its stop
+        # would be refused): one claiming a stack not listed is counted, never a victim.
+        stoppable = claims.managed and other is None
         record = JobRecord(
             name=name,
             team=claims.team or UNATTRIBUTED,
@@ -525,7 +528,7 @@ class Intake:
             first_started_at=now,
             adopted=True,
             # IAM lets the controller stop only runs tagged preemptor:managed=true.
-            stoppable=claims.managed,
+            stoppable=stoppable,
         )
         for name in names:
             record = record.with_changes(name=name)
@@ -568,7 +571,7 @@ class Intake:
     def _adopted_line(record: JobRecord, event_id: str, note: str) -> LogLine:
         """The `adopted` line of a run adopted by `event_id`: what is counted where, at what
         priority, whether it may be stopped, and `note` (the claims refused)."""
-        stop = "stoppable" if record.stoppable else "not stoppable (no preemptor:managed=true tag)"
+        stop = "stoppable" if record.stoppable else "not stoppable" + ("" if "not stoppable" in note else " (no preemptor:managed=true tag)")
         if record.run_name and record.run_name != record.name:
             note = f"; {record.service} run {record.run_name} (its name is another job's, or names none){note}"
         return LogLine(
@@ -617,6 +620,13 @@ class Intake:
             note += (
                 f"; its tags claim it is the controller's run of job {tags[ev.JOB_TAG]!r}"
                 f" ({Refusal.CONTROLLER_TAGS}: the controller launched no such run), not believed"
+            )
+            refused = Refusal.CONTROLLER_TAGS.value
+        other = ev.other_controller(tags, self.settings.controller)
+        if other is not None:  # one of OtherControllers' runs is left to it (`_maybe_adopt`)
+            note += (
+                f"; its tags claim it is stack {other!r}'s run ({Refusal.CONTROLLER_TAGS}: no such stack among"
+                " OtherControllers), not believed; not stoppable (IAM keeps this stack off another's runs)"
             )
             refused = Refusal.CONTROLLER_TAGS.value
         return granted, note, refused

@@ -201,7 +201,7 @@ def _stop_unknown_runs(
                 if now - run.created_at < UNKNOWN_RUN_GRACE_S or run.run_id in stopped:
                     continue
                 try:
-                    repair = _check_live_run(store, runner, service, run, now, settings.controller, adopt)
+                    repair = _check_live_run(store, runner, service, run, now, settings.controller, adopt, settings.other_controllers)
                 except Exception as error:  # noqa: BLE001 - one run's failure never stops the scan
                     errors.append({"run": run.run_id, "error": type(error).__name__, "detail": str(error)[:500]})
                     continue
@@ -232,6 +232,7 @@ def _check_live_run(
     now: float,
     controller: str = "",
     adopt: Callable[[str, Any], dict | None] | None = None,
+    others: frozenset[str] = frozenset(),
 ) -> dict | None:
     known = store.find_run(service, run.run_id)
     if known:
@@ -239,8 +240,8 @@ def _check_live_run(
         if record and record.incarnation == known[1] and record.run_id == run.run_id and record.status.holds_capacity:
             return None
     tags = runner.tags_of(run)
-    if ev.other_controller(tags, controller) is not None:
-        return None  # a second stack's run: its own controller accounts for it (and IAM keeps ours off it)
+    if ev.other_controller(tags, controller) in others:
+        return None  # a second stack's run (OtherControllers): its own controller accounts for it (and IAM keeps ours off it)
     claimed = ev.launched_by_controller(tags, controller)
     record = controllers_job(store, tags, run.run_name, controller)  # None: not a run the controller launched
     if record is None:
