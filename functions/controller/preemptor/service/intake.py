@@ -571,7 +571,7 @@ class Intake:
     def _adopted_line(record: JobRecord, event_id: str, note: str) -> LogLine:
         """The `adopted` line of a run adopted by `event_id`: what is counted where, at what
         priority, whether it may be stopped, and `note` (the claims refused)."""
-        stop = "stoppable" if record.stoppable else "not stoppable" + ("" if "not stoppable" in note else " (no preemptor:managed=true tag)")
+        stop = "stoppable" if record.stoppable else "not stoppable"  # why not: `note` (`_granted`)
         if record.run_name and record.run_name != record.name:
             note = f"; {record.service} run {record.run_name} (its name is another job's, or names none){note}"
         return LogLine(
@@ -582,8 +582,9 @@ class Intake:
 
     def _granted(self, claims: ev.AdoptionTags | None, tags: dict[str, str], pool: str) -> tuple[int | None, str, str | None]:
         """The priority an adopted run's `claims` are granted, what its line says of the
-        claims refused and the refusal's code ('' and None when none was; of several, the
-        last below). `pool`: where it is counted, the pool whose capacity it runs on
+        claims refused (and, first, why it is not stoppable, when it is not for want of the
+        managed tag) and the refusal's code ('' and None when none was; of several, the last
+        below). `pool`: where it is counted, the pool whose capacity it runs on
         (`_pool_running`), whatever its pool tag says.
 
         Its GPUs are in use whatever its tags claim: a run refused for claiming too much
@@ -597,7 +598,8 @@ class Intake:
             return None, "", None
         policy = self.settings.policy
         lowest = min(policy.tiers.values())
-        granted, note, refused = claims.priority, "", None
+        granted, refused = claims.priority, None
+        note = "" if claims.managed else " (no preemptor:managed=true tag)"  # why it is not stoppable
         refusal = self._team_refusal(claims.team, claims.priority) if claims.priority is not None and claims.team is not None else None
         if claims.team is None:
             # No team to grant it anything: counted as no one's, at the lowest tier.
@@ -626,7 +628,7 @@ class Intake:
         if other is not None:  # one of OtherControllers' runs is left to it (`_maybe_adopt`)
             note += (
                 f"; its tags claim it is stack {other!r}'s run ({Refusal.CONTROLLER_TAGS}: no such stack among"
-                " OtherControllers), not believed; not stoppable (IAM keeps this stack off another's runs)"
+                " OtherControllers), not believed, and it is never a victim (IAM keeps this stack off another's runs)"
             )
             refused = Refusal.CONTROLLER_TAGS.value
         return granted, note, refused
