@@ -131,7 +131,8 @@ class PoolConfig(BaseModel):
         capacity type; for a spot pool with `on_demand_fallback`, then each on on-demand
         (spot on any type is cheaper than on-demand on the preferred one). Batch pools have
         none of their own (the job queue's compute environments decide): theirs are the queue,
-        then its fallbacks."""
+        then its fallbacks, for a pool with fallbacks; none for one without (a launch goes
+        to the queue its request names, and fewer than two offerings mean "any")."""
         if self.service != "sagemaker":
             own = (self.job_queue,) if self.job_queue else ()
             return own + tuple(q for q in self.fallback_job_queues if q not in own) if self.fallback_job_queues else ()
