@@ -735,6 +735,33 @@ def test_a_launch_that_gives_up_after_creating_its_run_records_that_run_rather_t
         assert "Give the launch up" in env.states_visited(first["executionArn"])
 
 
+def test_a_stop_at_once_of_a_job_trusted_to_save_on_sigterm_is_told_so_not_as_an_aged_checkpoint():
+    from preemptor.core.jobs import SAVES_ON_STOP_LABEL
+
+    with emulation() as env:
+        # Given a victim seen to save on SIGTERM (and declaring it), its last checkpoint 1,000 s
+        # of work old, that the plan said to stop at once: its check answers "fresh" (the
+        # checkpoint comes with the stop)
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=30000)
+        env.advance(1200)
+        sweep, now = env.job("sweep"), env.clock.now()
+        env.store.transition(
+            sweep,
+            sweep.with_changes(
+                status=JobState.PREEMPTING, preempted_by="prod", preempting_since=now, last_checkpoint_at=now - 1000,
+                stop_at_once=True, saved_on_stop=True, labels={**sweep.labels, SAVES_ON_STOP_LABEL: "true"},
+            ),
+            [JobState.RUNNING],
+        )
+        step = {"action": "stop", "job": "sweep", "incarnation": 1, "fresh": True, "since": now}
+        assert env.stack.invoke_lambda(env.stack.resources["JobControlFunction"], step) == {"stopping": True, "fresh": False}
+        # Then its line says why it went at once (before: "checkpoint-aged", a checkpoint
+        # "fresh when checked" it never had, and "work since the last one is lost")
+        [line] = [e for e in env.store.history("sweep") if e["kind"] == "stop-requested"]
+        assert line["reason"] == "stop-at-once"
+        assert line["detail"].endswith("WITHOUT a fresh checkpoint: it is trusted to save on SIGTERM within the grace")
+
+
 @pytest.mark.parametrize("checkpoint_age_s, told", [(100, "fresh-checkpoint"), (1000, "checkpoint-aged")])
 def test_a_stop_step_that_comes_late_judges_the_checkpoint_again(checkpoint_age_s, told):
     emitted: list[dict] = []

@@ -427,13 +427,24 @@ def stop(
         # Raised for the workflow to give up loudly; reconcile repairs the preemption.
         store.log(job, now, "stop-refused", "access-denied", str(e))
         raise
+    # A stop at once (the plan said not to wait) was never told its checkpoint is fresh: one
+    # trusted to save on SIGTERM is (the checkpoint comes with the stop), and is counted, as
+    # any, by the checkpoint it had when the signal went.
+    trusted = record.stop_at_once and record.saved_on_stop and record.declares_save_on_stop
     if too_old:
         fresh = False
-        why += f"; its checkpoint, fresh when checked, is over checkpoint_max_age_s {max_age_s:g} at the stop"
-    detail = why + ("" if fresh else "; WITHOUT a fresh checkpoint: work since the last one is lost")
+        if not record.stop_at_once:
+            why += f"; its checkpoint, fresh when checked, is over checkpoint_max_age_s {max_age_s:g} at the stop"
+    lost = "it is trusted to save on SIGTERM within the grace" if trusted else "work since the last one is lost"
+    detail = why + ("" if fresh else f"; WITHOUT a fresh checkpoint: {lost}")
     # Why it goes now: its checkpoint is fresh (or aged past the bound since it was checked);
     # the plan said not to wait (issue 10); or the wait ran out.
-    reason = "fresh-checkpoint" if fresh else "checkpoint-aged" if too_old else "stop-at-once" if record.stop_at_once else "checkpoint-timeout"
+    if fresh:
+        reason = "fresh-checkpoint"
+    elif record.stop_at_once:
+        reason = "stop-at-once"
+    else:
+        reason = "checkpoint-aged" if too_old else "checkpoint-timeout"
     # Once per preemption however often the step is retried (keyed by the claim's time).
     store.log(job, signal_at, "stop-requested", reason, detail, once=f"stop#{record.incarnation}#{signal_at:.3f}")
     learning.stop_sent(store, record, fresh, signal_at)  # issue 10
