@@ -49,3 +49,26 @@ def test_fallback_instance_types_are_offered_after_the_pools_own_and_only_on_sag
     assert pool.offerings == ("ml.p5.48xlarge", "ml.p5e.48xlarge")
     with pytest.raises(ValidationError, match="needs a SageMaker pool"):
         PoolConfig(name="g5", service="batch", gpus=8, fallback_instance_types=("g6.12xlarge",))
+
+
+G5 = {"name": "g5", "service": "batch", "gpus": 16}
+
+
+@pytest.mark.parametrize(
+    "pools, job, message",
+    [
+        ([G5], {"gpus": 8, "job_queue": "research-queue"}, "'job_queue' is a team's own Batch run's"),
+        ([{"name": "p5", "instances": 2}], {"instances": 1, "launched_by": "team", "job_queue": "q"}, "'job_queue' is a team's own Batch run's"),
+        ([G5, {**G5, "name": "g6"}], {"gpus": 8, "launched_by": "team", "job_queue": "g6-queue"}, "job queue 'g6-queue' is on pool 'g6'"),
+    ],
+    ids=["a-controllers-job", "a-sagemaker-run", "another-pools-queue"],
+)
+def test_a_teams_own_queue_is_a_team_batch_runs_and_on_its_pools_compute_environment(pools, job, message):
+    base = {"name": "j", "team": "t", "priority": 50, "pool": pools[0]["name"], "submit_at": 0, "duration": 60}
+    with pytest.raises(ValidationError, match=message):
+        Scenario.model_validate({"pools": pools, "jobs": [{**base, **job}]})
+
+
+def test_a_teams_own_queue_is_accepted_on_its_batch_run():
+    scenario = _scenario(G5, {"gpus": 8, "launched_by": "team", "job_queue": "research-queue"})
+    assert scenario.jobs[0].job_queue == "research-queue"
