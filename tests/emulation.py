@@ -13,7 +13,7 @@ from preemptor_tools.local.clock import SimClock
 from preemptor_tools.local.demo import START
 from preemptor_tools.local import moto_patches
 from preemptor_tools.local.fleet import SimulatedFleet
-from preemptor_tools.local.scenario import ScenarioJob, local_pool, submission_event
+from preemptor_tools.local.scenario import ROLE_ARN, ScenarioJob, local_pool, submission_event
 from preemptor_tools.local.stack import EmulatedStack, RoutedEvent
 
 P5 = PoolConfig(name="p5", service="sagemaker", instance_type="ml.p5.48xlarge", instances=8, gpus_per_instance=8)
@@ -112,6 +112,21 @@ def emulation(
             yield Emulation(stack, clock, fleet, list(pools))
         finally:
             fleet.close()
+
+
+def team_training_job(env: Emulation, name: str, tags: dict[str, str] | None = None, instances: int = 2, spot: bool = False) -> None:
+    """A SageMaker training job a team creates itself, outside the controller, on
+    `instances` ml.p5.48xlarge (on managed spot with `spot`), tagged with `tags`."""
+    env.stack.client("sagemaker").create_training_job(
+        TrainingJobName=name,
+        AlgorithmSpecification={"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:1", "TrainingInputMode": "File"},
+        RoleArn=ROLE_ARN,
+        OutputDataConfig={"S3OutputPath": "s3://research-output/out"},
+        ResourceConfig={"InstanceType": "ml.p5.48xlarge", "InstanceCount": instances, "VolumeSizeInGB": 100},
+        StoppingCondition={"MaxRuntimeInSeconds": 86_400, **({"MaxWaitTimeInSeconds": 90_000} if spot else {})},
+        EnableManagedSpotTraining=spot,
+        Tags=[{"Key": k, "Value": v} for k, v in (tags or {}).items()],
+    )
 
 
 def batch_queues(env: Emulation, *queues: str) -> None:

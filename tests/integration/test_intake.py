@@ -7,7 +7,7 @@ import copy
 import json
 import time
 
-from emulation import G5, P5, batch_queues, emulation
+from emulation import G5, P5, batch_queues, emulation, team_training_job
 from eventfiles import all_event_files, load_raw
 
 import pytest
@@ -563,20 +563,6 @@ def test_a_teams_training_job_is_counted_in_the_pool_whose_instances_it_runs_on_
         assert (("RefusedClaims", {"Reason": "wrong-pool"}) in emitted) == (refused is not None)
 
 
-def _training_job(env, name: str, spot: bool) -> None:
-    """A training job of 3 ml.p5.48xlarge its team created in the emulated SageMaker,
-    on managed spot or on demand."""
-    env.stack.client("sagemaker").create_training_job(
-        TrainingJobName=name,
-        AlgorithmSpecification={"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:1", "TrainingInputMode": "File"},
-        RoleArn="arn:aws:iam::123456789012:role/SMRole",
-        OutputDataConfig={"S3OutputPath": "s3://research-output/out"},
-        ResourceConfig={"InstanceType": "ml.p5.48xlarge", "InstanceCount": 3, "VolumeSizeInGB": 100},
-        StoppingCondition={"MaxRuntimeInSeconds": 3600, **({"MaxWaitTimeInSeconds": 7200} if spot else {})},
-        EnableManagedSpotTraining=spot,
-    )
-
-
 @pytest.mark.parametrize(
     "spot, tag, counted_in, refused",
     [
@@ -594,7 +580,7 @@ def test_a_teams_training_job_whose_event_does_not_say_how_it_is_bought_is_count
         # Given two pools of ml.p5.48xlarge, one on demand and one on spot, and a team's
         # training job on that type whose event, as EventBridge's, states neither
         # EnableManagedSpotTraining nor a maximum wait
-        _training_job(env, "research-run", spot)
+        team_training_job(env, "research-run", instances=3, spot=spot)
         event = _sample(ADOPTABLE_SAGEMAKER)
         event["detail"]["TrainingJobName"] = "research-run"
         _pool_tag(event["detail"]["Tags"], tag)
@@ -613,7 +599,7 @@ def test_a_teams_training_job_whose_event_does_not_say_how_it_is_bought_is_count
 
 def test_a_training_job_whose_buying_cannot_be_read_is_counted_in_its_tagged_pool_of_its_type_and_said_so():
     with emulation(pools=[P5, P5_SPOT]) as env:
-        _training_job(env, "research-run", spot=False)
+        team_training_job(env, "research-run", instances=3)
         event = _sample(ADOPTABLE_SAGEMAKER)
         event["detail"]["TrainingJobName"] = "research-run"
         _pool_tag(event["detail"]["Tags"], "p5-spot")
@@ -629,7 +615,7 @@ def test_a_training_job_whose_buying_cannot_be_read_is_counted_in_its_tagged_poo
         assert "whether it runs on spot could not be read (AccessDeniedException)" in line["detail"]
         # And a throttled look-up fails the handling, for Lambda's retry to look again
         event["id"], event["detail"]["TrainingJobName"] = "another-event", "research-run-2"
-        _training_job(env, "research-run-2", spot=False)
+        team_training_job(env, "research-run-2", instances=3)
         fn = env.stack.resources["IntakeFunction"]
         with aws_says_no(sagemaker, "DescribeTrainingJob", THROTTLING["sagemaker"]), pytest.raises(Throttled):
             env.stack.invoke_lambda(fn, event)
@@ -651,8 +637,7 @@ def test_a_training_job_whose_buying_cannot_be_read_is_counted_in_its_tagged_poo
 def test_a_teams_batch_job_is_counted_in_the_pool_whose_queue_it_runs_in(monkeypatch, queue, tag, counted_in, refused):
     emitted: list[tuple[str, dict]] = []
     monkeypatch.setattr(intake, "emit", lambda name, value, **dims: emitted.append((name, dims)))
-    g6 = PoolConfig(name="g6", service="batch", gpus=32, job_queue="g6-queue")
-    with emulation(pools=[G5, g6]) as env:
+    with emulation(pools=[G5, G6]) as env:
         # Given a Batch job its team submitted to `queue` (8 GPUs), tagged with `tag`
         event = _sample(ADOPTABLE_BATCH)
         event["detail"]["jobQueue"] = queue
@@ -682,6 +667,17 @@ def _queues_on(env, **queues: tuple[str, ...]) -> None:
 SHARED_QUEUES = {
     "g5-queue": ("g5-fleet",), "g6-queue": ("g6-fleet",), "research-queue": ("research-fleet", "g6-fleet"), "eval-queue": ("eval-fleet",),
 }
+G6 = PoolConfig(name="g6", service="batch", gpus=32, job_queue="g6-queue")
+
+
+def _in_a_teams_queue(env, queue: str, tag: str | None) -> dict:
+    """The RUNNING event of a Batch job (8 GPUs) its team submitted to `queue` (its ARN),
+    tagged for pool `tag`, in an account with the queues of SHARED_QUEUES."""
+    _queues_on(env, **SHARED_QUEUES)
+    event = _sample(ADOPTABLE_BATCH)
+    event["detail"]["jobQueue"] = f"arn:aws:batch:us-east-1:123456789012:job-queue/{queue}"
+    _pool_tag(event["detail"]["tags"], tag)
+    return event
 
 
 @pytest.mark.parametrize(
@@ -697,13 +693,9 @@ SHARED_QUEUES = {
 def test_a_teams_batch_job_in_a_queue_of_no_pools_is_counted_in_the_pool_whose_compute_environments_it_shares(queue, tag, counted_in, refused):
     from iam_policy import StackPolicies
 
-    g6 = PoolConfig(name="g6", service="batch", gpus=32, job_queue="g6-queue")
-    with emulation(pools=[G5, g6]) as env:
-        _queues_on(env, **SHARED_QUEUES)
+    with emulation(pools=[G5, G6]) as env:
         # Given a Batch job its team submitted to a queue of its own (8 GPUs), tagged with `tag`
-        event = _sample(ADOPTABLE_BATCH)
-        event["detail"]["jobQueue"] = f"arn:aws:batch:us-east-1:123456789012:job-queue/{queue}"
-        _pool_tag(event["detail"]["tags"], tag)
+        event = _in_a_teams_queue(env, queue, tag)
         before = len(env.stack.calls.calls)
         result = env.put(event).results[0]
         # Then it is counted in the pool whose fleet its queue runs on, and in no other; on a
@@ -723,12 +715,8 @@ def test_a_teams_batch_job_in_a_queue_of_no_pools_is_counted_in_the_pool_whose_c
 
 
 def test_a_teams_batch_job_whose_queues_compute_environments_cannot_be_read_is_counted_as_before_and_said_so():
-    g6 = PoolConfig(name="g6", service="batch", gpus=32, job_queue="g6-queue")
-    with emulation(pools=[G5, g6]) as env:
-        _queues_on(env, **SHARED_QUEUES)
-        event = _sample(ADOPTABLE_BATCH)
-        event["detail"]["jobQueue"] = "research-queue"
-        _pool_tag(event["detail"]["tags"], "g5")
+    with emulation(pools=[G5, G6]) as env:
+        event = _in_a_teams_queue(env, "research-queue", "g5")
         denied = error_response("AccessDeniedException", "User is not authorized to perform: batch:DescribeJobQueues", 403)
         # When Batch refuses the look-up for good (an SCP, a role edited by hand)
         with aws_says_no(env.stack.deps().runners["batch"].client, "DescribeJobQueues", denied) as refused:
@@ -742,11 +730,8 @@ def test_a_teams_batch_job_whose_queues_compute_environments_cannot_be_read_is_c
 
 
 def test_a_teams_batch_job_whose_queue_look_up_is_throttled_is_counted_where_it_runs_when_its_event_comes_again():
-    g6 = PoolConfig(name="g6", service="batch", gpus=32, job_queue="g6-queue")
-    with emulation(pools=[G5, g6]) as env:
-        _queues_on(env, **SHARED_QUEUES)
-        event = _sample(ADOPTABLE_BATCH)
-        event["detail"]["jobQueue"] = "research-queue"
+    with emulation(pools=[G5, G6]) as env:
+        event = _in_a_teams_queue(env, "research-queue", None)
         fn = env.stack.resources["IntakeFunction"]
         # When the look-up is throttled through botocore's retries, the handling fails (Lambda
         # retries the event) and nothing is counted in a pool it may not run on

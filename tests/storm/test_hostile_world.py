@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from botocore.exceptions import ClientError
-from emulation import START, Emulation, emulation
+from emulation import START, Emulation, emulation, team_training_job
 from storm import steps
 
 from preemptor.handlers.wiring import CLIENT_CONFIG
@@ -138,25 +138,13 @@ def test_a_transaction_is_cancelled_with_one_item_in_transaction_conflict(env: E
     assert dynamodb.get_item(TableName=table, Key={"pk": {"S": "STORM#0"}, "sk": {"S": "X"}}).get("Item") is None
 
 
-def _training_job(env: Emulation, name: str, tags: dict[str, str]) -> None:
-    env.stack.client("sagemaker").create_training_job(
-        TrainingJobName=name,
-        AlgorithmSpecification={"TrainingImage": "123.dkr.ecr/train:1", "TrainingInputMode": "File"},
-        RoleArn="arn:aws:iam::123456789012:role/training",
-        OutputDataConfig={"S3OutputPath": "s3://bucket/output"},
-        ResourceConfig={"InstanceType": "ml.p5.48xlarge", "InstanceCount": 1, "VolumeSizeInGB": 100},
-        StoppingCondition={"MaxRuntimeInSeconds": 86_400},
-        Tags=[{"Key": k, "Value": v} for k, v in tags.items()],
-    )
-
-
 def test_stops_of_runs_the_controller_did_not_launch_are_refused(env: Emulation, world: HostileWorld) -> None:
     # Given a run someone launched with the scheduler's tags but not the managed tag, and one
     # the controller launched
-    _training_job(env, "adopted-run", {"preemptor:team": "vision", "preemptor:priority": "50"})
-    _training_job(env, "managed-run", {"preemptor:managed": "true", "preemptor:job": "managed-run", "preemptor:controller": "preemptor"})
+    team_training_job(env, "adopted-run", {"preemptor:team": "vision", "preemptor:priority": "50"})
+    team_training_job(env, "managed-run", {"preemptor:managed": "true", "preemptor:job": "managed-run", "preemptor:controller": "preemptor"})
     # and one of a second stack in the account (its name on the run)
-    _training_job(env, "staging-run", {"preemptor:managed": "true", "preemptor:job": "x", "preemptor:controller": "preemptor-staging"})
+    team_training_job(env, "staging-run", {"preemptor:managed": "true", "preemptor:job": "x", "preemptor:controller": "preemptor-staging"})
     sagemaker = env.stack.client("sagemaker")
 
     # When the controller stops all three
@@ -184,8 +172,8 @@ def test_stop_denied_refuses_every_run_of_the_job_for_its_duration_only(env: Emu
     # Given two managed runs of job "victim" and a stop_denied fault on it from now for 600 s
     elapsed = env.clock.now() - START
     world.faults = [StopDenied(type="stop_denied", at=elapsed, job="victim", duration=600)]
-    _training_job(env, "victim-r2", {"preemptor:managed": "true"})
-    _training_job(env, "victim-r3", {"preemptor:managed": "true"})
+    team_training_job(env, "victim-r2", {"preemptor:managed": "true"})
+    team_training_job(env, "victim-r3", {"preemptor:managed": "true"})
     sagemaker = env.stack.client("sagemaker")
 
     # When the controller stops one during the window and the other after it

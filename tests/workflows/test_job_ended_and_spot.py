@@ -6,7 +6,7 @@ import json
 
 import pytest
 from aws_faults import THROTTLING, aws_says_no
-from emulation import G5, batch_queues, emulation
+from emulation import G5, batch_queues, emulation, team_training_job
 from eventfiles import load_raw
 
 from preemptor.config import PoolConfig
@@ -323,21 +323,6 @@ def test_a_reclaimed_batch_run_whose_every_event_was_lost_is_requeued_by_reconci
         assert (job.status, job.incarnation) == (JobState.RUNNING, 2)
 
 
-def _team_run(env, name: str, tags: dict[str, str]) -> None:
-    """A SageMaker training job a team creates itself, on two of the pool's instances, with `tags`."""
-    from preemptor_tools.local.scenario import ROLE_ARN
-
-    env.stack.client("sagemaker").create_training_job(
-        TrainingJobName=name,
-        AlgorithmSpecification={"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:1", "TrainingInputMode": "File"},
-        RoleArn=ROLE_ARN,
-        OutputDataConfig={"S3OutputPath": "s3://research-output/out"},
-        ResourceConfig={"InstanceType": "ml.p5.48xlarge", "InstanceCount": 2, "VolumeSizeInGB": 100},
-        StoppingCondition={"MaxRuntimeInSeconds": 86_400},
-        Tags=[{"Key": k, "Value": v} for k, v in tags.items()],
-    )
-
-
 def test_a_teams_tagged_run_whose_events_never_came_is_adopted_by_reconcile_not_stopped():
     from emulation import START
     from iam_policy import StackPolicies
@@ -347,7 +332,7 @@ def test_a_teams_tagged_run_whose_events_never_came_is_adopted_by_reconcile_not_
         # adopted (and preempted: managed), whose every event was lost (no fleet to tell)
         env.fleet.close()
         tags = {"preemptor:team": "research", "preemptor:priority": "medium", "preemptor:pool": "p5", "preemptor:managed": "true"}
-        _team_run(env, "research-own-run", tags)
+        team_training_job(env, "research-own-run", tags)
         env.advance(UNKNOWN_RUN_GRACE_S + 60)
         assert env.store.get("research-own-run") is None
         # When reconcile runs
@@ -389,7 +374,7 @@ def test_reconcile_never_stops_a_run_whose_controller_tags_this_controller_did_n
             "preemptor:team": "research", "preemptor:priority": "medium", "preemptor:pool": "p5",
             "preemptor:managed": "true", "preemptor:job": "ghost", "preemptor:incarnation": "1",
         }
-        _team_run(env, "ghost", {**tags, **({"preemptor:controller": stack} if stack else {})})
+        team_training_job(env, "ghost", {**tags, **({"preemptor:controller": stack} if stack else {})})
         env.advance(UNKNOWN_RUN_GRACE_S + 60)
         # When reconcile runs
         result = env.stack.invoke_lambda("preemptor-ReconcileFunction", {})
@@ -421,7 +406,7 @@ def test_an_adopted_run_that_meets_no_capacity_ends_failed_and_is_never_planned_
         # critical and managed: adopted while it starts, then Failed with CapacityError
         env.fleet.capacity_outage("p5", env.clock.now(), env.clock.now() + 7200)
         tags = {"preemptor:team": "research", "preemptor:priority": "critical", "preemptor:pool": "p5", "preemptor:managed": "true"}
-        _team_run(env, "research-own-run", tags)
+        team_training_job(env, "research-own-run", tags)
         env.advance(60)
         assert env.job("research-own-run").adopted
         env.advance(300)
