@@ -427,9 +427,10 @@ def stop(
         # Raised for the workflow to give up loudly; reconcile repairs the preemption.
         store.log(job, now, "stop-refused", "access-denied", str(e))
         raise
-    # A stop at once (the plan said not to wait) was never told its checkpoint is fresh: one
-    # trusted to save on SIGTERM is (the checkpoint comes with the stop), and is counted, as
-    # any, by the checkpoint it had when the signal went.
+    # A stop at once (the plan said not to wait) is told as one, never as a checkpoint that
+    # aged since a check: its check answers "fresh" for a victim trusted to save on SIGTERM
+    # (the checkpoint comes with the stop), which is counted, as any, by the checkpoint it
+    # had when the signal went.
     trusted = record.stop_at_once and record.saved_on_stop and record.declares_save_on_stop
     if too_old:
         fresh = False
