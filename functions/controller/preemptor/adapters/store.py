@@ -75,6 +75,19 @@ def _from_attr(attr: dict) -> Any:
     return value
 
 
+# A job's first line: written with a key of its own (`once`), it would sort after the
+# job's other lines of the same instant (a lowering handled in the millisecond of its
+# submission) by key alone.
+_FIRST_LINES = frozenset({"submitted", "adopted"})
+
+
+def _log_order(entry: dict) -> tuple:
+    """Time order of log entries: by their key's millisecond, a job's first line before
+    the lines of the same millisecond, then by key (the writer's sequence)."""
+    sk = entry["sk"]
+    return sk[: len("LOG#") + 17], entry["kind"] not in _FIRST_LINES, sk
+
+
 def _marshal(fields: dict) -> dict:
     return {k: _to_attr(v) for k, v in fields.items() if v is not None}
 
@@ -1327,18 +1340,19 @@ class JobsStore:
         return _marshal(fields)
 
     def history(self, job: str) -> list[dict]:
+        """The job's log entries, in time order (`_log_order`)."""
         items = self._pages(
             "query",
             TableName=self.table,
             KeyConditionExpression="pk = :p AND begins_with(sk, :l)",
             ExpressionAttributeValues={":p": {"S": f"JOB#{job}"}, ":l": {"S": "LOG#"}},
         )
-        return [self._log_entry(i) for i in items]
+        return sorted((self._log_entry(i) for i in items), key=_log_order)
 
     def all_history(self) -> list[dict]:
         """Every log entry of every job, in time order (for the demo timeline and reports)."""
         entries = [self._log_entry(i) for i in self._scan("LOG#")]
-        return sorted(entries, key=lambda e: (e["at"], e["sk"]))
+        return sorted(entries, key=lambda e: (e["at"], *_log_order(e)[1:]))
 
     @staticmethod
     def _log_entry(item: dict) -> dict:
