@@ -135,6 +135,28 @@ def test_an_unusable_adoption_tag_is_read_as_absent_and_the_run_counted(monkeypa
 
 
 @pytest.mark.parametrize(
+    "tags, said",
+    [
+        ({"preemptor:team": "Research Team"}, "counted as (unattributed) at the lowest tier"),
+        ({"preemptor:priority": "critical"}, "its priority tag claims 1000 (above-team-ceiling"),
+    ],
+    ids=["team-names-no-team", "priority-above-its-ceiling"],
+)
+def test_an_adopted_runs_line_says_why_it_is_not_stoppable_with_its_other_claims(tags, said):
+    with emulation(pools=[G5], policy={"teams": {"research": {"max_priority": "high"}}}) as env:
+        # Given a team's Batch run without the managed tag, whose team or priority tag claims
+        # what the platform does not grant
+        event = _sample(ADOPTABLE_BATCH)
+        event["detail"]["tags"].pop("preemptor:managed", None)
+        event["detail"]["tags"].update(tags)
+        result = env.put(event).results[0]
+        # Then its line says both: why it is not stoppable (before: lost under the refused claim)
+        [line] = [e for e in env.store.history(result["job"]) if e["kind"] == "adopted"]
+        assert "not stoppable (no preemptor:managed=true tag)" in line["detail"] and said in line["detail"]
+        assert env.job(result["job"]).stoppable is False
+
+
+@pytest.mark.parametrize(
     "service, change, counted, said, refused",
     [
         # Only its tag says so: bounded by what the pool holds, the claim refused

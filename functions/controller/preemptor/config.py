@@ -24,7 +24,8 @@ class Settings(BaseModel):
 
     jobs_table: str
     # The controller's name (its stack's), on every run it launches: a second stack in the
-    # account and region neither stops nor adopts this one's runs.
+    # account and region that lists it in its OtherControllers neither stops nor adopts
+    # this one's runs (and IAM keeps every other stack's stops off them).
     controller: str = ""
     # The other Preemptor stacks of the account and region (OtherControllers): a run tagged
     # as one of theirs is left to it. A run claiming a controller not listed is a team's,

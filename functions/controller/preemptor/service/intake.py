@@ -604,12 +604,13 @@ class Intake:
         if claims.team is None:
             # No team to grant it anything: counted as no one's, at the lowest tier.
             granted = lowest
-            note = f"; counted as {UNATTRIBUTED} at the lowest tier"
+            note += f"; counted as {UNATTRIBUTED} at the lowest tier"
             if claims.priority is not None and claims.priority != lowest:
                 note += f", not its priority tag's {claims.priority}"
         elif refusal is not None:
             granted = policy.max_priority(claims.team) if policy.team_listed(claims.team) else lowest
-            note, refused = f"; its priority tag claims {claims.priority} ({refusal[0]}: {refusal[1]}), not granted", refusal[0].value
+            note += f"; its priority tag claims {claims.priority} ({refusal[0]}: {refusal[1]}), not granted"
+            refused = refusal[0].value
         if claims.problems:
             # Tags it carries that say nothing usable: read as absent, the priority as the lowest.
             granted = lowest if granted is None else granted
