@@ -781,15 +781,21 @@ def test_a_heterogeneous_cluster_is_counted_in_full():
         assert result["reason"] == "adopted" and env.job(result["job"]).gpus == 40
 
 
-def _admitted(env, name: str, team: str = "research", incarnation: int = 1) -> None:
+_RUN_SECRET = "9f" * 32
+
+
+def _admitted(env, name: str, team: str = "research", incarnation: int = 1) -> JobRecord:
     """A job of the controller's at `incarnation`, admitted: its launch is under way."""
     record = JobRecord(
         name=name, team=team, priority=500, pool="p5", service="sagemaker", gpus=24, request={},
         checkpoint_s3_uri=f"s3://preemptor-checkpoints/{team}/{name}", submitted_at=0.0, incarnation=incarnation,
+        run_secret=_RUN_SECRET,
     )
     assert env.store.put_new(record)
     record = env.store.require(name)
-    env.store.transition(record, record.with_changes(status=JobState.ADMITTED, admitted_at=1.0), [JobState.PENDING], usage_delta=24, pool_limit=64)
+    return env.store.transition(
+        record, record.with_changes(status=JobState.ADMITTED, admitted_at=1.0), [JobState.PENDING], usage_delta=24, pool_limit=64
+    )
 
 
 def _claiming_the_controllers_run(job: str, run: str, **tags) -> dict:
@@ -805,8 +811,9 @@ def test_a_run_the_controller_launched_is_never_adopted_even_before_its_alias_ex
     with emulation() as env:
         # Given job x admitted, its launch under way, and its run's start event arriving
         # before the launch recorded the run's alias
-        _admitted(env, "x")
-        result = env.put(_claiming_the_controllers_run("x", "x", **{"preemptor:controller": "preemptor"})).results[0]
+        token = _admitted(env, "x").run_token_of(1)
+        claim = {"preemptor:controller": "preemptor", "preemptor:run-token": token}
+        result = env.put(_claiming_the_controllers_run("x", "x", **claim)).results[0]
         # Then it is not adopted as a second job: its launch records it
         assert result["outcome"] == "ignored" and result["reason"].startswith("own run:")
         assert [j.name for j in env.store.all_jobs()] == ["x"] and env.store.pool("p5")["used_gpus"] == 24
@@ -820,6 +827,12 @@ def test_a_run_the_controller_launched_is_never_adopted_even_before_its_alias_ex
         pytest.param("x", "x-r2", {"preemptor:incarnation": "2"}, id="an-incarnation-the-job-never-reached"),
         pytest.param("x", "x-r2", {"preemptor:incarnation": "2", "preemptor:team": "vision", "reached": 2}, id="another-team-than-the-jobs"),
         pytest.param("../x", "research-own", {}, id="a-job-tag-no-job-can-be-named"),
+        # Its name and tags exactly as the controller's launch will make them, created first
+        # (before: taken for the launch's own run, whatever it runs and holds)
+        pytest.param("x", "x", {"preemptor:controller": "preemptor"}, id="a-copy-of-the-run-to-come-without-its-token"),
+        pytest.param("x", "x", {"preemptor:run-token": "0" * 32}, id="a-copy-of-the-run-to-come-with-a-made-up-token"),
+        # The token of the run before, read from its tags, on a copy of the next one's
+        pytest.param("x", "x-r2", {"preemptor:incarnation": "2", "reached": 2, "token-of": 1}, id="a-copy-with-the-token-of-the-run-before"),
     ],
 )
 def test_a_teams_run_wearing_the_controllers_tags_is_adopted_and_counted_not_trusted(monkeypatch, claimed_job, run, tags):
@@ -831,7 +844,9 @@ def test_a_teams_run_wearing_the_controllers_tags_is_adopted_and_counted_not_tru
         # and a team's own training job whose tags claim the controller launched it (before:
         # "own run", ignored: its 24 GPUs never counted, the pool filled around it)
         tags = dict(tags)
-        _admitted(env, "x", incarnation=tags.pop("reached", 1))
+        job = _admitted(env, "x", incarnation=tags.pop("reached", 1))
+        if "token-of" in tags:
+            tags["preemptor:run-token"] = job.run_token_of(tags.pop("token-of"))
         event = _claiming_the_controllers_run(claimed_job, run, **tags)
         # When its start event arrives
         result = intake.handler(event, CONTEXT)
@@ -839,9 +854,10 @@ def test_a_teams_run_wearing_the_controllers_tags_is_adopted_and_counted_not_tru
         # named in its line and counted
         assert result["outcome"] == "accepted" and result["reason"] == "adopted"
         adopted = env.job(result["job"])
-        assert adopted.adopted and adopted.name == run and adopted.gpus == 24 and adopted.stoppable
+        assert adopted.adopted and adopted.run_name == run and adopted.gpus == 24 and adopted.stoppable
+        assert adopted.name == run or run == "x"  # a job's name is the job's: counted under one of its own
         assert env.store.pool("p5")["used_gpus"] == 48 and env.job("x").status is JobState.ADMITTED
-        [line] = [e for e in env.store.history(run) if e["kind"] == "adopted"]
+        [line] = [e for e in env.store.history(adopted.name) if e["kind"] == "adopted"]
         assert f"its tags claim it is the controller's run of job {claimed_job!r} (controller-tags" in line["detail"]
         assert result["refused"] == "controller-tags" and ("RefusedClaims", {"Reason": "controller-tags"}) in emitted
 

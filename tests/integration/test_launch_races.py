@@ -31,6 +31,13 @@ REQUEST = {
     "ResourceConfig": {"InstanceType": "ml.p5.48xlarge", "InstanceCount": 1, "VolumeSizeInGB": 100},
     "StoppingCondition": {"MaxRuntimeInSeconds": 86_400},
 }
+RUN_SECRET = "5e" * 32
+
+
+def _copied_tags(record: JobRecord) -> dict[str, str]:
+    """Every tag the controller's launch puts on the record's next run, but its token: what
+    a team that read the job's earlier runs, or guessed, can copy."""
+    return {k: v for k, v in controller_tags(record, "preemptor").items() if k != "preemptor:run-token"}
 
 
 class _Overtaken(SageMakerRunner):
@@ -64,7 +71,7 @@ def world():
         store.ensure_pool("p5", 64)
         record = JobRecord(
             name="train-c", team="vision", priority=100, pool="p5", service="sagemaker", gpus=8, request=REQUEST,
-            checkpoint_s3_uri="s3://preemptor-checkpoints/vision/train-c", submitted_at=0.0,
+            checkpoint_s3_uri="s3://preemptor-checkpoints/vision/train-c", submitted_at=0.0, run_secret=RUN_SECRET,
         )
         assert store.put_new(record)
         record = store.require("train-c")
@@ -180,6 +187,7 @@ def batch_world():
             name="train-b", team="vision", priority=100, pool="g5", service="batch", gpus=8,
             request={"jobQueue": "g5-queue", "jobDefinition": "g5-training"},
             checkpoint_s3_uri="s3://preemptor-checkpoints/vision/train-b", submitted_at=0.0, status=JobState.ADMITTED,
+            run_secret=RUN_SECRET,
         )
         yield env.stack.client("batch"), record
 
@@ -302,6 +310,47 @@ def test_a_run_name_someone_else_took_is_skipped_by_the_next_attempt(world):
     store.transition(job, job.with_changes(status=JobState.ADMITTED, admitted_at=200.0), [JobState.PENDING], usage_delta=8, pool_limit=64)
     launched = actions.launch(store=store, runners=runners, job="train-c", incarnation=2, now=201.0)
     assert launched["launched"] is True and launched["run_id"] == "train-c-r2"
+
+
+def test_a_training_job_a_team_created_with_the_name_and_tags_of_the_run_to_come_is_never_taken_for_it(world):
+    store, sagemaker = world
+    record = store.require("train-c")
+    # Given a team's training job created before the launch under the name and with every
+    # tag of the run the launch is about to create (before: the launch found the name "its
+    # own" and took the team's run, whatever it ran and held, for the job's)
+    tags = [{"Key": k, "Value": v} for k, v in _copied_tags(record).items()]
+    sagemaker.create_training_job(TrainingJobName="train-c", **REQUEST, Tags=tags)
+    runners = {"sagemaker": SageMakerRunner(sagemaker, "preemptor")}
+    assert runners["sagemaker"].find_run(record) is None
+    # When the launch meets the name in use
+    in_use = error_response("ResourceInUse", "Training job names must be unique within an AWS account and region", 400)
+    with aws_says_no(sagemaker, "CreateTrainingJob", lambda params: in_use if params.get("TrainingJobName") == "train-c" else None):
+        refused = actions.launch(store=store, runners=runners, job="train-c", incarnation=1, now=20.0)
+    # Then the name counts as taken by another run: the next attempt is the next incarnation
+    assert refused["launched"] is False and "belongs to another run" in refused["error"]
+    job = store.require("train-c")
+    assert (job.status, job.incarnation, job.run_id) == (JobState.PENDING, 2, None)
+    # And the run the controller then creates carries the token its job's secret gives it
+    store.transition(job, job.with_changes(status=JobState.ADMITTED, admitted_at=200.0), [JobState.PENDING], usage_delta=8, pool_limit=64)
+    launched = actions.launch(store=store, runners=runners, job="train-c", incarnation=2, now=201.0)
+    assert launched["run_id"] == "train-c-r2"
+    found = runners["sagemaker"].find_run(store.require("train-c"))
+    assert found is not None and found.tags["preemptor:run-token"] == job.run_token_of(2) != job.run_token_of(1)
+
+
+def test_a_batch_job_a_team_submitted_with_the_name_and_tags_of_the_run_to_come_is_never_taken_for_it(batch_world):
+    batch, record = batch_world
+    runner = BatchRunner(batch, controller="preemptor")
+    # Given a team's job in the pool's queue under the name and with every tag of the run the
+    # launch is about to submit (before: the launch's look for an earlier attempt's job
+    # returned it, and submitted nothing)
+    copy = batch.submit_job(jobName="train-b", jobQueue="g5-queue", jobDefinition="g5-training", tags=_copied_tags(record))["jobId"]
+    # When the launch runs
+    launched = runner.launch(record, None, BATCH_QUEUES)
+    # Then it submitted the job's own run, with the token, and it alone is found as the job's
+    assert launched != copy and sorted(_live_jobs(batch)) == sorted([copy, launched])
+    found = runner.find_run(record, BATCH_QUEUES)
+    assert found is not None and found.run_id == launched and found.tags["preemptor:run-token"] == record.run_token_of(1)
 
 
 def test_a_batch_run_reconcile_records_in_a_fallback_queue_is_judged_by_that_queue():

@@ -10,8 +10,12 @@ from typing import Any
 
 import pytest
 
+from preemptor.adapters.runners import controller_tags
+from preemptor.core.jobs import JobRecord, new_run_secret
 from preemptor.core.pools import JobDefinition, PoolConfig
-from preemptor.core.requests import JobRequest, Refusal, RequestRefused, admit_request, spot_launch
+from preemptor.core.requests import (
+    CONTROLLER_RUN_TAGS, SERVICE_MAX_TAGS, JobRequest, Refusal, RequestRefused, admit_request, spot_launch,
+)
 
 BUCKET = "preemptor-checkpoints"
 ROLE = "arn:aws:iam::123456789012:role/p5-training"
@@ -264,6 +268,8 @@ def test_batch_call_is_built_from_the_pool():
         pytest.param({"request_tags": {"preemptor:managed": "true"}}, Refusal.SET_BY_POOL, "request.tags.preemptor:managed",
                      id="controller-tag"),
         pytest.param({"gpus": 64}, Refusal.BAD_DEMAND, "gpus", id="more-than-the-pool"),
+        # Batch takes 50 tags a job, the controller's among them: every launch would fail
+        pytest.param({"request_tags": {f"k{i}": "v" for i in range(43)}}, Refusal.NOT_ALLOWED, "request.tags", id="no-room-for-the-controllers-tags"),
     ],
 )
 def test_a_batch_request_beyond_the_pools_allow_list_is_refused(changes, reason, field):
@@ -340,3 +346,20 @@ def test_a_fallback_launch_changes_the_capacity_type_of_the_admitted_request():
 def test_on_demand_fallback_needs_a_spot_pool():
     with pytest.raises(ValueError, match="on_demand_fallback"):
         PoolConfig(name="p5", instance_type="ml.p5.48xlarge", instances=1, on_demand_fallback=True)
+
+
+def test_a_request_leaves_room_for_the_controllers_tags_under_the_services_limit():
+    # Given the most tags of its own a team's run may carry, and one more
+    room = SERVICE_MAX_TAGS - CONTROLLER_RUN_TAGS
+    fits = admit_request(sagemaker(request_Tags=[{"Key": f"k{i}", "Value": "v"} for i in range(room)]), P5, checkpoint_bucket=BUCKET)
+    error = refused(sagemaker(request_Tags=[{"Key": f"k{i}", "Value": "v"} for i in range(room + 1)]))
+    # Then the first is admitted, the second refused naming the field and the limit (before:
+    # admitted, and every launch refused by SageMaker until the job failed)
+    assert len(fits.request["Tags"]) == room
+    assert (error.reason, error.field) == (Refusal.NOT_ALLOWED, "request.Tags") and f"at most {room}" in error.detail
+    # And the controller's tags on a run are never more than it leaves room for
+    record = JobRecord(
+        name="x", team="vision", priority=1, pool="p5", service="sagemaker", gpus=8, request={}, checkpoint_s3_uri="s3://b/vision/x",
+        submitted_at=0.0, run_secret=new_run_secret(),
+    )
+    assert len(controller_tags(record, "preemptor")) == CONTROLLER_RUN_TAGS

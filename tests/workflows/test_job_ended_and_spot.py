@@ -223,8 +223,9 @@ def test_reconcile_stops_a_managed_batch_job_no_job_accounts_for():
         batch_queues(env)
         env.submit(name="steady", team="a", priority=200, pool="g5", gpus=8, duration=30000)
         batch = env.stack.client("batch")
-        twice = {"preemptor:managed": "true", "preemptor:controller": "preemptor", "preemptor:job": "steady",
-                 "preemptor:incarnation": "1", "preemptor:team": "a", "preemptor:priority": "200", "preemptor:pool": "g5"}
+        [launched] = batch.describe_jobs(jobs=[env.job("steady").run_id])["jobs"]
+        twice = launched["tags"]  # its run token too: the controller's own job
+        assert twice["preemptor:run-token"] == env.job("steady").run_token_of(1)
         duplicate = batch.submit_job(jobName="steady", jobQueue="g5-queue", jobDefinition="g5-training", tags=twice)["jobId"]
         managed = {"preemptor:managed": "true", "preemptor:job": "gone", "preemptor:incarnation": "1"}
         ghost = batch.submit_job(jobName="gone", jobQueue="g5-queue", jobDefinition="g5-training", tags=managed)["jobId"]

@@ -8,6 +8,7 @@ terminate only runs tagged managed, and none of another controller's.
 from __future__ import annotations
 
 import copy
+import hmac
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Protocol
@@ -15,7 +16,7 @@ from typing import Any, Iterable, Protocol
 from botocore.exceptions import ClientError, HTTPClientError, ParamValidationError
 
 from ..core.errors import RunNameTaken, ServiceJobNotFound, ServiceRejected, ServiceUnavailable
-from ..core.events import CONTROLLER_TAG, INCARNATION_TAG, JOB_TAG, MANAGED_TAG, POOL_TAG, PRIORITY_TAG, TEAM_TAG
+from ..core.events import CONTROLLER_TAG, INCARNATION_TAG, JOB_TAG, MANAGED_TAG, POOL_TAG, PRIORITY_TAG, RUN_TOKEN_TAG, TEAM_TAG
 from ..core.jobs import JobRecord
 from ..core.pools import SPOT, parse_offering
 from ..core.requests import spot_launch
@@ -93,16 +94,28 @@ def controller_tags(record: JobRecord, controller: str = "") -> dict[str, str]:
         PRIORITY_TAG: str(record.priority),
         POOL_TAG: record.pool,
     }
+    token = record.run_token_of(record.incarnation)
+    if token:
+        tags[RUN_TOKEN_TAG] = token
     return {**tags, CONTROLLER_TAG: controller} if controller else tags
+
+
+def bears_run_token(tags: dict[str, str], record: JobRecord, incarnation: int) -> bool:
+    """Whether a run's tags carry the token of the job's `incarnation` (always, for a job
+    stored before tokens: it has none to check)."""
+    expected = record.run_token_of(incarnation)
+    return expected is None or hmac.compare_digest(tags.get(RUN_TOKEN_TAG, ""), expected)
 
 
 def is_own_run(tags: dict[str, str], record: JobRecord, controller: str = "") -> bool:
     """Does a run with these tags belong to this incarnation of this job (of this
-    controller: another stack's job of the same name is not this one)?"""
+    controller: another stack's job of the same name is not this one)? Its name and tags
+    can be copied by anyone who may create runs; its token only by the controller."""
     return (
         tags.get(JOB_TAG) == record.name
         and tags.get(INCARNATION_TAG) == str(record.incarnation)
         and tags.get(CONTROLLER_TAG, controller) == controller
+        and bears_run_token(tags, record, record.incarnation)
     )
 
 
@@ -111,16 +124,22 @@ def may_be_own_run(tags: dict[str, str], record: JobRecord | None, run_name: str
     can be one it launched for `record`, the job its job tag names: the controller writes a
     job before it launches any run of it and names each incarnation's run after the job, so
     the job exists, of the tagged team, at or past the tagged incarnation, and the run bears
-    that incarnation's name. A team that puts the controller's tags on a run of its own
-    fails one of these unless it copies a run of the job exactly (then the controller's
-    SageMaker launch finds the name taken: `RunNameTaken`)."""
+    that incarnation's name and token (`bears_run_token`). A team that puts the controller's
+    tags on a run of its own, even a copy of a run of the job (its name and tags), fails
+    one of these: it cannot make the token of an incarnation the controller has not
+    launched yet, and a copy of a launched run's is under a name that run holds (SageMaker)
+    or one reconcile finds twice (Batch)."""
     if record is None or tags.get(TEAM_TAG) != record.team:
         return False
     try:
         incarnation = int(tags.get(INCARNATION_TAG, ""))
     except ValueError:
         return False
-    return 1 <= incarnation <= record.incarnation and run_name == record.run_name_of(incarnation)
+    return (
+        1 <= incarnation <= record.incarnation
+        and run_name == record.run_name_of(incarnation)
+        and bears_run_token(tags, record, incarnation)
+    )
 
 
 class SageMakerRunner:

@@ -67,6 +67,9 @@ INCARNATION_TAG = "preemptor:incarnation"
 MANAGED_TAG = "preemptor:managed"
 # The stack that launched a run: a second stack in the account leaves the first's runs alone.
 CONTROLLER_TAG = "preemptor:controller"
+# The run's token (`core.jobs.JobRecord.run_token_of`): without the job's secret, which only
+# the jobs table holds, no one else can tag a run as an incarnation of the job.
+RUN_TOKEN_TAG = "preemptor:run-token"
 _GPUS_TEXT = re.compile(r"[0-9]{1,6}")
 _MAX_TAG_VALUE = 256
 

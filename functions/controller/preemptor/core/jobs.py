@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 from dataclasses import dataclass, field, replace
 
 from .model import JobState, PendingJob, RunningJob
@@ -12,6 +15,13 @@ SPOT_INTERRUPTION = "spot-interruption"  # `preempted_by` of a job stopped for i
 # The label by which a job declares that it saves a checkpoint on SIGTERM within the grace
 # (the training helper, preemptor_training.Checkpointer, does).
 SAVES_ON_STOP_LABEL = "preemptor/saves-on-stop"
+
+RUN_TOKEN_CHARS = 32  # hex digits of a run's token: 128 bits
+
+
+def new_run_secret() -> str:
+    """A job's run secret (`JobRecord.run_secret`): 256 random bits."""
+    return secrets.token_hex(32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +122,11 @@ class JobRecord:
     # died after the insert, or the insert's answer was lost) completes the submission
     # instead of calling it a duplicate.
     submitted_by: str | None = None
+    # Drawn at submission (`new_run_secret`) and kept in the jobs table, which no team can
+    # read: each run the controller launches carries a token derived from it
+    # (`run_token_of`), so a run a team creates with this job's name and tags is not taken
+    # for it. None for a job stored before it existed (its runs are known by name and tags).
+    run_secret: str | None = None
 
     def backing_off(self, now: float) -> bool:
         """A pending job whose last launch was refused waits until `not_before`."""
@@ -125,6 +140,15 @@ class JobRecord:
     def run_name_of(self, incarnation: int) -> str:
         """Service job name of an incarnation of the job."""
         return self.name if incarnation == 1 else f"{self.name}-r{incarnation}"
+
+    def run_token_of(self, incarnation: int) -> str | None:
+        """The token the run of an incarnation carries (`RUN_TOKEN_TAG`): an HMAC of the job's
+        name and the incarnation under `run_secret`. A run's tags show its own token only,
+        from which the next incarnation's cannot be told. None without a secret."""
+        if not self.run_secret:
+            return None
+        message = f"{self.name}#{incarnation}".encode()
+        return hmac.new(self.run_secret.encode(), message, hashlib.sha256).hexdigest()[:RUN_TOKEN_CHARS]
 
     def waiting_since(self) -> float:
         """When its current wait began: when it last became pending (a requeued job's wait

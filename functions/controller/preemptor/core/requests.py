@@ -66,6 +66,10 @@ REQUIRED_REQUEST_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
 # Tags under this prefix are the controller's: they say which job and incarnation a run is,
 # and `preemptor:managed` is what IAM lets the controller stop.
 CONTROLLER_TAG_PREFIX = "preemptor:"
+# SageMaker and Batch take at most 50 tags a run; the controller adds at most this many of
+# its own (`adapters.runners.controller_tags`) to the team's.
+SERVICE_MAX_TAGS = 50
+CONTROLLER_RUN_TAGS = 8
 
 _INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
 
@@ -702,6 +706,13 @@ def _check_user_tags(tags: object, where: str, *, as_list: bool) -> None:
     ours = sorted(str(k) for k in keys if str(k).startswith(CONTROLLER_TAG_PREFIX))
     if ours:
         raise RequestRefused(Refusal.SET_BY_POOL, f"{where}.{ours[0]}", "preemptor:* tags are set by the controller")
+    room = SERVICE_MAX_TAGS - CONTROLLER_RUN_TAGS
+    if len(set(keys)) > room:
+        # Else every launch would be refused (ValidationException) until the job failed.
+        raise RequestRefused(
+            Refusal.NOT_ALLOWED, where,
+            f"{len(set(keys))} tags; a run takes at most {SERVICE_MAX_TAGS} and the controller adds {CONTROLLER_RUN_TAGS}: at most {room}",
+        )
 
 
 def _shown(value: object) -> str:

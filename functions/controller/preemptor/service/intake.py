@@ -31,7 +31,7 @@ from ..adapters.workflows import WorkflowStarter, execution_name, settled_schedu
 from ..config import Settings
 from ..core import events as ev
 from ..core.errors import CheckpointLocationUnavailable, ConflictError, PreemptorError, ServiceRejected, TransactionConflict
-from ..core.jobs import JobRecord
+from ..core.jobs import JobRecord, new_run_secret
 from ..core.model import JobState
 from ..core.policy import UNATTRIBUTED
 from ..core.pools import PoolConfig, pool_queues, pools_running, queue_name
@@ -233,6 +233,7 @@ class Intake:
             # escalation (which lifts its victims' protections).
             submitted_at=now,
             submitted_by=event.event_id,
+            run_secret=new_run_secret(),
             sla_s=req.sla_s,
             labels=dict(req.labels),
             expected_duration_s=req.expected_duration_s,
