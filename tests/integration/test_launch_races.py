@@ -334,6 +334,8 @@ def test_a_training_job_a_team_created_with_the_name_and_tags_of_the_run_to_come
     store.transition(job, job.with_changes(status=JobState.ADMITTED, admitted_at=200.0), [JobState.PENDING], usage_delta=8, pool_limit=64)
     launched = actions.launch(store=store, runners=runners, job="train-c", incarnation=2, now=201.0)
     assert launched["run_id"] == "train-c-r2"
+    [line] = [e for e in store.history("train-c") if e["kind"] == "relaunched"]
+    assert line["detail"] == "train-c-r2: a new run under the next name: an earlier one was taken by another run (nothing trained yet)"
     found = runners["sagemaker"].find_run(store.require("train-c"))
     assert found is not None and found.tags["preemptor:run-token"] == job.run_token_of(2) != job.run_token_of(1)
 

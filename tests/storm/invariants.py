@@ -45,25 +45,46 @@ def fleet_never_above_capacity(result: DemoResult, scenario: Scenario) -> list[s
     ]
 
 
-def _team_runs(scenario: Scenario) -> set[str]:
-    """The runs teams launch themselves: their own, whatever their tags claim (a team may
-    put the controller's job tags on one)."""
-    return {j.name for j in scenario.jobs if j.launched_by == "team"}
+def _team_runs(result: DemoResult) -> set[str]:
+    """The runs teams created themselves, by id (a training job's name, a Batch job's id):
+    their own, whatever their names and tags claim (a team may name one as a job's run, and
+    put that job's tags on it)."""
+    return set(result.team_runs)
 
 
-def _team_of(scenario: Scenario) -> dict[str, str]:
+def _adopted_as(result: DemoResult, run_id: str) -> str | None:
+    """The job a team's run was adopted as (its own name, or one of its own where that is a
+    job's), None if it never was."""
+    return result.adopted_runs.get(run_id, (None, 0.0))[0]
+
+
+def _story_jobs(result: DemoResult, scenario: Scenario) -> dict:
+    """Each job as the decision log names it, with the scenario's job it is: a job the
+    controller was given under its own name, a team's run under the name it was adopted as
+    (and, never adopted, its scenario name)."""
+    by_name = {j.name: j for j in scenario.jobs}
+    out = {j.name: j for j in scenario.jobs if j.launched_by != "team"}
+    for run_id, (name, _) in result.adopted_runs.items():
+        if result.team_runs.get(run_id) in by_name:
+            out[name] = by_name[result.team_runs[run_id]]
+    for job in scenario.jobs:
+        out.setdefault(job.name, job)
+    return out
+
+
+def _team_of(result: DemoResult, scenario: Scenario) -> dict[str, str]:
     """Each job's team as the controller counts it: a run its team launched under a team tag
     that is no team's name is no one's (`UNATTRIBUTED`)."""
     out = {}
-    for job in scenario.jobs:
+    for name, job in _story_jobs(result, scenario).items():
         tagged = job.tags.get("preemptor:team", job.team) if job.launched_by == "team" else job.team
-        out[job.name] = tagged.strip() if TEAM_NAME.fullmatch(tagged.strip()) else UNATTRIBUTED
+        out[name] = tagged.strip() if TEAM_NAME.fullmatch(tagged.strip()) else UNATTRIBUTED
     return out
 
 
 def _launched_for(run: dict, teams: set[str]) -> str | None:
     """The job a run was launched for by the controller (its job tag), None for a team's."""
-    return None if run["name"] in teams else run["tags"].get("preemptor:job")
+    return None if run["job_id"] in teams else run["tags"].get("preemptor:job")
 
 
 def launches_fit_what_the_controller_counts(result: DemoResult, scenario: Scenario) -> list[str]:
@@ -71,19 +92,19 @@ def launches_fit_what_the_controller_counts(result: DemoResult, scenario: Scenar
     pool's instances are all held) is one the controller could not have known was too many:
     its own runs and the runs it had adopted by the job's admission leave room for it, and
     the rest is held by runs launched outside it that it had not heard of yet."""
-    tags = {run["name"]: run["tags"] for run in result.runs}
-    teams = _team_runs(scenario)
+    tags = {run["job_id"]: run["tags"] for run in result.runs}
+    teams = _team_runs(result)
     out = []
     for refusal in result.quota_refusals:
         job = refusal.tags.get("preemptor:job")
-        if job is None or refusal.run in teams:
+        if job is None or refusal.by is None:
             continue  # a team's own launch
         admitted = [e["at"] for e in result.history if e["job"] == job and e["kind"] == "admitted" and e["at"] <= refusal.at]
         since = admitted[-1] if admitted else refusal.at
         # An adoption's line bears the time its handling began; one that began within a
         # handling's time of the admission may have committed after it (the two raced: the
         # team's run was heard of while the job was admitted). knobs seed sagemaker 65.
-        adopted = {e["job"] for e in result.history if e["kind"] == "adopted" and e["at"] <= since - _HANDLING_S}
+        adopted = {run for run, (_, at) in result.adopted_runs.items() if at <= since - _HANDLING_S}
         known = sum(
             n for run, n in refusal.holding.items() if ("preemptor:job" in tags.get(run, {}) and run not in teams) or run in adopted
         )
@@ -109,17 +130,17 @@ def team_runs_are_counted(result: DemoResult, scenario: Scenario, bound_s: float
     (a priority beyond its team's grant, an unusable tag, the controller's own job tags, a
     pool it does not run on): its GPUs are in use, and a run left uncounted lets the
     controller fill the pool around it."""
-    teams = _team_runs(scenario)
+    teams = _team_runs(result)
     # When each was counted: its record's (a handling that died after the insert, its event
     # then dead-lettered, leaves no `adopted` line: the decision-log invariant's to find).
-    adopted = {j["name"]: j["adopted_at"] for j in result.report.get("jobs", []) if j.get("adopted_at") is not None}
+    adopted = {run: at for run, (_, at) in result.adopted_runs.items()}
     end = max([e["at"] for e in result.history] + [r["ended_at"] or 0.0 for r in result.runs], default=START)
     out = []
     for run in result.runs:
-        if run["name"] not in teams or (run["service"] == "batch" and run["started_at"] is None):
+        if run["job_id"] not in teams or (run["service"] == "batch" and run["started_at"] is None):
             continue
         deadline = (run["started_at"] if run["service"] == "batch" else run["created_at"]) + bound_s
-        if (run["ended_at"] or end) > deadline and adopted.get(run["name"], math.inf) > deadline:
+        if (run["ended_at"] or end) > deadline and adopted.get(run["job_id"], math.inf) > deadline:
             held = f"until {run['ended_at'] - START:.0f} s" if run["ended_at"] else "to the end"
             out.append(
                 f"team run {run['name']} (tags {sorted(run['tags'].items())}) created at {run['created_at'] - START:.0f} s, "
@@ -132,13 +153,13 @@ def team_runs_stopped_only_as_victims(result: DemoResult, scenario: Scenario) ->
     """The controller stops a run a team launched itself only as the victim of a preemption
     (or at its team's cancel) of the job it was adopted as, said in its decision log first:
     never as a run of its own that no job accounts for, whatever the run's tags claim."""
-    teams = _team_runs(scenario)
+    teams = _team_runs(result)
     told = [e for e in result.history if e["kind"] in ("stop-requested", "cancel-requested")]
     return [
-        f"team run {a.run} stopped by {a.actor} at {a.at - START:.0f} s, not as a victim of its adopted job"
+        f"team run {a.run} ({a.job_id}) stopped by {a.actor} at {a.at - START:.0f} s, not as a victim of its adopted job"
         for a in result.stop_attempts
-        if a.run in teams and a.refused is None
-        and not any(e["job"] == a.run and e["at"] <= a.at + _SAME_MOMENT_S for e in told)
+        if a.job_id in teams and a.refused is None
+        and not any(e["job"] == _adopted_as(result, a.job_id) and e["at"] <= a.at + _SAME_MOMENT_S for e in told)
     ]
 
 
@@ -157,12 +178,14 @@ def accepted_jobs_settle(result: DemoResult, scenario: Scenario) -> list[str]:
 
 
 def no_run_launched_twice(result: DemoResult, scenario: Scenario) -> list[str]:
-    """No incarnation of a job has two runs (and no run name is used twice)."""
+    """No incarnation of a job has two runs (and the controller never uses a run name twice)."""
     out = []
     names: dict[str, int] = {}
     incarnations: dict[tuple[str, str], list[str]] = {}
-    teams = _team_runs(scenario)
+    teams = _team_runs(result)
     for run in result.runs:
+        if run["job_id"] in teams:
+            continue  # a team's own, whatever it is named and tagged (Batch's names are not unique)
         names[run["name"]] = names.get(run["name"], 0) + 1
         tags = run["tags"]
         if tags.get(MANAGED_TAG) == "true" and _launched_for(run, teams):
@@ -183,14 +206,14 @@ def no_stop_without_required_checkpoint(result: DemoResult, scenario: Scenario) 
     knowingly and said why (`checkpoint-timeout` only when the policy says stop anyway), or
     its team cancelled the job (`cancel-requested`: nothing of it is wanted any more)."""
     policy = Policy(**scenario.policy)
-    launched_for = {run["name"]: _launched_for(run, _team_runs(scenario)) for run in result.runs}
+    launched_for = {run["job_id"]: _launched_for(run, _team_runs(result)) for run in result.runs}
     out = []
     for stop in result.fleet_stops:
         if stop.run in result.stopped_by_hand or not stop.started:
             continue
         if stop.unsaved_work_s <= policy.checkpoint_max_age_s:
             continue
-        job = launched_for.get(stop.run) or re.sub(r"-r\d+$", "", stop.run)
+        job = launched_for.get(stop.job_id) or _adopted_as(result, stop.job_id) or re.sub(r"-r\d+$", "", stop.run)
         # A cancel wants nothing of the job: its stop may land whenever Lambda's retries of
         # the cancel's handling get it through (a minute, then two, after a failure).
         if any(e["job"] == job and e["kind"] == "cancel-requested" and e["at"] <= stop.at + _SAME_MOMENT_S for e in result.history):
@@ -225,11 +248,11 @@ def foreign_runs_never_stopped(result: DemoResult, scenario: Scenario) -> list[s
         for a in result.stop_attempts
         if not a.managed and a.refused is None
     ]
-    tags = {run["name"]: run["tags"] for run in result.runs}
+    tags = {run["job_id"]: run["tags"] for run in result.runs}
     out += [
         f"run {s.run}, not launched by the controller, was stopped"
         for s in result.fleet_stops
-        if tags.get(s.run, {}).get(MANAGED_TAG) != "true" and s.run not in result.stopped_by_hand
+        if tags.get(s.job_id, {}).get(MANAGED_TAG) != "true" and s.run not in result.stopped_by_hand
     ]
     return out
 
@@ -277,7 +300,7 @@ def decision_log_tells_every_change(result: DemoResult, scenario: Scenario) -> l
         if entry["kind"] == "requeued" and entry["reason"] == "preempted":
             requeued_for[entry["job"]] = requeued_for.get(entry["job"], 0) + 1
     runs: dict[str, int] = {}
-    teams = _team_runs(scenario)
+    teams = _team_runs(result)
     for run in result.runs:
         job = _launched_for(run, teams)
         if run["tags"].get(MANAGED_TAG) == "true" and job:
@@ -362,8 +385,8 @@ def stops_serve_a_waiting_job(result: DemoResult, scenario: Scenario) -> list[st
     nobody."""
     policy = Policy(**scenario.policy)
     waits, priorities = _waits_and_priorities(result, scenario)
-    pool_of = {j.name: j.pool for j in scenario.jobs}
-    team_of = _team_of(scenario)
+    pool_of = {name: j.pool for name, j in _story_jobs(result, scenario).items()}
+    team_of = _team_of(result, scenario)
     out = []
     for stop in result.history:
         if stop["kind"] != "stop-requested" or not stop["detail"].startswith("preempted by"):
@@ -406,7 +429,7 @@ def protections_hold(result: DemoResult, scenario: Scenario) -> list[str]:
     instead of relaunched, after that many), nor before it ran `min_runtime_s` (from its
     launch, as the planner counts it) unless its preemptor was escalated."""
     policy = Policy(**scenario.policy)
-    teams = _team_runs(scenario)
+    teams = _team_runs(result)
     out = []
     requeues: dict[str, int] = {}
     for e in result.history:
@@ -424,7 +447,9 @@ def protections_hold(result: DemoResult, scenario: Scenario) -> list[str]:
             job, at = started["job"], started["at"]
             lines = [e["at"] for e in result.history if e["job"] == job and e["kind"] in ("launched", "relaunched", "adopted") and e["at"] <= at]
             # A run reconcile found launched counts from its creation, before reconcile's line.
-            created = [r["created_at"] for r in result.runs if job in (_launched_for(r, teams), r["name"]) and r["created_at"] <= at]
+            created = [
+                r["created_at"] for r in result.runs if job == (_launched_for(r, teams) or _adopted_as(result, r["job_id"])) and r["created_at"] <= at
+            ]
             if not lines or escalated:
                 continue
             since = min(lines[-1], max(created)) if created else lines[-1]
@@ -439,7 +464,7 @@ def budget_never_exceeded(result: DemoResult, scenario: Scenario) -> list[str]:
     budget = Policy(**scenario.policy).budget
     if budget is None or budget.max_preemptions is None:
         return []
-    pool_of = {j.name: j.pool for j in scenario.jobs}
+    pool_of = {name: j.pool for name, j in _story_jobs(result, scenario).items()}
     started = [e for e in result.history if e["kind"] == "preemption-started"]
     ended = [e for e in result.history if e["kind"] == "preemption-cancelled"]
 
@@ -469,7 +494,7 @@ def priorities_within_team_ceilings(result: DemoResult, scenario: Scenario) -> l
         return []
     _, priorities = _waits_and_priorities(result, scenario)
     logged = {e["job"] for e in result.history if e["kind"] in ("submitted", "adopted")}
-    team_of = _team_of(scenario)
+    team_of = _team_of(result, scenario)
     lowest = min(policy.tiers.values())
     ceiling = {job: policy.max_priority(team) if policy.team_listed(team) else lowest for job, team in team_of.items()}
     return [
@@ -492,7 +517,7 @@ def gpus_never_idle_while_a_job_that_fits_waits(result: DemoResult, scenario: Sc
     pool may idle for half an hour though nothing unsafe happens; it is checked where the
     world is hostile as the example scenario is (examples/scenarios/hostile-world.yaml)."""
     pool = scenario.pools[0]
-    size = {j.name: j.gpus if j.gpus is not None else j.instances * (pool.gpus_per_instance or 8) for j in scenario.jobs}
+    size = {name: j.gpus if j.gpus is not None else j.instances * (pool.gpus_per_instance or 8) for name, j in _story_jobs(result, scenario).items()}
     waits, _ = _waits_and_priorities(result, scenario)
     events = sorted(result.history, key=lambda e: e["at"])
     held, holding, since, out = 0, set(), None, []

@@ -11,7 +11,8 @@ the same) a policy of random knobs (quotas and reclaim, the preemption modes, te
 ceilings, protections, a budget, delays, aging, the checkpoint timeout's action), runs
 teams launch themselves (adopted, some claiming more than their team is granted; on
 Batch, some in a queue of their team's that shares the pool's compute environment) and
-the service running out of capacity for a while.
+the service running out of capacity for a while, and copies teams make of the controller's
+runs to come (their names and tags).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def random_story(service: str, seed: int, chaos: dict | None = None, jobs: int =
                 if spec.get("launched_by") == "team" and own_queues.random() < 0.5:
                     spec["job_queue"] = f"{spec['team']}-queue"
         _claims_not_granted(random.Random(f"claims-{seed}"), specs)
+        _copies(random.Random(f"copies-{seed}"), specs)
     return Scenario.model_validate(
         {
             "pools": [pool], "jobs": specs, "lowerings": lowerings, "cancellations": cancellations, "faults": faults,
@@ -108,6 +110,31 @@ def _claims_not_granted(rng: random.Random, specs: list[dict]) -> None:
             spec["tags"] = {"preemptor:pool": "retired-pool"}  # a pool it does not run on
         elif roll < 0.58:
             spec["tags"] = {"preemptor:team": "Research Team"}  # no team's name: counted as no one's
+
+
+def _copies(rng: random.Random, specs: list[dict]) -> None:
+    """Now and then a team creates a copy of a run the controller is about to launch: under
+    the name it will give that run (a job's first, or its relaunch's `-r2`), with every tag
+    the controller puts on it but the token only the job's secret gives. Appended: the
+    story's other draws stay the seed's. The controller must launch the job's own run (on
+    SageMaker, under the next name), and count the copy as its team's."""
+    jobs = [s for s in specs if s.get("launched_by") != "team"]
+    for n in range(rng.choice((0, 0, 1, 2))):
+        if not jobs:
+            return
+        job = rng.choice(jobs)
+        relaunch = rng.random() < 0.5
+        incarnation = 2 if relaunch else 1
+        later = 60 * rng.randrange(1, 30) if relaunch else 60 * rng.randrange(0, 4)
+        specs.append(
+            {
+                **{k: job[k] for k in ("team", "priority", "pool", "instances", "gpus", "checkpoint_every") if k in job},
+                "name": f"copy-{n}-of-{job['name']}", "run_name": job["name"] + (f"-r{incarnation}" if relaunch else ""),
+                "launched_by": "team", "runs_training_helper": False,
+                "submit_at": job["submit_at"] + later, "duration": 300 * rng.randrange(2, 16),
+                "tags": {"preemptor:job": job["name"], "preemptor:incarnation": str(incarnation), "preemptor:controller": "preemptor"},
+            }
+        )
 
 
 def _knobs(rng: random.Random, service: str, specs: list[dict], faults: list[dict]) -> dict:

@@ -75,12 +75,14 @@ def test_the_ceiling_check_finds_a_job_adopted_above_its_teams_grant() -> None:
 def test_the_quota_check_blames_the_controller_only_for_runs_it_knew_of() -> None:
     scenario = _story()
     job = scenario.jobs[0].name
-    runs = [{"name": "mine", "tags": {"preemptor:job": "other"}}, {"name": "teams", "tags": {"preemptor:team": "research"}}]
-    history = [_line(job, 100, "admitted"), _line("teams", 30, "adopted")]
+    runs = [{"name": "mine", "job_id": "mine", "tags": {"preemptor:job": "other"}}, {"name": "teams", "job_id": "teams", "tags": {"preemptor:team": "research"}}]
+    history = [_line(job, 100, "admitted")]
+    adopted = {"teams": ("teams", demo.START + 30)}
+    team_runs = {"teams": "teams", "unheard-of": "unheard-of", "raced": "raced"}
 
-    def refused(holding: dict[str, int]) -> demo.DemoResult:
-        refusal = QuotaRefusal(demo.START + 120, job, {"preemptor:job": job}, "ml.p5.48xlarge", 4, 8, holding)
-        return demo.DemoResult(history=history, runs=runs, quota_refusals=[refusal])
+    def refused(holding: dict[str, int], by: str | None = "preemptor-StepsFunction") -> demo.DemoResult:
+        refusal = QuotaRefusal(demo.START + 120, job, {"preemptor:job": job}, "ml.p5.48xlarge", 4, 8, holding, job, by)
+        return demo.DemoResult(history=history, runs=runs, quota_refusals=[refusal], adopted_runs=adopted, team_runs=team_runs)
 
     # The controller's run and a run it adopted before the admission held 6 of 8: its own mistake
     assert launches_fit_what_the_controller_counts(refused({"mine": 2, "teams": 4}), scenario) == [
@@ -89,8 +91,10 @@ def test_the_quota_check_blames_the_controller_only_for_runs_it_knew_of() -> Non
     # A team's run it had not heard of held them: not the controller's to know
     assert launches_fit_what_the_controller_counts(refused({"mine": 2, "unheard-of": 4}), scenario) == []
     # Nor one whose adoption began as the job was admitted (the two raced; knobs seed sagemaker 65)
-    history.append(_line("raced", 100, "adopted"))
+    adopted["raced"] = ("raced", demo.START + 100)
     assert launches_fit_what_the_controller_counts(refused({"mine": 2, "raced": 4}), scenario) == []
+    # Nor a team's own creation the quota refused, whatever its tags claim (a copy of the job's run)
+    assert launches_fit_what_the_controller_counts(refused({"mine": 2, "teams": 4}, by=None), scenario) == []
 
 
 def test_a_stop_serves_a_job_the_modes_let_preempt_it() -> None:
@@ -139,18 +143,22 @@ def _team_story():
     return scenario, team.name
 
 
+RUN_ID = "b0c7c4de-batch-job-id"  # the team's run's id
+
+
 def test_the_counting_check_finds_a_team_run_held_uncounted_past_the_bound() -> None:
     scenario, run = _team_story()
     tags = {"preemptor:team": "research", "preemptor:job": "job-1"}
 
     def held(ended_after: float | None, adopted_after: float | None) -> list[str]:
         runs = [{
-            "name": run, "tags": tags, "service": "sagemaker", "created_at": demo.START, "started_at": demo.START + 120,
+            "name": run, "job_id": RUN_ID, "tags": tags, "service": "sagemaker", "created_at": demo.START, "started_at": demo.START + 120,
             "ended_at": None if ended_after is None else demo.START + ended_after,
         }]
         history = [_line("job-1", 4000, "completed")]
-        report = {"jobs": [{"name": run, "adopted_at": None if adopted_after is None else demo.START + adopted_after}]}
-        return team_runs_are_counted(demo.DemoResult(history=history, runs=runs, report=report), scenario, bound_s=1800)
+        adopted = {} if adopted_after is None else {RUN_ID: (run, demo.START + adopted_after)}
+        result = demo.DemoResult(history=history, runs=runs, team_runs={RUN_ID: run}, adopted_runs=adopted)
+        return team_runs_are_counted(result, scenario, bound_s=1800)
 
     # Held to the end (4,000 s), never adopted; or adopted only after the bound: found
     found = f"team run {run} (tags {sorted(tags.items())}) created at 0 s, held its GPUs to the end, not counted within 1800 s"
@@ -164,14 +172,23 @@ def test_the_counting_check_finds_a_team_run_held_uncounted_past_the_bound() -> 
 def test_the_stop_check_finds_a_team_run_stopped_as_no_jobs() -> None:
     scenario, run = _team_story()
 
-    def stopped(history: list[dict], refused: str | None = None) -> list[str]:
-        attempt = StopAttempt(demo.START + 700, "preemptor-ReconcileFunction", run, True, refused)
-        return team_runs_stopped_only_as_victims(demo.DemoResult(history=history, stop_attempts=[attempt]), scenario)
+    # Adopted under a name of its own: its name is a job's (Batch's names are not unique)
+    adopted_as = f"{run}-3f9a2c71"
 
-    # Stopped by reconcile with no line on its adopted job (its tags claimed another job's): found
-    assert stopped([]) == [f"team run {run} stopped by preemptor-ReconcileFunction at 700 s, not as a victim of its adopted job"]
+    def stopped(history: list[dict], refused: str | None = None) -> list[str]:
+        attempt = StopAttempt(demo.START + 700, "preemptor-ReconcileFunction", run, True, refused, RUN_ID)
+        result = demo.DemoResult(
+            history=history, stop_attempts=[attempt], team_runs={RUN_ID: run}, adopted_runs={RUN_ID: (adopted_as, demo.START)}
+        )
+        return team_runs_stopped_only_as_victims(result, scenario)
+
+    # Stopped by reconcile with no line on its adopted job (its tags claimed another job's),
+    # or with the line of the job whose name it bears: found
+    found = [f"team run {run} ({RUN_ID}) stopped by preemptor-ReconcileFunction at 700 s, not as a victim of its adopted job"]
+    assert stopped([]) == found
+    assert stopped([_line(run, 690, "stop-requested", "fresh-checkpoint", "preempted by job-2")]) == found
     # Stopped as a victim, said first; or a stop AWS refused: kept
-    assert stopped([_line(run, 690, "stop-requested", "fresh-checkpoint", "preempted by job-2")]) == []
+    assert stopped([_line(adopted_as, 690, "stop-requested", "fresh-checkpoint", "preempted by job-2")]) == []
     assert stopped([], refused="AccessDenied") == []
 
 

@@ -72,3 +72,16 @@ def test_a_teams_own_queue_is_a_team_batch_runs_and_on_its_pools_compute_environ
 def test_a_teams_own_queue_is_accepted_on_its_batch_run():
     scenario = _scenario(G5, {"gpus": 8, "launched_by": "team", "job_queue": "research-queue"})
     assert scenario.jobs[0].job_queue == "research-queue"
+
+
+def test_a_run_name_is_a_team_runs_and_names_the_run_its_team_creates():
+    with pytest.raises(ValidationError, match="'run_name' is a team's own run's"):
+        _scenario(G5, {"gpus": 8, "run_name": "other-job"})
+    # A team's run named as another job's first run: the call its team makes bears that name
+    from preemptor_tools.local.scenario import team_launch_request
+
+    scenario = _scenario(G5, {"gpus": 8, "launched_by": "team", "run_name": "other-job"})
+    assert team_launch_request(scenario.jobs[0], scenario.pools[0], "bucket")["jobName"] == "other-job"
+    p5 = {"name": "p5", "instances": 2}
+    scenario = _scenario(p5, {"instances": 1, "launched_by": "team", "run_name": "other-job-r2"})
+    assert team_launch_request(scenario.jobs[0], scenario.pools[0], "bucket")["TrainingJobName"] == "other-job-r2"

@@ -765,8 +765,13 @@ def _launch_line(record: JobRecord, new: JobRecord, instance_type: str | None, n
     on = "" if not instance_type else f" to {instance_type}" if record.service == "batch" else f" on {describe_offering(instance_type)}"
     extra = {"instance_type": instance_type}
     if record.incarnation > 1 and record.first_started_at is None:
-        # The earlier runs never got capacity: nothing was trained, nothing to resume.
-        detail = f"{new.run_name}{on}: a new run after {record.capacity_retries} that met no capacity (nothing trained yet)"
+        # The earlier runs never got capacity, or their names were taken by other runs:
+        # nothing was trained, nothing to resume.
+        earlier = (
+            f"after {record.capacity_retries} that met no capacity" if record.capacity_retries
+            else "under the next name: an earlier one was taken by another run"
+        )
+        detail = f"{new.run_name}{on}: a new run {earlier} (nothing trained yet)"
         return LogLine(record.name, now, "relaunched", "capacity-free", detail, extra)
     if record.incarnation > 1:
         return LogLine(record.name, now, "relaunched", "capacity-free", f"{new.run_name}{on} resumes from {record.checkpoint_s3_uri}", extra)

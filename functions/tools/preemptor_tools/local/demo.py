@@ -72,6 +72,11 @@ class DemoResult:
     history: list[dict] = field(default_factory=list)
     quota_refusals: list[QuotaRefusal] = field(default_factory=list)  # runs the account's quota refused
     refused_launches: list[str] = field(default_factory=list)  # jobs whose team's own launch AWS refused
+    # Each run a team created itself, by its id (a training job's name, a Batch job's id):
+    # the scenario job it is.
+    team_runs: dict[str, str] = field(default_factory=dict)
+    # Each run the controller adopted (a team's own), by its id: the job it is counted as, and since when.
+    adopted_runs: dict[str, tuple[str, float]] = field(default_factory=dict)
 
 
 def run(
@@ -154,6 +159,7 @@ def run(
         result.fleet_stops = list(fleet.stops)
         result.quota_refusals = list(fleet.quota_refusals)
         result.history = store.all_history()
+        result.adopted_runs = {r.run_id: (r.name, r.submitted_at) for r in store.all_jobs() if r.adopted and r.run_id}
         if hostile is not None:
             result.stop_attempts = list(hostile.stops)
             result.report["chaos"] = {
@@ -206,10 +212,12 @@ def _replay(
                 pool = scenario.pool(job.pool)
                 sagemaker = stack.client("sagemaker")
                 try:
+                    request = team_launch_request(job, pool, bucket)
                     if pool.service == "sagemaker":
-                        sagemaker.create_training_job(**team_launch_request(job, pool, bucket))
+                        sagemaker.create_training_job(**request)
+                        result.team_runs[request["TrainingJobName"]] = job.name
                     else:
-                        stack.client("batch").submit_job(**team_launch_request(job, pool, bucket))
+                        result.team_runs[stack.client("batch").submit_job(**request)["jobId"]] = job.name
                 except sagemaker.exceptions.ClientError as e:
                     # The account's quota is full (the pool's instances are all in use): the
                     # run never exists, and the controller never hears of it.
@@ -397,11 +405,14 @@ def build_report(store, scenario: Scenario, refused: set[str] = frozenset()) -> 
     rejected, or is one of `refused`: its team launched it itself and AWS refused the launch.
     """
     records = {r.name: r for r in store.all_jobs()}
+    adopted = {r.run_name: r for r in records.values() if r.adopted}
     history = store.all_history()
     requeues = [e for e in history if e["kind"] in STOPPED_RUN_KINDS]
     jobs = []
     for spec in scenario.jobs:
-        r = records.get(spec.name)
+        # A team's own run is counted under its own name, or, where that is a job's, one
+        # of its own (`<name>-<digest>`).
+        r = adopted.get(spec.run_name or spec.name) if spec.launched_by == "team" else records.get(spec.name)
         if r is None:
             jobs.append(
                 {"name": spec.name, "state": "Refused by AWS" if spec.name in refused else "Rejected", "wait_s": None, "preemptions": 0, "interruptions": 0, "lost_gpu_seconds": 0.0}

@@ -71,6 +71,7 @@ from preemptor_tools.local import moto_patches
 from preemptor_training.manifest import MANIFEST, FileEntry, Manifest, Reason, step_dir_name
 from preemptor_training.s3 import S3Location, S3Mirror
 from preemptor_tools.local.clock import SimClock
+from preemptor_tools.local.hostile import ACTOR
 
 SAGEMAKER = "sagemaker"
 BATCH = "batch"
@@ -133,7 +134,7 @@ class FleetStop:
 @dataclass(frozen=True)
 class QuotaRefusal:
     """A CreateTrainingJob the account's instance quota refused (`ResourceLimitExceeded`):
-    the runs of the type that held the instances then, by name (with their count). Also a
+    the runs of the type that held the instances then, by job id (with their count). Also a
     Batch job left `RUNNABLE` for want of room in its pool's compute environments
     (`instance_type` "GPUs": `requested`, `quota` and `holding` in GPUs)."""
 
@@ -143,7 +144,9 @@ class QuotaRefusal:
     instance_type: str
     requested: int
     quota: int
-    holding: dict[str, int]
+    holding: dict[str, int]  # by job id (a training job's is its name)
+    job_id: str = ""
+    by: str | None = None  # the function whose call created the run; None: a call from outside them (a team's)
 
 
 # (pool, GPUs) that a run occupies, from its service and request; None if in no pool.
@@ -182,6 +185,9 @@ class _Job:
     pool: str | None = None
     gpus: int = 0
     checkpointed_progress: float = 0.0  # progress saved in the newest checkpoint it can resume from
+    # The function whose call created it (`hostile.ACTOR`); None: a call from outside the
+    # functions, a team's own run (or the harness's).
+    created_by: str | None = None
 
     def progress(self, t: float) -> float:
         if self.final_progress is not None:
@@ -351,6 +357,7 @@ class SimulatedFleet:
                     "status": j.status, "created_at": j.created_at, "ended_at": j.ended_at, "phase": j.phase,
                     "started_at": j.first_started_at,
                     "tags": _tags(j.service, j.request),
+                    "created_by": j.created_by,
                 }
                 for j in self._jobs.values()
             ]
@@ -399,7 +406,8 @@ class SimulatedFleet:
                 if used + requested <= quota:
                     continue
                 now = self._clock.now()
-                self.quota_refusals.append(QuotaRefusal(now, name, _tags(SAGEMAKER, request), instance_type, requested, quota, holding))
+                refusal = QuotaRefusal(now, name, _tags(SAGEMAKER, request), instance_type, requested, quota, holding, name, ACTOR.get())
+                self.quota_refusals.append(refusal)
                 self.history.append((now, name, f"refused: ResourceLimitExceeded ({used} + {requested} {instance_type} > {quota})"))
                 return (
                     f"The account-level service limit '{instance_type} for training job usage' is {quota} Instances, "
@@ -514,6 +522,7 @@ class SimulatedFleet:
             prefix=prefix,
             created_at=now,
             start_at=now + self._startup_s[service],
+            created_by=ACTOR.get(),
         )
 
     def _schedule(self, at: float, job: _Job, kind: str, payload: Any = None) -> None:
@@ -639,8 +648,9 @@ class SimulatedFleet:
                 waiting.remove(job)
             return True
         if job not in waiting:
-            holding = {j.name: j.gpus for j in self._jobs.values() if j.pool == job.pool and j.holding}
-            self.quota_refusals.append(QuotaRefusal(t, job.name, _tags(BATCH, job.request), "GPUs", job.gpus, capacity, holding))
+            holding = {j.job_id: j.gpus for j in self._jobs.values() if j.pool == job.pool and j.holding}
+            refusal = QuotaRefusal(t, job.name, _tags(BATCH, job.request), "GPUs", job.gpus, capacity, holding, job.job_id, job.created_by)
+            self.quota_refusals.append(refusal)
             self._record(t, job, f"RUNNABLE: no room in the compute environments ({self._in_use.get(job.pool, 0)} of {capacity} GPUs in use)")
             waiting.append(job)
         return False

@@ -124,6 +124,7 @@ class StopAttempt:
     run: str
     managed: bool
     refused: str | None  # the reason it was refused, None if AWS accepted it
+    job_id: str = ""  # the run's id: a training job's name, a Batch job's id (Batch's names are not unique)
 
 
 @dataclass
@@ -317,7 +318,7 @@ class HostileWorld:
             if isinstance(fault, StopDenied) and _run_of(run, fault.job) and fault.at <= now - self.start < fault.at + fault.duration:
                 reason = f"stop_denied fault on {fault.job}"
         with self._lock:
-            self.stops.append(StopAttempt(now, actor, run, managed, reason))
+            self.stops.append(StopAttempt(now, actor, run, managed, reason, run if service == "sagemaker" else job_id))
         if reason is None:
             return None
         self._record("stop-denied", actor, f"{service}:{operation} {run}: {reason}")

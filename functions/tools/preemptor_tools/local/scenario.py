@@ -64,6 +64,9 @@ class ScenarioJob(BaseModel):
     # A team's own Batch run: the job queue of its own it is submitted to instead of the
     # pool's, on the pool's compute environment (it holds the pool's GPUs all the same).
     job_queue: str | None = Field(default=None, min_length=1)
+    # A team's own run: the name its team gives it (default: `name`). Another job's name,
+    # with that job's tags in `tags`, makes it a copy of that job's run to come.
+    run_name: str | None = Field(default=None, min_length=1, max_length=63)
     # The job runs the training helper (preemptor_training.Checkpointer): the simulated job
     # saves on SIGTERM, and a submitted one declares it (label preemptor/saves-on-stop; an
     # adopted run declares nothing, so the controller never trusts it to).
@@ -223,6 +226,8 @@ class Scenario(BaseModel):
                 raise ValueError(f"job {job.name!r} names unknown pool {job.pool!r}")
             if job.tags and job.launched_by != "team":
                 raise ValueError(f"job {job.name!r}: 'tags' are a team's own run's (launched_by: team)")
+            if job.run_name and job.launched_by != "team":
+                raise ValueError(f"job {job.name!r}: 'run_name' is a team's own run's (launched_by: team)")
             if job.job_queue and (job.launched_by != "team" or pool.service != "batch"):
                 raise ValueError(f"job {job.name!r}: 'job_queue' is a team's own Batch run's (launched_by: team, a Batch pool)")
             if job.job_queue and queue_pools.setdefault(job.job_queue, pool.name) != pool.name:
@@ -407,7 +412,7 @@ def team_launch_request(job: ScenarioJob, pool: PoolConfig, bucket: str) -> dict
         environment = [*overrides["environment"], {"name": "PREEMPTOR_CHECKPOINT_S3_URI", "value": checkpoint}]
         return {
             **request,
-            "jobName": job.name,
+            "jobName": job.run_name or job.name,
             "jobQueue": job.job_queue or local_pool(pool).job_queue,
             "containerOverrides": {**overrides, "environment": environment},
             "tags": tags,
@@ -415,7 +420,7 @@ def team_launch_request(job: ScenarioJob, pool: PoolConfig, bucket: str) -> dict
         }
     return {
         **request,
-        "TrainingJobName": job.name,
+        "TrainingJobName": job.run_name or job.name,
         "RoleArn": ROLE_ARN,
         "OutputDataConfig": {"S3OutputPath": f"s3://{bucket}/_output/{job.team}/"},
         "CheckpointConfig": {**request["CheckpointConfig"], "S3Uri": checkpoint},
