@@ -1415,8 +1415,8 @@ def test_a_batch_job_with_no_room_in_its_compute_environments_waits_runnable_unt
     status = lambda job: batch.describe_jobs(jobs=[job])["jobs"][0]["status"]  # noqa: E731
     assert (status(first), status(second), status(third)) == ("RUNNING", "RUNNING", "RUNNABLE")
     assert fleet.gpus_in_use() == {"g5": 32}
-    assert [(r.run, r.instance_type, r.requested, r.quota, r.holding) for r in fleet.quota_refusals] == [
-        ("third", "GPUs", 8, 32, {"first": 16, "second": 16})
+    assert [(r.run, r.job_id, r.instance_type, r.requested, r.quota, r.holding) for r in fleet.quota_refusals] == [
+        ("third", third, "GPUs", 8, 32, {first: 16, second: 16})  # by job id: Batch's names are not unique
     ]
     # And its detail states the GPUs it asked for, as AWS's DescribeJobs and events do
     requirements = batch.describe_jobs(jobs=[third])["jobs"][0]["container"]["resourceRequirements"]

@@ -465,17 +465,19 @@ def budget_never_exceeded(result: DemoResult, scenario: Scenario) -> list[str]:
     if budget is None or budget.max_preemptions is None:
         return []
     pool_of = {name: j.pool for name, j in _story_jobs(result, scenario).items()}
-    started = [e for e in result.history if e["kind"] == "preemption-started"]
-    ended = [e for e in result.history if e["kind"] == "preemption-cancelled"]
+    # In the log's order (by time, then as written): a call-off and the next start in one
+    # millisecond are told in the order they were made (sweep sagemaker knobs seed 618).
+    started = [(i, e) for i, e in enumerate(result.history) if e["kind"] == "preemption-started"]
+    ended = [(i, e) for i, e in enumerate(result.history) if e["kind"] == "preemption-cancelled"]
 
-    def counted(e: dict, at: float) -> bool:  # in the budget at `at`: not called off before it
-        return not any(c["job"] == e["job"] and e["at"] <= c["at"] < at for c in ended)
+    def counted(i: int, e: dict, until: int) -> bool:  # in the budget at line `until`: not called off before it
+        return not any(c["job"] == e["job"] and i < j < until for j, c in ended)
 
     out = []
-    for e in started:
+    for n, e in started:
         within = [
-            o for o in started
-            if pool_of.get(o["job"]) == pool_of.get(e["job"]) and e["at"] - budget.window_s < o["at"] <= e["at"] and counted(o, e["at"])
+            o for i, o in started
+            if pool_of.get(o["job"]) == pool_of.get(e["job"]) and e["at"] - budget.window_s < o["at"] and i <= n and counted(i, o, n)
         ]
         if len(within) > budget.max_preemptions:
             out.append(

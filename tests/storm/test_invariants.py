@@ -45,6 +45,12 @@ def test_the_budget_check_counts_preemptions_in_the_window_less_those_called_off
     assert budget_never_exceeded(demo.DemoResult(history=called_off), scenario) == []
     later = [started[0], _line(b, 1860, "preemption-started", preemptor=c)]
     assert budget_never_exceeded(demo.DemoResult(history=later), scenario) == []
+    # Called off and started again in one millisecond, in that order: within; the other order: found
+    again = [_line(a, 0, "preemption-started", preemptor=c), _line(a, 0, "preemption-cancelled"), _line(a, 0, "preemption-started", preemptor=c)]
+    assert budget_never_exceeded(demo.DemoResult(history=again), scenario) == []
+    assert budget_never_exceeded(demo.DemoResult(history=[again[0], again[2], again[1]]), scenario) == [
+        "pool p5: 2 preemptions in the 1800 s to 0 s (budget 1)"
+    ]
 
 
 def test_the_protection_check_finds_a_victim_preempted_too_often_or_too_soon() -> None:

@@ -1451,3 +1451,31 @@ def test_eligibility_inlines_the_mode_rule_and_a_rule_judged_again_still_permits
                 assert still_permits(PreemptionRule.RECLAIM_BORROWED, knobs, False, pj, submitted, pv, started) == (
                     reclaimed.rule is PreemptionRule.RECLAIM_BORROWED
                 )
+
+
+@pytest.mark.parametrize("awaits_checkpoint", [False, True], ids=["about-to-go", "waiting-for-its-checkpoint"])
+def test_a_stop_that_frees_its_preemptors_quota_is_kept_though_as_many_gpus_are_free(awaits_checkpoint: bool):
+    # Given research's critical job of 16 GPUs, for which research's medium job of 32 is
+    # being stopped (its stop not sent yet), and 16 GPUs free, 4 of which applied keeps
+    # unlent (nominal 40, lending limit 20, 16 in use): it may take 12 of them
+    waits = {"stop_awaits_checkpoint": True, "checkpoint_requested_at": NOW - 60, "last_checkpoint_at": NOW - 3000}
+    going = running(
+        "going", 200, 32, team="research", started_at=NOW - 3600, stopping=True, preempted_for="crit",
+        **(waits if awaits_checkpoint else {"last_checkpoint_at": NOW - 60}),
+    )
+    busy = running("busy", 500, 16, team="applied", started_at=NOW - 3600)
+    crit = pending("crit", 1000, 16, team="research", submitted_at=NOW - 600, nominated_at=NOW - 1)
+    snap = snapshot(64).running(going, busy).pending(crit).build()
+    quotas = make_policy(quotas=[quota("research", 16, borrowing=16), quota("applied", 40, lending=20), quota("production", 8, borrowing=0)])
+    # When planning
+    decision = plan(snap, quotas, NOW)
+    # Then it waits for 4 of the victim's GPUs, and the stop goes on (before: it held the 16
+    # free GPUs, the stop was called off as nobody's, and the next plan chose the victim
+    # again: a stop waiting for its checkpoint could be called off by every plan, and the
+    # critical job wait as long; chaos sweep sagemaker knobs seed 618)
+    assert admitted(decision) == [] and decision.call_offs == ()
+    [line] = [e for e in decision.explanations if e.job == "crit" and e.verdict is Verdict.WAIT]
+    assert (line.reason, line.detail) == (Reason.WAITING_FOR_PREEMPTED_CAPACITY, "4 of its 16 GPUs are held by jobs being stopped")
+    # And once it has stopped, the critical job runs in GPUs its quota may take
+    stopped = snapshot(64).running(busy).pending(crit).build()
+    assert admitted(plan(stopped, quotas, NOW)) == ["crit"]

@@ -599,10 +599,19 @@ class PoolPlanner:
         self.admits.append(Admission(job.name, job.pool, job.gpus, reason, borrowed, guaranteed))
         self.lines.append(Explanation(job.name, Verdict.ADMIT, reason, detail))
 
+    def _free_for(self, bucket: Bucket | None, need: int) -> int:
+        """How many of `need` GPUs a job of quota `bucket` may take from the free ones: not
+        those other quotas keep unlent (it waits for GPUs being freed instead, and keeps
+        their stops: were it to hold the kept ones, a stop it needs would be called off as
+        nobody's, and made again by the next plan's walk)."""
+        free = self.free if bucket is None else self.free - self.quotas.kept_by_others(bucket)
+        return min(free, need) if free > 0 else 0
+
     def _hold(self, r: RankedJob, bucket: Bucket | None) -> int:
-        """Claim the free GPUs (then those being freed) a waiting job will need; returns the amount."""
+        """Claim the free GPUs its quota may take (then those being freed) a waiting job will
+        need; returns the amount."""
         need = r.job.gpus
-        from_free = min(self.free, need)
+        from_free = self._free_for(bucket, need)
         from_releasing = min(self.releasing, need - from_free)
         if not (from_free or from_releasing):
             return 0  # nothing left to hold: nothing changes
@@ -771,7 +780,7 @@ class PoolPlanner:
         if ok and self.releasing_late and self._preempts_instead(r, bucket, available):
             return
         if ok:
-            from_releasing = max(0, job.gpus - self.free)
+            from_releasing = job.gpus - self._free_for(bucket, job.gpus)
             self._hold(r, bucket)
             self._wait(job, _RELEASING, f"{from_releasing} of its {job.gpus} GPUs are held by jobs being stopped")
             return
