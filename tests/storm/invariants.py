@@ -37,12 +37,56 @@ def _told_before(line: dict, at: float) -> bool:
 
 def fleet_never_above_capacity(result: DemoResult, scenario: Scenario) -> list[str]:
     """GPUs of runs that exist (measured by the fleet, not the controller's table) never
-    exceed a pool's capacity."""
+    exceed a pool's capacity (with what the account has beyond it, `unpooled`, which only
+    runs teams launch themselves may take: `launches_never_overfill`)."""
     return [
         f"pool {p['name']}: {p['max_gpus_in_use']} GPUs in use at once, capacity {p['capacity_gpus']}"
+        + (f" and {extra} unpooled" if (extra := _unpooled_gpus(scenario, p["name"])) else "")
         for p in result.report["pools"]
-        if p["max_gpus_in_use"] > p["capacity_gpus"]
+        if p["max_gpus_in_use"] > p["capacity_gpus"] + _unpooled_gpus(scenario, p["name"])
     ]
+
+
+def _unpooled_gpus(scenario: Scenario, pool: str) -> int:
+    """The GPUs the account has beyond a pool (`Scenario.unpooled`)."""
+    extra = scenario.unpooled.get(pool, 0)
+    config = scenario.pool(pool)
+    return extra * (config.gpus_per_instance or 8) if config.service == "sagemaker" else extra
+
+
+def _holding_from(run: dict) -> float | None:
+    """When a run took its GPUs: a training job at its creation, a Batch job at its start."""
+    return run["started_at"] if run["service"] == "batch" else run["created_at"]
+
+
+def launches_never_overfill(result: DemoResult, scenario: Scenario) -> list[str]:
+    """Runs teams launch themselves may fill a pool beyond what it is configured with, where
+    the account has more (`unpooled`); the controller's own never do: as each of its runs
+    takes its GPUs, its runs and the teams' runs it had counted by its job's admission (a
+    handling's time before it) hold no more than the pool's capacity."""
+    if not scenario.unpooled:
+        return []  # `fleet_never_above_capacity` holds every run to the pool's capacity
+    teams = _team_runs(result)
+    capacity = {p.name: p.capacity_gpus for p in scenario.pools}
+    out = []
+    for run in result.runs:
+        job, start = _launched_for(run, teams), _holding_from(run)
+        if job is None or start is None or run["created_by"] is None or not scenario.unpooled.get(run["pool"]):
+            continue
+        admitted = [e["at"] for e in result.history if e["job"] == job and e["kind"] == "admitted" and e["at"] <= start]
+        since = admitted[-1] if admitted else start
+        counted = {r for r, (_, at) in result.adopted_runs.items() if at <= since - _HANDLING_S}
+        held = sum(
+            r["gpus"] for r in result.runs
+            if r["pool"] == run["pool"] and (r["job_id"] not in teams or r["job_id"] in counted)
+            and (s := _holding_from(r)) is not None and s <= start and (r["ended_at"] is None or r["ended_at"] > start)
+        )
+        if held > capacity[run["pool"]]:
+            out.append(
+                f"run {run['name']} of job {job} took its GPUs at {start - START:.0f} s in pool {run['pool']}: with the controller's "
+                f"runs and the teams' runs it had counted, {held} of {capacity[run['pool']]} GPUs"
+            )
+    return out
 
 
 def _team_runs(result: DemoResult) -> set[str]:
@@ -550,6 +594,7 @@ def gpus_never_idle_while_a_job_that_fits_waits(result: DemoResult, scenario: Sc
 INVARIANTS = (
     decision_log_tells_every_change,
     fleet_never_above_capacity,
+    launches_never_overfill,
     launches_fit_what_the_controller_counts,
     team_runs_are_counted,
     team_runs_stopped_only_as_victims,

@@ -11,8 +11,9 @@ the same) a policy of random knobs (quotas and reclaim, the preemption modes, te
 ceilings, protections, a budget, delays, aging, the checkpoint timeout's action), runs
 teams launch themselves (adopted, some claiming more than their team is granted; on
 Batch, some in a queue of their team's that shares the pool's compute environment) and
-the service running out of capacity for a while, and copies teams make of the controller's
-runs to come (their names and tags).
+the service running out of capacity for a while, copies teams make of the controller's runs
+to come (their names and tags), and an account with more than the pool, which teams' own
+runs may fill it beyond its capacity with.
 """
 
 from __future__ import annotations
@@ -77,10 +78,14 @@ def random_story(service: str, seed: int, chaos: dict | None = None, jobs: int =
                     spec["job_queue"] = f"{spec['team']}-queue"
         _claims_not_granted(random.Random(f"claims-{seed}"), specs)
         _copies(random.Random(f"copies-{seed}"), specs)
+    # Now and then the account has more than the pool (its quota, its compute environments):
+    # runs teams launch themselves may then fill the pool beyond its capacity.
+    unpooled = random.Random(f"unpooled-{seed}")
+    extra = unpooled.choice((1, 2)) * (1 if service == "sagemaker" else 8) if knobs and unpooled.random() < 0.3 else 0
     return Scenario.model_validate(
         {
             "pools": [pool], "jobs": specs, "lowerings": lowerings, "cancellations": cancellations, "faults": faults,
-            "chaos": {"seed": seed, **(chaos or {})}, "policy": policy,
+            "chaos": {"seed": seed, **(chaos or {})}, "policy": policy, "unpooled": {"p5": extra} if extra else {},
         }
     )
 

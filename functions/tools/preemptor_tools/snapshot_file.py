@@ -55,6 +55,7 @@ class _Job(BaseModel):
 
 class _Running(_Job):
     started_at: float
+    submitted_at: float | None = None  # its first submission (None: its run's start alone makes it newer)
     last_checkpoint_at: float | None = None
     stopping: bool = False
     work_done_s: float = Field(default=0.0, ge=0)
@@ -115,6 +116,7 @@ def load_snapshot(data: Mapping, tiers: Mapping[str, int] = DEFAULT_TIERS) -> tu
             pool=j.pool,
             gpus=j.gpus,
             started_at=j.started_at,
+            submitted_at=j.submitted_at,
             last_checkpoint_at=j.last_checkpoint_at,
             preemptions=j.preemptions,
             stopping=j.stopping,

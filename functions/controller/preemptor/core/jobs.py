@@ -190,6 +190,7 @@ class JobRecord:
             pool=self.pool,
             gpus=self.gpus,
             started_at=started,
+            submitted_at=self.submitted_at,
             last_checkpoint_at=self.last_checkpoint_at,
             preemptions=self.preemptions,
             stopping=self.status is JobState.PREEMPTING,

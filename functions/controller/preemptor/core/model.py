@@ -266,6 +266,11 @@ class RunningJob:
     checkpoint_requested_at: float | None = None
     stop_awaits_checkpoint: bool = False
     preempted_for: str | None = None
+    # When the job was first submitted (None: not known). Under LowerOrNewerEqualPriority a
+    # victim of equal priority is newer than its preemptor only if it was also submitted
+    # after it: two jobs that each started after the other's submission would otherwise
+    # preempt each other in turn, for ever (`victims.is_newer`).
+    submitted_at: float | None = None
 
     def work_at_risk_s(self, now: float) -> float:
         """Seconds of work a stop at `now` throws away (`core.progress.work_at_risk_s`: since the

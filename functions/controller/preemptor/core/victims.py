@@ -117,18 +117,33 @@ def protector(knobs: PoolPolicy, now: float) -> Callable[[RunningJob], Eligibili
     return protect
 
 
-def mode_rule(mode: PreemptionMode, pj: int, submitted_at: float, pv: int, started_at: float) -> PreemptionRule | None:
+def is_newer(started_at: float, victim_submitted_at: float | None, submitted_at: float) -> bool:
+    """Whether a victim whose run started at `started_at` (and submitted at
+    `victim_submitted_at`, when known) is newer than a preemptor submitted at `submitted_at`:
+    it started after that, and was submitted after it too. By its start alone, two jobs
+    that each started after the other's submission (a requeued one relaunched) would each
+    be the newer, and preempt each other in turn (sweep sagemaker knobs seed 1: 15 times,
+    losing 8 GPU-hours each); by submission the order is total, as Kueue's queue order."""
+    return started_at > submitted_at and (victim_submitted_at is None or victim_submitted_at > submitted_at)
+
+
+def mode_rule(
+    mode: PreemptionMode, pj: int, submitted_at: float, pv: int, started_at: float, victim_submitted_at: float | None = None
+) -> PreemptionRule | None:
     """The rule under which a preemptor claiming `pj` may stop a victim at `pv` (None: it may not)."""
     if mode is _NEVER:
         return None
     if pv < pj:
         return _LOWER
-    if mode is _OR_NEWER_EQUAL and pv == pj and started_at > submitted_at:
+    if mode is _OR_NEWER_EQUAL and pv == pj and is_newer(started_at, victim_submitted_at, submitted_at):
         return _NEWER_EQUAL
     return None
 
 
-def still_permits(rule: PreemptionRule | None, knobs: PoolPolicy, same_team: bool, pj: int, submitted_at: float, pv: int, started_at: float) -> bool:
+def still_permits(
+    rule: PreemptionRule | None, knobs: PoolPolicy, same_team: bool, pj: int, submitted_at: float, pv: int, started_at: float,
+    victim_submitted_at: float | None = None,
+) -> bool:
     """Whether `rule`, which chose a victim claiming `pv` (started at `started_at`), still
     lets a preemptor claiming `pj` (submitted at `submitted_at`) stop it, its priority having
     changed since (`eligibility`'s tests, protections aside): borrowed work reclaimed by
@@ -138,7 +153,7 @@ def still_permits(rule: PreemptionRule | None, knobs: PoolPolicy, same_team: boo
         mode = knobs.reclaim_within_pool
         return mode is ReclaimMode.ANY or (mode is not ReclaimMode.NEVER and pv < pj)
     mode = knobs.within_team if same_team else knobs.across_teams
-    return mode_rule(mode, pj, submitted_at, pv, started_at) is not None
+    return mode_rule(mode, pj, submitted_at, pv, started_at, victim_submitted_at) is not None
 
 
 def top_priority(mode: PreemptionMode, claimed: int) -> int:
@@ -170,8 +185,10 @@ def eligibility(r: RankedJob, v: RunningJob, pv: int, knobs: PoolPolicy, quotas_
     # `mode_rule`, inline (the mode is not Never here): this runs for every candidate scanned.
     if pv < pj:
         return _new(Eligibility, (_LOWER, _LOWER_VICTIM, f"priority {pv} < {pj} of {r.job.name}"))
-    if mode is _OR_NEWER_EQUAL and pv == pj and v.started_at > r.job.submitted_at:
-        return Eligibility(_NEWER_EQUAL, Reason.NEWER_EQUAL_PRIORITY_VICTIM, f"priority {pv} = {pj} of {r.job.name}, started after it was submitted")
+    if mode is _OR_NEWER_EQUAL and pv == pj and is_newer(v.started_at, v.submitted_at, r.job.submitted_at):
+        return Eligibility(
+            _NEWER_EQUAL, Reason.NEWER_EQUAL_PRIORITY_VICTIM, f"priority {pv} = {pj} of {r.job.name}, submitted and started after it was submitted"
+        )
     return _new(Eligibility, (None, _NOT_LOWER, f"priority {pv} is not below {pj} ({scope} {mode.value})"))
 
 

@@ -232,7 +232,7 @@ def outranked_preemptions(
         rule = _preemption_rule(store, victim)
         pv, _ = rules.claim(victim.priority, victim.sla_s, victim.spot)
         same_team = victim.team == preemptor.team
-        if still_permits(rule, knobs, same_team, claimed, preemptor.submitted_at, pv, victim.as_running().started_at):
+        if still_permits(rule, knobs, same_team, claimed, preemptor.submitted_at, pv, victim.as_running().started_at, victim.submitted_at):
             continue
         what = (
             f"its preemptor {preemptor.name} was lowered to {preemptor.priority} ({why}): "

@@ -120,7 +120,7 @@ def run(
             ec2_client=stack.client("ec2"),
             classify=pool_classifier(scenario),
             instance_quotas=instance_quotas(scenario),
-            batch_capacity={p.name: local_pool(p).capacity_gpus for p in scenario.pools if p.service == "batch"},
+            batch_capacity={p.name: local_pool(p).capacity_gpus + scenario.unpooled.get(p.name, 0) for p in scenario.pools if p.service == "batch"},
         )
         for fault in scenario.faults:
             if isinstance(fault, CapacityError):
@@ -299,12 +299,13 @@ def _stop_by_hand(stack: EmulatedStack, record) -> str | None:
 
 
 def instance_quotas(scenario: Scenario) -> dict[str, int]:
-    """The account's SageMaker quota per instance type: the instances its pools own. A run
-    launched outside the controller into a full pool is refused by SageMaker, as on AWS."""
+    """The account's SageMaker quota per instance type: the instances its pools own, and
+    those it has beyond them (`unpooled`). A run launched outside the controller into a full
+    account is refused by SageMaker, as on AWS."""
     quotas: dict[str, int] = {}
     for p in scenario.pools:
         if p.service == "sagemaker" and p.instance_type and p.instances:
-            quotas[p.instance_type] = quotas.get(p.instance_type, 0) + p.instances
+            quotas[p.instance_type] = quotas.get(p.instance_type, 0) + p.instances + scenario.unpooled.get(p.name, 0)
     return quotas
 
 

@@ -207,6 +207,11 @@ class Scenario(BaseModel):
     # The stack's Mode: in shadow mode the controller decides and records, and changes
     # nothing; the report lists what enforce mode would have done.
     mode: Literal["enforce", "shadow"] = "enforce"
+    # Per pool, what the account has beyond what the pool is configured with: instances of
+    # its type (SageMaker: the account's quota) or GPUs (Batch: its compute environments).
+    # Runs teams launch themselves may take them, and the pool is over-full while they do;
+    # the controller's own launches never add to that.
+    unpooled: dict[str, int] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _jobs_fit_their_pools(self) -> "Scenario":
@@ -214,6 +219,13 @@ class Scenario(BaseModel):
         if len(pools) < len(self.pools):
             repeated = sorted({p.name for p in self.pools if [q.name for q in self.pools].count(p.name) > 1})
             raise ValueError(f"one pool per name; repeated: {', '.join(repeated)}")
+        for name, extra in self.unpooled.items():
+            if name not in pools:
+                raise ValueError(f"unpooled: unknown pool {name!r}")
+            if extra < 0:
+                raise ValueError(f"unpooled.{name}: {extra} is negative")
+            if pools[name].service == "sagemaker" and not (pools[name].instance_type and pools[name].instances):
+                raise ValueError(f"unpooled.{name}: a SageMaker pool's are instances of its type; give the pool 'instance_type' and 'instances'")
         names = set()
         # Each job queue is on one pool's compute environment: its own queues, then teams' queues.
         queue_pools = {q: p.name for p in self.pools if p.service == "batch" for q in (local_pool(p).job_queue, *p.fallback_job_queues)}

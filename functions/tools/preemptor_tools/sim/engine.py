@@ -527,6 +527,8 @@ class Simulator:
             extra["saves_on_stop"] = job.trusted
             extra["ignored_checkpoint_request"] = job.ignored
             extra["checkpoint_requested_at"] = job.requested_at
+        if "submitted_at" in _RUNNING_FIELDS:
+            extra["submitted_at"] = job.trace.submit_s
         if job.awaits and job.signal_at > now and "stop_awaits_checkpoint" in _RUNNING_FIELDS:
             extra["stop_awaits_checkpoint"] = True
             if "preempted_for" in _RUNNING_FIELDS:
