@@ -7,7 +7,9 @@ from __future__ import annotations
 from storm.invariants import (
     budget_never_exceeded,
     decision_log_tells_every_change,
+    fleet_never_above_capacity,
     launches_fit_what_the_controller_counts,
+    launches_never_overfill,
     no_stop_without_required_checkpoint,
     priorities_within_team_ceilings,
     protections_hold,
@@ -222,3 +224,33 @@ def test_the_decision_log_check_finds_an_adopted_run_without_its_line() -> None:
     assert decision_log_tells_every_change(demo.DemoResult(report=report), scenario) == [f"job {run}: adopted, 0 adoption lines"]
     said = [_line(run, 60, "adopted", "tagged-outside-controller")]
     assert decision_log_tells_every_change(demo.DemoResult(report=report, history=said), scenario) == []
+
+
+def test_the_overfill_check_blames_the_controller_only_for_team_runs_it_had_counted() -> None:
+    # Given an account with two instances beyond the pool of 64 GPUs, a team's run of 16
+    # GPUs, and the controller's run of 56 for job-1, admitted at 300 s and created at 310 s
+    scenario = _story()
+    scenario.unpooled = {"p5": 2}
+    team = {"name": "team-run", "job_id": "team-run", "pool": "p5", "gpus": 16, "service": "sagemaker", "created_at": demo.START,
+            "started_at": demo.START, "ended_at": None, "tags": {"preemptor:team": "research"}, "created_by": None}
+    ours = {"name": "job-1", "job_id": "job-1", "pool": "p5", "gpus": 56, "service": "sagemaker", "created_at": demo.START + 310,
+            "started_at": demo.START + 310, "ended_at": None, "tags": {"preemptor:job": "job-1"}, "created_by": "preemptor-StepsFunction"}
+
+    def launched(adopted_at: float) -> list[str]:
+        result = demo.DemoResult(
+            runs=[team, ours], history=[_line("job-1", 300, "admitted")], team_runs={"team-run": "team-run"},
+            adopted_runs={"team-run": ("team-run", demo.START + adopted_at)},
+        )
+        return launches_never_overfill(result, scenario)
+
+    # The team's run was counted well before the admission: the controller filled the pool over its capacity
+    assert launched(60) == [
+        "run job-1 of job job-1 took its GPUs at 310 s in pool p5: with the controller's runs and the teams' runs it had counted, 72 of 64 GPUs"
+    ]
+    # Counted as the job was admitted, or after: not the controller's to know
+    assert launched(290) == [] and launched(400) == []
+    # And the fleet may hold the pool and what the account has beyond it, no more
+    pools = {"pools": [{"name": "p5", "capacity_gpus": 64, "max_gpus_in_use": 80}]}
+    assert fleet_never_above_capacity(demo.DemoResult(report=pools), scenario) == []
+    pools["pools"][0]["max_gpus_in_use"] = 88
+    assert fleet_never_above_capacity(demo.DemoResult(report=pools), scenario) == ["pool p5: 88 GPUs in use at once, capacity 64 and 16 unpooled"]

@@ -85,3 +85,26 @@ def test_a_run_name_is_a_team_runs_and_names_the_run_its_team_creates():
     p5 = {"name": "p5", "instances": 2}
     scenario = _scenario(p5, {"instances": 1, "launched_by": "team", "run_name": "other-job-r2"})
     assert team_launch_request(scenario.jobs[0], scenario.pools[0], "bucket")["TrainingJobName"] == "other-job-r2"
+
+
+@pytest.mark.parametrize(
+    "unpooled, message",
+    [
+        ({"g6": 8}, "unpooled: unknown pool 'g6'"),
+        ({"g5": -8}, "unpooled.g5: -8 is negative"),
+    ],
+    ids=["another-pool", "negative"],
+)
+def test_what_the_account_has_beyond_a_pool_is_named_by_its_pool(unpooled, message):
+    with pytest.raises(ValidationError, match=message):
+        _scenario(G5, {"gpus": 8}, unpooled=unpooled)
+
+
+def test_what_the_account_has_beyond_a_pool_raises_the_accounts_quota_and_compute_environments():
+    from preemptor_tools.local.demo import instance_quotas
+
+    p5 = {"name": "p5", "service": "sagemaker", "instance_type": "ml.p5.48xlarge", "instances": 8, "gpus_per_instance": 8}
+    assert instance_quotas(_scenario(p5, {"instances": 1}, unpooled={"p5": 2})) == {"ml.p5.48xlarge": 10}
+    assert instance_quotas(_scenario(p5, {"instances": 1})) == {"ml.p5.48xlarge": 8}
+    with pytest.raises(ValidationError, match="give the pool 'instance_type' and 'instances'"):
+        _scenario({"name": "p5", "gpus": 64}, {"instances": 1}, unpooled={"p5": 1})
