@@ -131,3 +131,20 @@ def test_a_copy_a_team_makes_of_a_run_to_come_is_counted_as_its_own_and_the_job_
     assert first["name"] == ("job-0-r2" if service == "sagemaker" else "job-0")
     # And every invariant holds
     assert violations(result, scenario) == []
+
+
+def test_a_pool_teams_runs_fill_over_its_capacity_gets_no_launch_of_the_controllers_on_top() -> None:
+    # Given seed 4's story with its knobs: the account has two instances (16 GPUs) beyond
+    # the pool of 64, and teams launch runs of their own of 16 GPUs each into a busy pool
+    scenario = random_story("sagemaker", 4, knobs=True)
+    assert scenario.unpooled == {"p5": 2}
+
+    # When it is replayed
+    result = demo.run(scenario, tick_s=60)
+
+    # Then the pool was over-full by 8 (the teams' runs counted in full: SageMaker gave them
+    # those instances), with room left in the account for a launch of the controller's, and
+    # every invariant holds: none of its launches added to it
+    assert result.report["pools"][0]["max_gpus_in_use"] == 72
+    assert sum(e["kind"] == "adopted" and e["detail"].startswith("16 GPUs counted in p5") for e in result.history) == 2
+    assert violations(result, scenario) == []
