@@ -185,7 +185,8 @@ def eligibility(r: RankedJob, v: RunningJob, pv: int, knobs: PoolPolicy, quotas_
     # `mode_rule`, inline (the mode is not Never here): this runs for every candidate scanned.
     if pv < pj:
         return _new(Eligibility, (_LOWER, _LOWER_VICTIM, f"priority {pv} < {pj} of {r.job.name}"))
-    if mode is _OR_NEWER_EQUAL and pv == pj and is_newer(v.started_at, v.submitted_at, r.job.submitted_at):
+    # `is_newer`, inline: this runs for every candidate of equal priority scanned.
+    if mode is _OR_NEWER_EQUAL and pv == pj and v.started_at > (s := r.job.submitted_at) and (v.submitted_at is None or v.submitted_at > s):
         return Eligibility(
             _NEWER_EQUAL, Reason.NEWER_EQUAL_PRIORITY_VICTIM, f"priority {pv} = {pj} of {r.job.name}, submitted and started after it was submitted"
         )
