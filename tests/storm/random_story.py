@@ -12,8 +12,8 @@ ceilings, protections, a budget, delays, aging, the checkpoint timeout's action)
 teams launch themselves (adopted, some claiming more than their team is granted; on
 Batch, some in a queue of their team's that shares the pool's compute environment) and
 the service running out of capacity for a while, copies teams make of the controller's runs
-to come (their names and tags), and an account with more than the pool, which teams' own
-runs may fill it beyond its capacity with.
+to come (their names and tags), and an account with more than the pool, so that teams' own
+runs may fill the pool beyond its capacity.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def _claims_not_granted(rng: random.Random, specs: list[dict]) -> None:
 def _copies(rng: random.Random, specs: list[dict]) -> None:
     """Now and then a team creates a copy of a run the controller is about to launch: under
     the name it will give that run (a job's first, or its relaunch's `-r2`), with every tag
-    the controller puts on it but the token only the job's secret gives. Appended: the
+    the controller puts on it but the token, which only the job's secret gives. Appended: the
     story's other draws stay the seed's. The controller must launch the job's own run (on
     SageMaker, under the next name), and count the copy as its team's."""
     jobs = [s for s in specs if s.get("launched_by") != "team"]
