@@ -105,30 +105,32 @@ def test_the_idle_check_finds_gpus_left_free_while_a_job_that_fits_waits() -> No
     assert gpus_never_idle_while_a_job_that_fits_waits(result(600 + 600), scenario) == []
 
 
-@pytest.mark.parametrize("service", ["sagemaker", "batch"])
-def test_a_copy_a_team_makes_of_a_run_to_come_is_counted_as_its_own_and_the_job_runs_its_own(service: str) -> None:
-    # Given seed 2's story with its knobs: a team creates a copy of job-0's first run (its
-    # name and every tag the controller puts on it, but the token) before job-0 launches
-    scenario = random_story(service, 2, knobs=True)
-    [copy] = [j for j in scenario.jobs if j.run_name]
-    assert (copy.run_name, copy.tags["preemptor:job"], copy.tags["preemptor:incarnation"]) == ("job-0", "job-0", "1")
+@pytest.mark.parametrize("service, seed", [("sagemaker", 11), ("batch", 40)])
+def test_a_copy_a_team_makes_of_a_run_to_come_is_counted_as_its_own_and_the_job_runs_its_own(service: str, seed: int) -> None:
+    # Given a story with its knobs in which a team creates a copy of a job's first run (its
+    # name and every tag the controller puts on it, but the token) after the job's
+    # submission, before its launch
+    scenario = random_story(service, seed, knobs=True)
+    copy = next(j for j in scenario.jobs if j.run_name and j.tags["preemptor:incarnation"] == "1")
+    job = copy.tags["preemptor:job"]
+    assert copy.run_name == job
 
     # When it is replayed
     result = demo.run(scenario, tick_s=60)
 
     # Then the copy was counted as its team's, under a name of its own, its claim refused
-    [copy_id] = [run for run, job in result.team_runs.items() if job == copy.name]
+    [copy_id] = [run for run, name in result.team_runs.items() if name == copy.name]
     adopted_as, _ = result.adopted_runs[copy_id]
-    assert adopted_as.startswith("job-0-")
+    assert adopted_as.startswith(f"{job}-")
     [line] = [e for e in result.history if e["job"] == adopted_as and e["kind"] == "adopted"]
     assert "controller-tags" in line["detail"]
-    # And job-0 ran a run of its own, launched by the controller and bearing its token
+    # And the job ran a run of its own, launched by the controller and bearing its token
     # (on SageMaker under the next name: the copy holds the first)
-    own = [r for r in result.runs if r["created_by"] is not None and r["tags"].get("preemptor:job") == "job-0"]
+    own = [r for r in result.runs if r["created_by"] is not None and r["tags"].get("preemptor:job") == job]
     assert own and all(r["tags"].get("preemptor:run-token") for r in own) and copy_id not in {r["job_id"] for r in own}
     assert "preemptor:run-token" not in next(r for r in result.runs if r["job_id"] == copy_id)["tags"]
     first = min(own, key=lambda r: r["created_at"])
-    assert first["name"] == ("job-0-r2" if service == "sagemaker" else "job-0")
+    assert first["name"] == (f"{job}-r2" if service == "sagemaker" else job)
     # And every invariant holds
     assert violations(result, scenario) == []
 
