@@ -63,23 +63,6 @@ def test_admission_never_oversubscribes_the_pool(store):
     assert store.pool("p5")["used_gpus"] == 64
 
 
-def test_a_job_stored_before_run_tokens_gets_its_secret_as_it_moves_to_a_new_incarnation(store):
-    # Given a job stored without a run secret (by a version before run tokens), running its first run
-    store.put_new(_job("old"))
-    running = store.transition(
-        _admit(store, store.require("old")), store.require("old").with_changes(status=JobState.RUNNING, run_id="old"),
-        [JobState.ADMITTED],
-    )
-    assert running.run_secret is None and store.require("old").run_secret is None
-    # When it is requeued to its second incarnation (no run of it exists yet)
-    requeued = running.with_changes(status=JobState.PENDING, incarnation=2, run_id=None)
-    store.transition(running, requeued, [JobState.RUNNING], usage_delta=-32)
-    # Then it has a secret from now on, and its next run a token; its first run's name and
-    # tags alone said whose it was, as before
-    stored = store.require("old")
-    assert stored.run_secret and stored.run_token_of(2) and stored.incarnation == 2
-
-
 def test_a_transition_from_a_stale_status_is_refused(store):
     record = _job("a")
     store.put_new(record)

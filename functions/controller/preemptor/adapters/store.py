@@ -26,7 +26,7 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
 from ..core.errors import CapacityExhausted, ConflictError, EventInProgress, JobNotFound, LeaseLost, TransactionConflict
-from ..core.jobs import JobRecord, new_run_secret
+from ..core.jobs import JobRecord
 from ..core.model import EndedRun, JobState, Notice, PastPreemption, TeamUsage
 from ..core.s3uri import S3Uri
 from .errors import NO_ANSWER, translate
@@ -810,10 +810,6 @@ class JobsStore:
         raises the retryable TransactionConflict.
         """
         expect = tuple(expect)
-        if new.incarnation > record.incarnation and new.run_secret is None:
-            # A job stored before run tokens: its new incarnation has no run yet, so its runs
-            # carry a token from this one on (`JobRecord.run_secret`).
-            new = new.with_changes(run_secret=new_run_secret())
         for _ in range(3):
             items = self._transition_items(record, new, expect, usage_delta, pool_limit, alias, lease_owner)
             for line in (log,) if isinstance(log, LogLine) else log:

@@ -125,8 +125,7 @@ class JobRecord:
     # Drawn at submission (`new_run_secret`) and kept in the jobs table, which no team can
     # read: each run the controller launches carries a token derived from it
     # (`run_token_of`), so a run a team creates with this job's name and tags is not taken
-    # for it. None for a job stored before it existed (its run is known by name and tags;
-    # its next incarnation draws one: `JobsStore.transition`).
+    # for it. None for a job stored before it existed (its runs are known by name and tags).
     run_secret: str | None = None
 
     def backing_off(self, now: float) -> bool:
