@@ -183,7 +183,7 @@ def team_runs_are_counted(result: DemoResult, scenario: Scenario, bound_s: float
     for run in result.runs:
         if run["job_id"] not in teams or (run["service"] == "batch" and run["started_at"] is None):
             continue
-        deadline = (run["started_at"] if run["service"] == "batch" else run["created_at"]) + bound_s
+        deadline = _holding_from(run) + bound_s
         if (run["ended_at"] or end) > deadline and adopted.get(run["job_id"], math.inf) > deadline:
             held = f"until {run['ended_at'] - START:.0f} s" if run["ended_at"] else "to the end"
             out.append(

@@ -44,7 +44,10 @@ def test_the_controllers_tags_carry_the_token_and_a_copy_without_it_is_not_the_r
     tags = controller_tags(job, "preemptor")
     assert tags["preemptor:run-token"] == job.run_token_of(3)
     assert is_own_run(tags, job, "preemptor") and may_be_own_run(tags, job, "train-r3")
-    for forged in ({}, {"preemptor:run-token": ""}, {"preemptor:run-token": job.run_token_of(2)}, {"preemptor:run-token": "0" * 32}):
+    # (a tag may hold any letters: one that is no hex is a mismatch, never an error)
+    forgeries = ({}, {"preemptor:run-token": ""}, {"preemptor:run-token": job.run_token_of(2)}, {"preemptor:run-token": "0" * 32},
+                 {"preemptor:run-token": "é" * 32})
+    for forged in forgeries:
         copy = {**tags, **forged} if forged else {k: v for k, v in tags.items() if k != "preemptor:run-token"}
         assert not is_own_run(copy, job, "preemptor") and not may_be_own_run(copy, job, "train-r3")
 

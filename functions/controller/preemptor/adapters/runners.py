@@ -102,9 +102,13 @@ def controller_tags(record: JobRecord, controller: str = "") -> dict[str, str]:
 
 def bears_run_token(tags: dict[str, str], record: JobRecord, incarnation: int) -> bool:
     """Whether a run's tags carry the token of the job's `incarnation` (always, for a job
-    stored before tokens: it has none to check)."""
+    stored before tokens: it has none to check). Compared as bytes: a tag may hold any
+    letters, and `compare_digest` refuses non-ASCII text (a TypeError, not a mismatch)."""
     expected = record.run_token_of(incarnation)
-    return expected is None or hmac.compare_digest(tags.get(RUN_TOKEN_TAG, ""), expected)
+    if expected is None:
+        return True
+    found = tags.get(RUN_TOKEN_TAG)
+    return isinstance(found, str) and hmac.compare_digest(found.encode(), expected.encode())
 
 
 def is_own_run(tags: dict[str, str], record: JobRecord, controller: str = "") -> bool:

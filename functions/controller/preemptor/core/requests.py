@@ -707,11 +707,11 @@ def _check_user_tags(tags: object, where: str, *, as_list: bool) -> None:
     if ours:
         raise RequestRefused(Refusal.SET_BY_POOL, f"{where}.{ours[0]}", "preemptor:* tags are set by the controller")
     room = SERVICE_MAX_TAGS - CONTROLLER_RUN_TAGS
-    if len(set(keys)) > room:
+    if len(keys) > room:
         # Else every launch would be refused (ValidationException) until the job failed.
         raise RequestRefused(
             Refusal.NOT_ALLOWED, where,
-            f"{len(set(keys))} tags; a run takes at most {SERVICE_MAX_TAGS} and the controller adds {CONTROLLER_RUN_TAGS}: at most {room}",
+            f"{len(keys)} tags; a run takes at most {SERVICE_MAX_TAGS} and the controller adds {CONTROLLER_RUN_TAGS}: at most {room}",
         )
 
 
