@@ -77,6 +77,12 @@ BAD_FILES = {
         "scenario.yaml", "pools: [{name: p5, service: batch, gpus: 8}, {name: p5, service: batch, gpus: 16}]\njobs: []\n",
         ["demo", "--scenario", "{f}"], "scenario: field (the whole document): one pool per name; repeated: p5",
     ),
+    # A fallback onto another pool's own: that pool's capacity taken by runs it may not stop
+    "scenario-fallback-onto-another-pools-queue": (
+        "scenario.yaml",
+        "pools: [{name: a, service: batch, gpus: 8, job_queue: qa, fallback_job_queues: [qb]}, {name: b, service: batch, gpus: 8, job_queue: qb}]\njobs: []\n",
+        ["demo", "--scenario", "{f}"], "scenario: field (the whole document): pool 'a' falls back to job queue qb, which is pool 'b''s own",
+    ),
     "scenario-not-yaml": ("scenario.yaml", "pools: [\n", ["demo", "--scenario", "{f}"], "not valid YAML at line 2"),
     "scenario-absent": (None, None, ["demo", "--scenario", "{f}"], "cannot read the scenario: No such file"),
     # A key given twice: YAML and JSON readers keep the last, silently dropping the first

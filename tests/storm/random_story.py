@@ -12,8 +12,9 @@ ceilings, protections, a budget, delays, aging, the checkpoint timeout's action)
 teams launch themselves (adopted, some claiming more than their team is granted; on
 Batch, some in a queue of their team's that shares the pool's compute environment) and
 the service running out of capacity for a while, copies teams make of the controller's runs
-to come (their names and tags), and an account with more than the pool, so that teams' own
-runs may fill the pool beyond its capacity.
+to come (their names and tags), an account with more than the pool, so that teams' own
+runs may fill the pool beyond its capacity, and a pool that buys its instances more than one
+way (a fallback instance type or job queue, spot before on-demand) with an outage of the first.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ def random_story(service: str, seed: int, chaos: dict | None = None, jobs: int =
     # runs teams launch themselves may then fill the pool beyond its capacity.
     unpooled = random.Random(f"unpooled-{seed}")
     extra = unpooled.choice((1, 2)) * (1 if service == "sagemaker" else 8) if knobs and unpooled.random() < 0.3 else 0
+    if knobs:
+        _offerings(random.Random(f"offerings-{seed}"), service, pool, faults)
     return Scenario.model_validate(
         {
             "pools": [pool], "jobs": specs, "lowerings": lowerings, "cancellations": cancellations, "faults": faults,
@@ -140,6 +143,33 @@ def _copies(rng: random.Random, specs: list[dict]) -> None:
                 "tags": {"preemptor:job": job["name"], "preemptor:incarnation": str(incarnation), "preemptor:controller": "preemptor"},
             }
         )
+
+
+def _offerings(rng: random.Random, service: str, pool: dict, faults: list[dict]) -> None:
+    """Now and then the pool buys its instances more than one way: on SageMaker a fallback
+    instance type, or spot first with on-demand behind it (or both); on Batch a fallback job
+    queue on the pool's compute environment. An outage may then take the first offering
+    only: a launch that meets it must go on to the next, and no run of the pool, whatever it
+    runs on, may take its GPUs twice. Changes `pool` and `faults` in place."""
+    if rng.random() >= 0.35:
+        return
+    if service == "sagemaker":
+        kind = rng.choice(("type", "spot", "both"))
+        if kind != "spot":
+            pool["fallback_instance_types"] = ["ml.p4d.24xlarge"]
+        if kind != "type":
+            pool.update(capacity_type="spot", on_demand_fallback=True, spot_wait_s=rng.choice((300, 900)))
+    else:
+        pool.update(job_queue="p5-queue", fallback_job_queues=["p5-fallback"], runnable_timeout_s=rng.choice((300, 900)))
+    if rng.random() < 0.6:
+        outage = {"type": "capacity_error", "at": 60 * rng.randrange(0, 40), "pool": "p5", "duration": 60 * rng.randrange(5, 25)}
+        if service == "batch":
+            outage["job_queue"] = "p5-queue"
+        elif pool.get("capacity_type") == "spot":
+            outage["capacity_type"] = "spot"
+        else:
+            outage["instance_type"] = pool["instance_type"]
+        faults.append(outage)
 
 
 def _knobs(rng: random.Random, service: str, specs: list[dict], faults: list[dict]) -> dict:

@@ -42,6 +42,9 @@ FALLBACK = '[{"name": "p5", "instance_type": "ml.p5.48xlarge", "instances": 8, "
         ({"PoolsConfig": '[{"name": "p5", "service": "sagemaker"}]'}, "PoolsConfig: field 0: pool 'p5' needs 'instances' or 'gpus'"),
         ({"PoolsConfig": '{"name": "p5"}'}, "PoolsConfig must be a JSON list of pools, got dict"),
         ({"PoolsConfig": '[{"name": "p5", "gpus": 8}, {"name": "p5", "gpus": 16}]'}, "stack parameters: pools: one pool per name; repeated: p5"),
+        # a fallback onto another pool's own type: its runs would take that pool's instances
+        ({"PoolsConfig": FALLBACK[:-1] + ', {"name": "p4", "instance_type": "ml.p4d.24xlarge", "instances": 4}]'},
+         "stack parameters: pools: pool 'p5' falls back to ml.p4d.24xlarge (on-demand), which is pool 'p4''s own"),
         ({"WaitAlarmTiers": "critical,urgent"}, "stack parameters: wait_alarm_tiers: unknown tier(s) urgent (tiers: critical, high, low, medium)"),
         # the alarm's metric and the planner's tier names are lower case: 'Critical' never matches
         ({"WaitAlarmTiers": "Critical"}, "wait_alarm_tiers: unknown tier(s) Critical"),
@@ -60,7 +63,7 @@ FALLBACK = '[{"name": "p5", "instance_type": "ml.p5.48xlarge", "instances": 8, "
     ],
     ids=[
         "infinite-knob", "misspelt-knob", "unknown-tier", "not-json", "policy-not-an-object", "pool-without-size",
-        "pools-not-a-list", "two-pools-one-name", "unknown-watched-tier", "watched-tier-capitalised", "tiers-renamed-alarm-not",
+        "pools-not-a-list", "two-pools-one-name", "fallback-onto-another-pools-type", "unknown-watched-tier", "watched-tier-capitalised", "tiers-renamed-alarm-not",
         "fallback-type-not-granted", "pool-type-not-granted", "pool-role-not-passable", "pool-role-without-stack-role",
         "team-role-not-an-arn", "team-role-shared", "team-role-not-passable", "second-team-role-not-passable",
         "team-role-is-the-stacks",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from preemptor.core.pools import PoolConfig, pools_running, queue_name
+from preemptor.core.pools import PoolConfig, fallback_onto_another_pool, pools_running, queue_name
 
 P5 = PoolConfig(name="p5", instance_type="ml.p5.48xlarge", instances=8)
 P5_SPOT = PoolConfig(name="p5-spot", instance_type="ml.p5.48xlarge", instances=4, capacity_type="spot")
@@ -91,3 +91,34 @@ ENVIRONMENTS = {
 )
 def test_a_batch_job_in_a_queue_of_no_pools_is_on_the_pools_sharing_its_compute_environments(queue, expected):
     assert names(pools_running(POOLS, "batch", job_queue=queue, compute_environments=ENVIRONMENTS)) == expected
+
+
+P4_OWN = PoolConfig(name="p4", instance_type="ml.p4d.24xlarge", instances=4)
+
+
+@pytest.mark.parametrize(
+    "pools, expected",
+    [
+        # A fallback type another pool owns: its runs would take that pool's instances
+        ((P5.model_copy(update={"fallback_instance_types": ("ml.p4d.24xlarge",)}), P4_OWN),
+         "pool 'p5' falls back to ml.p4d.24xlarge (on-demand), which is pool 'p4''s own: p5's runs there would take the"
+         " account's instances that p4 counts as its own, and p4 could stop none of them for its jobs; drop the fallback,"
+         " or give it to one pool"),
+        # Spot first, then on demand: the on-demand fallback is the on-demand pool's
+        ((P5_SPOT_OR_NOT, P5), "pool 'p5-spot-or-not' falls back to ml.p5.48xlarge (on-demand), which is pool 'p5''s own"),
+        # A Batch fallback queue another pool owns (by name or ARN)
+        ((G5, PoolConfig(name="od", service="batch", gpus=16, job_queue="arn:aws:batch:us-east-1:123456789012:job-queue/g5-on-demand")),
+         "pool 'g5' falls back to job queue g5-on-demand, which is pool 'od''s own: g5's runs there would take the compute"
+         " environments' capacity that od counts as its own"),
+        # Two pools that own one type split it (the account holds the sum); spot and on
+        # demand are separate quotas; a fallback no pool owns takes nobody's
+        ((P5, P5.model_copy(update={"name": "p5-b"})), None),
+        ((P5_SPOT, P5), None),
+        ((P5.model_copy(update={"fallback_instance_types": ("ml.p4d.24xlarge",)}), P4_OWN.model_copy(update={"capacity_type": "spot"})), None),
+        ((P5.model_copy(update={"fallback_instance_types": ("ml.p4d.24xlarge",)}), P5_SPOT.model_copy(update={"name": "x", "fallback_instance_types": ("ml.p4d.24xlarge",)})), None),
+        ((G5, G6, UNQUEUED), None),
+    ],
+)
+def test_a_pool_may_not_fall_back_onto_what_another_pool_owns(pools, expected):
+    found = fallback_onto_another_pool(pools)
+    assert found == expected if expected is None else found.startswith(expected), found

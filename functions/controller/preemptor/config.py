@@ -9,7 +9,7 @@ from typing import Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .core.policy import Policy
-from .core.pools import JobDefinition, PoolConfig
+from .core.pools import JobDefinition, PoolConfig, fallback_onto_another_pool
 
 __all__ = ["JobDefinition", "Mode", "PoolConfig", "Settings", "first_problem"]
 
@@ -59,6 +59,9 @@ class Settings(BaseModel):
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:  # the second would never be planned: `pool` finds the first
             raise ValueError(f"pools: one pool per name; repeated: {', '.join(repeated)}")
+        shared = fallback_onto_another_pool(self.pools)
+        if shared:
+            raise ValueError(f"pools: {shared}")
         unknown = [t for t in self.wait_alarm_tiers if t not in self.policy.tiers]
         if unknown:  # a job of a misspelt tier is never escalated, and the alarm never fires for it
             # (the policy's tier names are lower case, and so are the alarm's metric dimensions)

@@ -160,6 +160,49 @@ def pool_queues(pool: PoolConfig) -> frozenset[str]:
     return frozenset(queue_name(q) for q in (pool.job_queue, *pool.fallback_job_queues) if q)
 
 
+def _own_offering(pool: PoolConfig) -> str | None:
+    """What a pool counts as its own: a SageMaker pool's instance type bought its way, a
+    Batch pool's job queue (by name); None for a SageMaker pool that names no type."""
+    if pool.service == "batch":
+        return queue_name(pool.job_queue) if pool.job_queue else None
+    if not pool.instance_type:
+        return None
+    return pool.instance_type + (SPOT if pool.capacity_type == "spot" else "")
+
+
+def fallback_onto_another_pool(pools: tuple[PoolConfig, ...] | list[PoolConfig]) -> str | None:
+    """A pool that falls back onto another pool's own offering, in one line; None when none
+    does. Its runs there would take what the other pool counts as its own (the account's
+    instances of that type bought that way, under one quota; a job queue's compute
+    environments), and the other pool's launches would meet a full quota, or wait RUNNABLE,
+    with no run of its own to stop: a critical job there would wait behind the first pool's
+    lowest. Two pools that own one offering split it (each counts its share, the account
+    holds the sum); falling back onto an offering no pool owns takes nobody's."""
+    owners: dict[tuple[str, str], list[str]] = {}
+    for pool in pools:
+        own = _own_offering(pool)
+        if own is not None:
+            owners.setdefault((pool.service, own), []).append(pool.name)
+    for pool in pools:
+        own = _own_offering(pool)
+        fallbacks = (
+            [queue_name(q) for q in pool.fallback_job_queues] if pool.service == "batch" else [o for o in pool.offerings if o != own]
+        )
+        for offering in fallbacks:
+            others = [name for name in owners.get((pool.service, offering), ()) if name != pool.name]
+            if not others:
+                continue
+            what = f"job queue {offering}" if pool.service == "batch" else describe_offering(offering)
+            holds = "the compute environments' capacity" if pool.service == "batch" else "the account's instances"
+            other = others[0]
+            return (
+                f"pool {pool.name!r} falls back to {what}, which is pool {other!r}'s own: {pool.name}'s runs there would take"
+                f" {holds} that {other} counts as its own, and {other} could stop none of them for its jobs;"
+                f" drop the fallback, or give it to one pool"
+            )
+    return None
+
+
 def pools_running(
     pools: tuple[PoolConfig, ...] | list[PoolConfig],
     service: str,

@@ -537,7 +537,7 @@ class Intake:
                 return self._complete_adoption(record, event.event_id, claimed + shared, now, refused=refused)
             existing = self.store.get(name)
             if existing is not None and existing.adopted and existing.submitted_by == event.event_id:
-                return self._complete_adoption(existing, event.event_id, claimed, now, again=True, refused=refused)  # adopted by a concurrent handling
+                return self._complete_adoption(existing, event.event_id, claimed + shared, now, again=True, refused=refused)  # adopted by a concurrent handling
             if existing is None or (existing.service, existing.run_id) == (service, run_id):
                 break  # adopted by another event's handling (or gone meanwhile)
         return IntakeResult("duplicate", f"{service} run {run_id} already known as {record.name}", record.name)

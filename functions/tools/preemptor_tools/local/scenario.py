@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from preemptor.config import JobDefinition, PoolConfig
 from preemptor.core.jobs import SAVES_ON_STOP_LABEL
+from preemptor.core.pools import fallback_onto_another_pool
 
 ACCOUNT = "123456789012"
 ROLE_ARN = f"arn:aws:iam::{ACCOUNT}:role/preemptor-training"
@@ -219,6 +220,9 @@ class Scenario(BaseModel):
         if len(pools) < len(self.pools):
             repeated = sorted({p.name for p in self.pools if [q.name for q in self.pools].count(p.name) > 1})
             raise ValueError(f"one pool per name; repeated: {', '.join(repeated)}")
+        shared = fallback_onto_another_pool([local_pool(p) if p.service == "batch" else p for p in self.pools])
+        if shared:
+            raise ValueError(shared)
         for name, extra in self.unpooled.items():
             if name not in pools:
                 raise ValueError(f"unpooled: unknown pool {name!r}")
