@@ -557,37 +557,42 @@ IDLE_BOUND_S = 900.0  # three reconcile rounds
 
 
 def gpus_never_idle_while_a_job_that_fits_waits(result: DemoResult, scenario: Scenario, bound_s: float = IDLE_BOUND_S) -> list[str]:
-    """Liveness: GPUs the controller counts free never stay free longer than `bound_s` while
-    a job of the pool that fits them waits (one pool; sizes from the scenario). Not among
-    `INVARIANTS`: under the sweep's rates most plan steps fail their seven attempts, and a
-    pool may idle for half an hour though nothing unsafe happens; it is checked where the
+    """Liveness: GPUs the controller counts free in a pool never stay free longer than
+    `bound_s` while a job of that pool that fits them waits (sizes from the scenario). Not
+    among `INVARIANTS`: under the sweep's rates most plan steps fail their seven attempts, and
+    a pool may idle for half an hour though nothing unsafe happens; it is checked where the
     world is hostile as the example scenario is (examples/scenarios/hostile-world.yaml)."""
-    pool = scenario.pools[0]
-    size = {name: j.gpus if j.gpus is not None else j.instances * (pool.gpus_per_instance or 8) for name, j in _story_jobs(result, scenario).items()}
+    jobs = _story_jobs(result, scenario)
     waits, _ = _waits_and_priorities(result, scenario)
     events = sorted(result.history, key=lambda e: e["at"])
-    held, holding, since, out = 0, set(), None, []
-    for i, e in enumerate(events):
-        job, kind = e["job"], e["kind"]
-        if kind in _HOLD_STARTS and job not in holding:
-            holding.add(job)
-            held += size.get(job, 0)
-        elif kind in _HOLD_ENDS and job in holding:
-            holding.discard(job)
-            held -= size.get(job, 0)
-        if i + 1 < len(events) and events[i + 1]["at"] == e["at"]:
-            continue  # the moment's other lines first
-        at, free = e["at"], pool.capacity_gpus - held
-        fitting = sorted(
-            j for j, spans in waits.items()
-            if size.get(j, free + 1) <= free and any(s <= at and (u is None or u > at) for s, u in spans)
-        )
-        if fitting and since is None:
-            since = (at, free, fitting)
-        elif not fitting and since is not None:
-            if at - since[0] > bound_s:
-                out.append(f"pool {pool.name}: {since[1]} GPUs free from {since[0] - START:.0f} s to {at - START:.0f} s while {', '.join(since[2])} waited")
-            since = None
+    out = []
+    for pool in scenario.pools:
+        size = {
+            name: j.gpus if j.gpus is not None else j.instances * (pool.gpus_per_instance or 8)
+            for name, j in jobs.items() if j.pool == pool.name
+        }
+        held, holding, since = 0, set(), None
+        for i, e in enumerate(events):
+            job, kind = e["job"], e["kind"]
+            if kind in _HOLD_STARTS and job in size and job not in holding:
+                holding.add(job)
+                held += size[job]
+            elif kind in _HOLD_ENDS and job in holding:
+                holding.discard(job)
+                held -= size[job]
+            if i + 1 < len(events) and events[i + 1]["at"] == e["at"]:
+                continue  # the moment's other lines first
+            at, free = e["at"], pool.capacity_gpus - held
+            fitting = sorted(
+                j for j, spans in waits.items()
+                if j in size and size[j] <= free and any(s <= at and (u is None or u > at) for s, u in spans)
+            )
+            if fitting and since is None:
+                since = (at, free, fitting)
+            elif not fitting and since is not None:
+                if at - since[0] > bound_s:
+                    out.append(f"pool {pool.name}: {since[1]} GPUs free from {since[0] - START:.0f} s to {at - START:.0f} s while {', '.join(since[2])} waited")
+                since = None
     return out
 
 

@@ -13,8 +13,9 @@ teams launch themselves (adopted, some claiming more than their team is granted;
 Batch, some in a queue of their team's that shares the pool's compute environment) and
 the service running out of capacity for a while, copies teams make of the controller's runs
 to come (their names and tags), an account with more than the pool, so that teams' own
-runs may fill the pool beyond its capacity, and a pool that buys its instances more than one
-way (a fallback instance type or job queue, spot before on-demand) with an outage of the first.
+runs may fill the pool beyond its capacity, a pool that buys its instances more than one
+way (a fallback instance type or job queue, spot before on-demand) with an outage of the
+first, and a second pool beside the first with some of the jobs.
 """
 
 from __future__ import annotations
@@ -83,11 +84,13 @@ def random_story(service: str, seed: int, chaos: dict | None = None, jobs: int =
     # runs teams launch themselves may then fill the pool beyond its capacity.
     unpooled = random.Random(f"unpooled-{seed}")
     extra = unpooled.choice((1, 2)) * (1 if service == "sagemaker" else 8) if knobs and unpooled.random() < 0.3 else 0
+    pools = [pool]
     if knobs:
         _offerings(random.Random(f"offerings-{seed}"), service, pool, faults)
+        _second_pool(random.Random(f"pools-{seed}"), service, specs, pools)
     return Scenario.model_validate(
         {
-            "pools": [pool], "jobs": specs, "lowerings": lowerings, "cancellations": cancellations, "faults": faults,
+            "pools": pools, "jobs": specs, "lowerings": lowerings, "cancellations": cancellations, "faults": faults,
             "chaos": {"seed": seed, **(chaos or {})}, "policy": policy, "unpooled": {"p5": extra} if extra else {},
         }
     )
@@ -156,7 +159,7 @@ def _offerings(rng: random.Random, service: str, pool: dict, faults: list[dict])
     if service == "sagemaker":
         kind = rng.choice(("type", "spot", "both"))
         if kind != "spot":
-            pool["fallback_instance_types"] = ["ml.p4d.24xlarge"]
+            pool["fallback_instance_types"] = ["ml.p5e.48xlarge"]
         if kind != "type":
             pool.update(capacity_type="spot", on_demand_fallback=True, spot_wait_s=rng.choice((300, 900)))
     else:
@@ -170,6 +173,28 @@ def _offerings(rng: random.Random, service: str, pool: dict, faults: list[dict])
         else:
             outage["instance_type"] = pool["instance_type"]
         faults.append(outage)
+
+
+def _second_pool(rng: random.Random, service: str, specs: list[dict], pools: list[dict]) -> None:
+    """Now and then a second, smaller pool of another instance type (SageMaker) or job queue
+    (Batch) beside the first, and a third of the story's jobs in it (no bigger than it): each
+    pool is planned, counted and preempted on its own, and a team's run is counted in the
+    pool it runs on. Changes `specs` and `pools` in place."""
+    if rng.random() >= 0.3:
+        return
+    if service == "sagemaker":
+        pools.append({"name": "p4", "service": "sagemaker", "instance_type": "ml.p4d.24xlarge", "instances": 4, "gpus_per_instance": 8})
+    else:
+        pools.append({"name": "p4", "service": "batch", "gpus": 32})
+    for spec in specs:
+        # A team's run in a queue of its own, and a copy, stay: their queue and name are the first pool's.
+        if spec.get("job_queue") or spec["name"].startswith("copy-") or rng.random() >= 0.35:
+            continue
+        spec["pool"] = "p4"
+        if "instances" in spec:
+            spec["instances"] = min(spec["instances"], 4)
+        if "gpus" in spec:
+            spec["gpus"] = min(spec["gpus"], 32)
 
 
 def _knobs(rng: random.Random, service: str, specs: list[dict], faults: list[dict]) -> dict:

@@ -15,6 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, TextIO
 
+from preemptor.config import PoolConfig
+from preemptor.core.events import POOL_TAG
 from preemptor.core.explain import STOPPED_RUN_KINDS
 from preemptor.core.model import JobState
 from .alarms import WaitAlarm
@@ -311,8 +313,14 @@ def instance_quotas(scenario: Scenario) -> dict[str, int]:
 
 def pool_classifier(scenario: Scenario):
     """(pool, GPUs) of a run from what it asked the service for: a SageMaker run by its
-    instance type and count, a Batch run by its job queue and GPU resource requirement."""
+    instance type (a pool's own, else a pool's fallback: the one its pool tag names among
+    those listing it, else the first) and count, a Batch run by its job queue and GPU
+    resource requirement."""
     sagemaker = {p.instance_type: p for p in scenario.pools if p.service == "sagemaker" and p.instance_type}
+    fallbacks: dict[str, list[PoolConfig]] = {}
+    for p in scenario.pools:
+        for t in p.fallback_instance_types if p.service == "sagemaker" else ():
+            fallbacks.setdefault(t, []).append(p)
     batch = {
         queue: p
         for p in scenario.pools
@@ -327,6 +335,10 @@ def pool_classifier(scenario: Scenario):
         if service == "sagemaker":
             config = request.get("ResourceConfig") or {}
             pool = sagemaker.get(config.get("InstanceType"))
+            if pool is None and config.get("InstanceType") in fallbacks:
+                listing = fallbacks[config["InstanceType"]]
+                tagged = {t.get("Key"): t.get("Value") for t in request.get("Tags") or []}.get(POOL_TAG)
+                pool = next((p for p in listing if p.name == tagged), listing[0])
             if pool is None:
                 return None
             return pool.name, int(config.get("InstanceCount") or 0) * pool.gpus_per_instance
