@@ -38,7 +38,9 @@ def _told_before(line: dict, at: float) -> bool:
 def fleet_never_above_capacity(result: DemoResult, scenario: Scenario) -> list[str]:
     """GPUs of runs that exist (measured by the fleet, not the controller's table) never
     exceed a pool's capacity (with what the account has beyond it, `unpooled`, which only
-    runs teams launch themselves may take: `launches_never_overfill`)."""
+    runs teams launch themselves may take: `launches_never_overfill`). A SageMaker pool with
+    fallback instance types has no such bound: the account's quota is per type, so a team's
+    run may take the pool's own type while the controller's runs are on a fallback."""
     return [
         f"pool {p['name']}: {p['max_gpus_in_use']} GPUs in use at once, capacity {p['capacity_gpus']}"
         + (f" and {extra} unpooled" if (extra := _unpooled_gpus(scenario, p["name"])) else "")
@@ -47,10 +49,13 @@ def fleet_never_above_capacity(result: DemoResult, scenario: Scenario) -> list[s
     ]
 
 
-def _unpooled_gpus(scenario: Scenario, pool: str) -> int:
-    """The GPUs the account has beyond a pool (`Scenario.unpooled`)."""
-    extra = scenario.unpooled.get(pool, 0)
+def _unpooled_gpus(scenario: Scenario, pool: str) -> float:
+    """The GPUs the account has beyond a pool (`Scenario.unpooled`); unbounded beside a
+    SageMaker pool with fallback instance types (the fleet's quota is of the pool's own)."""
     config = scenario.pool(pool)
+    if config.service == "sagemaker" and config.fallback_instance_types:
+        return math.inf
+    extra = scenario.unpooled.get(pool, 0)
     return extra * (config.gpus_per_instance or 8) if config.service == "sagemaker" else extra
 
 
@@ -61,17 +66,18 @@ def _holding_from(run: dict) -> float | None:
 
 def launches_never_overfill(result: DemoResult, scenario: Scenario) -> list[str]:
     """Runs teams launch themselves may fill a pool beyond what it is configured with, where
-    the account has more (`unpooled`); the controller's own never do: as each of its runs
+    the account has more (`unpooled`, a fallback type's quota); the controller's own never do: as each of its runs
     takes its GPUs, its runs and the teams' runs it had counted by its job's admission (a
     handling's time before it) hold no more than the pool's capacity."""
-    if not scenario.unpooled:
+    beyond = {p.name for p in scenario.pools if _unpooled_gpus(scenario, p.name)}
+    if not beyond:
         return []  # `fleet_never_above_capacity` holds every run to the pool's capacity
     teams = _team_runs(result)
     capacity = {p.name: p.capacity_gpus for p in scenario.pools}
     out = []
     for run in result.runs:
         job, start = _launched_for(run, teams), _holding_from(run)
-        if job is None or start is None or run["created_by"] is None or not scenario.unpooled.get(run["pool"]):
+        if job is None or start is None or run["created_by"] is None or run["pool"] not in beyond:
             continue
         admitted = [e["at"] for e in result.history if e["job"] == job and e["kind"] == "admitted" and e["at"] <= start]
         since = admitted[-1] if admitted else start
