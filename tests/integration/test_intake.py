@@ -1387,11 +1387,14 @@ def test_a_file_of_a_helper_checkpoint_counts_only_when_its_manifest_is_announce
         assert env.job("llm-pretrain-7b").last_checkpoint_at == pytest.approx(whole_at, abs=1)
 
 
-def _managed_spot_event(job: str, status: str, secondary: str, event_id: str) -> dict:
-    """The real SageMaker state-change sample, as managed spot sends it for `job`'s run."""
+def _managed_spot_event(job: str, status: str, secondary: str, event_id: str, at: float | None = None) -> dict:
+    """The real SageMaker state-change sample, as managed spot sends it for `job`'s run (at
+    `at`, when given: the sample's own time is years ago)."""
     event = _sample(
         "sagemaker/amazon-sagemaker-developer-g__sagemaker-training-job-state-change__8a0a8aaf.json", id=event_id
     )
+    if at is not None:
+        event["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
     event["detail"].update(TrainingJobName=job, TrainingJobStatus=status, SecondaryStatus=secondary)
     event["detail"]["TrainingJobArn"] = f"arn:aws:sagemaker:us-east-1:123456789012:training-job/{job}"
     return event
@@ -1402,18 +1405,66 @@ def test_a_managed_spot_interruption_is_accounted_and_the_job_keeps_running():
         # Given a running job that checkpointed 5 minutes ago
         env.submit(name="spotty", team="a", priority=200, pool="p5", instances=2, duration=7200, checkpoint_every=300)
         env.advance(600)
-        # When SageMaker managed spot takes its instances away, then restarts it
-        interrupted = env.put(_managed_spot_event("spotty", "InProgress", "Interrupted", "spot-1")).results[0]
-        restarting = env.put(_managed_spot_event("spotty", "InProgress", "Restarting", "spot-2")).results[0]
-        # Then both are accounted in the job's log, with the work at risk, and the job stays
-        # RUNNING on its GPUs (the service restarts it from its checkpoint by itself)
-        assert interrupted["outcome"] == "accepted" and restarting["outcome"] == "accepted"
+        # When SageMaker managed spot takes its instances away
+        interrupted_at = env.clock.now()
+        interrupted = env.put(_managed_spot_event("spotty", "InProgress", "Interrupted", "spot-1", interrupted_at)).results[0]
+        # Then it is accounted in the job's log with the work it lost (since the checkpoint,
+        # at most 300 s of 16 GPUs), which is the job's (explain and the report read it there);
+        # the job stays RUNNING on its GPUs, held paused: a stop now would lose nothing
+        assert interrupted["outcome"] == "accepted"
         [entry] = [e for e in env.store.history("spotty") if e["kind"] == "spot-interrupted"]
-        assert entry["reason"] == "managed-spot" and 0 <= entry["extra"]["lost_gpu_seconds"] <= 16 * 300
-        assert "spot-restarting" in env.kinds("spotty")
+        lost = entry["extra"]["lost_gpu_seconds"]
+        assert entry["reason"] == "managed-spot" and 0 < lost <= 16 * 300
         job = env.job("spotty")
-        assert job.status is JobState.RUNNING and job.incarnation == 1
+        assert job.status is JobState.RUNNING and job.incarnation == 1 and job.lost_gpu_seconds == lost
+        assert job.spot_paused and job.as_running().work_at_risk_s(interrupted_at + 3600) == 0
         assert env.store.pool("p5")["used_gpus"] == 16
+        # When it restarts ten minutes later (the service does, from its checkpoint)
+        restarting = env.put(_managed_spot_event("spotty", "InProgress", "Restarting", "spot-2", interrupted_at + 600)).results[0]
+        # Then only the work since the restart is at risk
+        assert restarting["outcome"] == "accepted" and "spot-restarting" in env.kinds("spotty")
+        job = env.job("spotty")
+        assert not job.spot_paused and job.work_started_at == pytest.approx(interrupted_at + 600, abs=1)
+        assert job.as_running().work_at_risk_s(interrupted_at + 900) == pytest.approx(300, abs=1)
+
+
+def test_a_redelivered_managed_spot_interruption_is_counted_once():
+    with emulation() as env:
+        # Given a running job whose last checkpoint is 5 minutes old, interrupted by managed spot
+        env.submit(name="spotty", team="a", priority=200, pool="p5", instances=2, duration=7200, checkpoint_every=600)
+        env.advance(900)
+        now = env.clock.now()
+        interrupted, restarting = (
+            _managed_spot_event("spotty", "InProgress", s, f"spot-{s}", now + delay) for s, delay in (("Interrupted", 0), ("Restarting", 300))
+        )
+        assert env.put(interrupted).results[0]["outcome"] == "accepted"
+        env.put(restarting)
+        lost = env.job("spotty").lost_gpu_seconds
+        assert lost > 0
+        # When EventBridge delivers both events again a minute later, the interruption last
+        env.advance(60)
+        again = [env.put(event).results[0] for event in (restarting, interrupted)]
+        # Then neither is counted again: one line each, the same lost work, the run not
+        # paused again by the older interruption
+        assert [a["outcome"] for a in again] == ["duplicate", "duplicate"]
+        assert not env.job("spotty").spot_paused
+        assert env.kinds("spotty").count("spot-interrupted") == 1 and env.kinds("spotty").count("spot-restarting") == 1
+        assert env.job("spotty").lost_gpu_seconds == lost
+
+
+def test_a_managed_spot_interruption_delivered_after_its_restart_pauses_nothing():
+    with emulation() as env:
+        # Given a running job that managed spot interrupted and restarted, whose events
+        # arrive out of order: the restart first
+        env.submit(name="spotty", team="a", priority=200, pool="p5", instances=2, duration=7200, checkpoint_every=600)
+        env.advance(900)
+        now = env.clock.now()
+        env.put(_managed_spot_event("spotty", "InProgress", "Restarting", "spot-r", now))
+        # When the interruption (60 s before it) arrives
+        result = env.put(_managed_spot_event("spotty", "InProgress", "Interrupted", "spot-i", now - 60)).results[0]
+        # Then its lost work is counted, and the run is not held paused: it runs again
+        assert result["outcome"] == "accepted" and env.job("spotty").lost_gpu_seconds > 0
+        assert not env.job("spotty").spot_paused
 
 
 def test_a_managed_spot_job_that_waited_past_its_max_wait_is_relaunched_not_failed():

@@ -86,8 +86,8 @@ def random_story(service: str, seed: int, chaos: dict | None = None, jobs: int =
     extra = unpooled.choice((1, 2)) * (1 if service == "sagemaker" else 8) if knobs and unpooled.random() < 0.3 else 0
     pools = [pool]
     if knobs:
-        _offerings(random.Random(f"offerings-{seed}"), service, pool, faults)
-        _second_pool(random.Random(f"pools-{seed}"), service, specs, pools)
+        _offerings(random.Random(f"offerings-{seed}"), service, pool, specs, faults)
+        _second_pool(random.Random(f"pools-{seed}"), service, specs, pools, faults)
     return Scenario.model_validate(
         {
             "pools": pools, "jobs": specs, "lowerings": lowerings, "cancellations": cancellations, "faults": faults,
@@ -148,12 +148,14 @@ def _copies(rng: random.Random, specs: list[dict]) -> None:
         )
 
 
-def _offerings(rng: random.Random, service: str, pool: dict, faults: list[dict]) -> None:
+def _offerings(rng: random.Random, service: str, pool: dict, specs: list[dict], faults: list[dict]) -> None:
     """Now and then the pool buys its instances more than one way: on SageMaker a fallback
     instance type, or spot first with on-demand behind it (or both); on Batch a fallback job
     queue on the pool's compute environment. An outage may then take the first offering
     only: a launch that meets it must go on to the next, and no run of the pool, whatever it
-    runs on, may take its GPUs twice. Changes `pool` and `faults` in place."""
+    runs on, may take its GPUs twice. On a spot pool, managed spot may take a job's
+    instances for a while (SageMaker restarts it from its checkpoint). Changes `pool` and
+    `faults` in place."""
     if rng.random() >= 0.35:
         return
     if service == "sagemaker":
@@ -164,6 +166,15 @@ def _offerings(rng: random.Random, service: str, pool: dict, faults: list[dict])
             pool.update(capacity_type="spot", on_demand_fallback=True, spot_wait_s=rng.choice((300, 900)))
     else:
         pool.update(job_queue="p5-queue", fallback_job_queues=["p5-fallback"], runnable_timeout_s=rng.choice((300, 900)))
+    if pool.get("capacity_type") == "spot":
+        # Managed spot takes a run's instances for a while; SageMaker restarts it itself.
+        ours = [spec for spec in specs if spec.get("launched_by") != "team"]
+        for _ in range(rng.choice((0, 1, 2))):
+            victim = rng.choice(ours)
+            faults.append({
+                "type": "spot_interruption", "job": victim["name"], "at": victim["submit_at"] + 60 * rng.randrange(3, 30),
+                "duration": 60 * rng.randrange(3, 20),
+            })
     if rng.random() < 0.6:
         outage = {"type": "capacity_error", "at": 60 * rng.randrange(0, 40), "pool": "p5", "duration": 60 * rng.randrange(5, 25)}
         if service == "batch":
@@ -175,7 +186,7 @@ def _offerings(rng: random.Random, service: str, pool: dict, faults: list[dict])
         faults.append(outage)
 
 
-def _second_pool(rng: random.Random, service: str, specs: list[dict], pools: list[dict]) -> None:
+def _second_pool(rng: random.Random, service: str, specs: list[dict], pools: list[dict], faults: list[dict]) -> None:
     """Now and then a second, smaller pool of another instance type (SageMaker) or job queue
     (Batch) beside the first, and a third of the story's jobs in it (no bigger than it): each
     pool is planned, counted and preempted on its own, and a team's run is counted in the
@@ -186,9 +197,13 @@ def _second_pool(rng: random.Random, service: str, specs: list[dict], pools: lis
         pools.append({"name": "p4", "service": "sagemaker", "instance_type": "ml.p4d.24xlarge", "instances": 4, "gpus_per_instance": 8})
     else:
         pools.append({"name": "p4", "service": "batch", "gpus": 32})
+    # A managed-spot interruption's job stays on the spot pool (the second is on-demand).
+    interrupted = {f["job"] for f in faults if f["type"] == "spot_interruption"} if service == "sagemaker" else set()
     for spec in specs:
         # A team's run in a queue of its own, and a copy, stay: their queue and name are the first pool's.
         if spec.get("job_queue") or spec["name"].startswith("copy-") or rng.random() >= 0.35:
+            continue
+        if spec["name"] in interrupted:
             continue
         spec["pool"] = "p4"
         if "instances" in spec:

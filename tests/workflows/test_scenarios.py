@@ -238,6 +238,29 @@ def test_a_launch_that_meets_no_capacity_falls_back_to_the_next_offering():
     assert violations(result, scenario) == []
 
 
+def test_a_victim_managed_spot_holds_interrupted_is_stopped_at_once_and_loses_nothing_more():
+    # Given a spot sweep whose instances managed spot takes 20 minutes after its checkpoint,
+    # for half an hour, and a critical job arriving meanwhile (managed-spot-interruption.yaml)
+    scenario = Scenario.load(SCENARIOS / "managed-spot-interruption.yaml")
+    result = replay("managed-spot-interruption").result
+    jobs = _jobs(result.report)
+    sweep = [e for e in result.history if e["job"] == "sweep"]
+    # Then the interruption's loss is counted once, as the fleet lost it (1,277 s of 64 GPUs)
+    [interrupted] = [e for e in sweep if e["kind"] == "spot-interrupted"]
+    assert interrupted["extra"]["lost_gpu_seconds"] == pytest.approx(1277 * 64, abs=64)
+    # And the sweep is stopped for the critical job without a checkpoint request it could
+    # not answer (no instances), its stop losing nothing more and counted as fresh
+    assert "checkpoint-requested" not in [e["kind"] for e in sweep]
+    [requeued] = [e for e in sweep if e["kind"] == "requeued"]
+    assert requeued["extra"]["lost_gpu_seconds"] == 0
+    assert jobs["sweep"]["lost_gpu_seconds"] == interrupted["extra"]["lost_gpu_seconds"]
+    assert result.report["stops_without_fresh_checkpoint"] == 0
+    # And the critical job waited only for the stop; both completed
+    assert jobs["incident-fix"]["wait_s"] <= 60 + 30, _story("managed-spot-interruption")
+    assert jobs["sweep"]["state"] == jobs["incident-fix"]["state"] == "Completed"
+    assert violations(result, scenario) == []
+
+
 def test_a_spot_pool_falls_back_to_on_demand_when_spot_has_no_capacity():
     # Given a spot pool that may fall back to on-demand, waiting at most 300 s for spot, and
     # no spot capacity for two hours (spot-fallback.yaml)

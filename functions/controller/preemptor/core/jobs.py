@@ -8,6 +8,7 @@ import secrets
 from dataclasses import dataclass, field, replace
 
 from .model import JobState, PendingJob, RunningJob
+from .progress import is_fresh
 
 SPOT_INTERRUPTION = "spot-interruption"  # `preempted_by` of a job stopped for its instance
 
@@ -127,6 +128,15 @@ class JobRecord:
     # (`run_token_of`), so a run a team creates with this job's name and tags is not taken
     # for it. None for a job stored before it existed (its runs are known by name and tags).
     run_secret: str | None = None
+    # The event of the last SageMaker managed-spot interruption whose lost work was added
+    # to `lost_gpu_seconds`: a redelivery of it adds nothing again.
+    spot_interrupted_by: str | None = None
+    # When SageMaker managed spot last took the current run's instances away, and when it
+    # last restarted the run (the events' times): while it is interrupted nothing runs, so
+    # nothing is at risk (`spot_paused`); once restarted, only the work since the later of
+    # its checkpoint and the restart is (`work_started_at`).
+    spot_interrupted_at: float | None = None
+    spot_resumed_at: float | None = None
 
     def backing_off(self, now: float) -> bool:
         """A pending job whose last launch was refused waits until `not_before`."""
@@ -207,6 +217,8 @@ class JobRecord:
             checkpoint_requested_at=self.checkpoint_requested_at,
             stop_awaits_checkpoint=self.awaits_checkpoint,
             preempted_for=self.preempted_for,
+            paused=self.spot_paused,
+            work_since=self.work_started_at if self.work_started_at != self.started_at else None,
         )
 
     @property
@@ -245,6 +257,29 @@ class JobRecord:
         """The job says it saves on SIGTERM (it runs the training helper): label
         `SAVES_ON_STOP_LABEL` = "true"."""
         return str(self.labels.get(SAVES_ON_STOP_LABEL, "")).lower() == "true"
+
+    @property
+    def spot_paused(self) -> bool:
+        """SageMaker managed spot holds its current run interrupted: taken away after the
+        run started, and not restarted since."""
+        at = self.spot_interrupted_at
+        return (
+            at is not None and self.started_at is not None and at >= self.started_at
+            and (self.spot_resumed_at is None or self.spot_resumed_at < at)
+        )
+
+    @property
+    def work_started_at(self) -> float | None:
+        """When the current run's work began, for what a stop would throw away: its start,
+        or its managed-spot restart after it."""
+        resumed, started = self.spot_resumed_at, self.started_at
+        return resumed if resumed is not None and started is not None and resumed > started else started
+
+    def checkpoint_fresh(self, checkpoint_at: float | None, now: float, max_age_s: float) -> bool:
+        """`progress.is_fresh` for its current run: at most `max_age_s` of work at risk since
+        `checkpoint_at` (or since the run's work began); always, while managed spot holds the
+        run interrupted (nothing at risk, and no checkpoint could come)."""
+        return self.spot_paused or is_fresh(checkpoint_at, self.work_started_at, now, max_age_s)
 
     def with_changes(self, **changes) -> "JobRecord":
         return replace(self, **changes)

@@ -266,6 +266,11 @@ class RunningJob:
     checkpoint_requested_at: float | None = None
     stop_awaits_checkpoint: bool = False
     preempted_for: str | None = None
+    # SageMaker managed spot: `paused` while it holds the run interrupted (nothing runs, so
+    # nothing is at risk: a stop loses no work, and no checkpoint could be written);
+    # `work_since`, once restarted, when the run's work began again (None: `started_at`).
+    paused: bool = False
+    work_since: float | None = None
     # When the job was first submitted (None: not known). Under LowerOrNewerEqualPriority a
     # victim of equal priority is newer than its preemptor only if it was also submitted
     # after it: two jobs that each started after the other's submission would otherwise
@@ -276,9 +281,9 @@ class RunningJob:
         """Seconds of work a stop at `now` throws away (`core.progress.work_at_risk_s`: since the
         later of the last checkpoint and the run's start); none for a job seen to save on
         SIGTERM within the grace (`saves_on_stop`)."""
-        if self.saves_on_stop:
+        if self.saves_on_stop or self.paused:
             return 0.0
-        return _progress.work_at_risk_s(self.last_checkpoint_at, self.started_at, now)
+        return _progress.work_at_risk_s(self.last_checkpoint_at, self.started_at if self.work_since is None else self.work_since, now)
 
     def lost_gpu_seconds(self, now: float, at_risk_s: float | None = None) -> float:
         """GPU-seconds of work a stop at `now` throws away (`at_risk_s`: as in `stop_cost_gpu_seconds`)."""
@@ -304,12 +309,15 @@ class RunningJob:
         `stop_cost_gpu_seconds`). The planner needs all five of every victim it stops;
         the same rules, computed together (tests/unit/test_progress.py holds them equal)."""
         last = self.last_checkpoint_at
-        risked = _progress.work_at_risk_s(last, self.started_at, now)  # what `is_fresh` weighs
+        if self.paused:  # nothing runs: nothing at risk, and nothing to wait for
+            risked = 0.0
+        else:  # what `is_fresh` weighs
+            risked = _progress.work_at_risk_s(last, self.started_at if self.work_since is None else self.work_since, now)
         at_risk = 0.0 if self.saves_on_stop else risked
         gpus = self.gpus
         cost = gpus * (at_risk + self.restart_overhead_s + self.preemptions * REPREEMPTION_PENALTY_S)
         if last is None:
-            return None, at_risk, gpus * at_risk, False, cost
+            return None, at_risk, gpus * at_risk, self.paused, cost
         return max(0.0, now - last), at_risk, gpus * at_risk, risked <= max_age_s, cost
 
     def checkpoint_age_s(self, now: float) -> float | None:

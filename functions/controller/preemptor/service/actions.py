@@ -28,7 +28,7 @@ from ..core.pools import describe_offering
 from ..core.policy import Policy
 from ..core.ranking import ClaimRules
 from ..core.victims import still_permits
-from ..core.progress import is_fresh, lost_gpu_seconds, saved_in_run_s
+from ..core.progress import lost_gpu_seconds, saved_in_run_s
 from . import learning  # what the controller learns of each job (issue 10)
 
 logger = logging.getLogger(__name__)
@@ -120,12 +120,15 @@ def check_checkpoint(
         fresh = newest is not None and newest > newer_than
     else:
         # The one rule (core.progress): a relaunched run resumed from that checkpoint, so
-        # only the work since the later of it and the run's start is at risk.
-        fresh = is_fresh(newest, record.started_at, now, max_age_s)
+        # only the work since the later of it and the run's start is at risk (none while
+        # managed spot holds the run interrupted).
+        fresh = record.checkpoint_fresh(newest, now, max_age_s)
     if fresh and record.status is JobState.PREEMPTING:  # (released meanwhile: no stop to confirm it for)
-        store.log(
-            job, now, "checkpoint-confirmed", "fresh-checkpoint", f"newest checkpoint is {age:.0f} s old", checkpoint_age_s=age
-        )
+        if newer_than is None and record.spot_paused:
+            detail = "nothing at risk: managed spot holds its run interrupted (no instances, no work since)"
+        else:
+            detail = f"newest checkpoint is {age:.0f} s old"
+        store.log(job, now, "checkpoint-confirmed", "fresh-checkpoint", detail, checkpoint_age_s=age)
     return {"fresh": fresh, "age_s": age, "last_checkpoint_at": newest}
 
 
@@ -394,7 +397,7 @@ def stop(
         """Fresh when the workflow checked, no longer when the stop goes at `at` (its step
         came late: throttled, retried): told as it is, and counted as a stop without a
         fresh checkpoint."""
-        return fresh and max_age_s is not None and not is_fresh(victim.last_checkpoint_at, victim.started_at, at, max_age_s)
+        return fresh and max_age_s is not None and not victim.checkpoint_fresh(victim.last_checkpoint_at, at, max_age_s)
 
     if _stop_recorded(record):
         signal_at = record.stop_signal_at
@@ -504,6 +507,8 @@ def _since_checkpoint(record: JobRecord) -> str:
     it resumes from (or since its start). Told against the stop signal: a checkpoint written
     after it kept the work done until the stop, one before it did not."""
     signal, saved = record.stop_signal_at, record.last_checkpoint_at
+    if record.spot_paused:
+        return " (managed spot had taken its instances: nothing ran since, and the work lost then was counted then)"
     if saved is None or (record.started_at is not None and saved < record.started_at):
         return " (no checkpoint in this run: its work is redone)"
     if signal is None:
@@ -517,7 +522,8 @@ def _back_to_queue(
     store: JobsStore, policy: Policy, record: JobRecord, fresh: bool, now: float, reason: str, why: str, alerts: Alerts | None = None
 ) -> dict:
     started = record.started_at or now
-    lost = lost_gpu_seconds(record.gpus, record.last_checkpoint_at, started, now)
+    # A run managed spot held interrupted ran nothing since: its loss was counted then.
+    lost = 0.0 if record.spot_paused else lost_gpu_seconds(record.gpus, record.last_checkpoint_at, record.work_started_at or now, now)
     saved = saved_in_run_s(record.last_checkpoint_at, started)
     if record.adopted:
         return _end_adopted(store, policy, record, fresh, now, reason, why, lost, saved, alerts)

@@ -32,7 +32,6 @@ from ..adapters.store import JobsStore
 from ..core.errors import CheckpointLocationUnavailable, ConflictError
 from ..core.jobs import JobRecord
 from ..core.model import Decision, JobState, Reason
-from ..core.progress import is_fresh
 
 
 # Why the plan stopped a victim without asking (`JobRecord.stop_reason`), for the log.
@@ -58,7 +57,7 @@ def at_once_check(store: JobsStore, record: JobRecord, now: float, max_age_s: fl
         why = "saves on SIGTERM within the grace" if trusted else _AT_ONCE_WHY.get(record.stop_reason or "", "a wait would not pay")
         store.log(record.name, now, "checkpoint-not-awaited", "stop-at-once", f"stopped without asking for a checkpoint: {why}")
     age = None if record.last_checkpoint_at is None else max(0.0, now - record.last_checkpoint_at)
-    fresh = trusted or is_fresh(record.last_checkpoint_at, record.started_at, now, max_age_s)
+    fresh = trusted or record.checkpoint_fresh(record.last_checkpoint_at, now, max_age_s)
     return {"fresh": fresh, "age_s": age, "last_checkpoint_at": record.last_checkpoint_at, "stop_at_once": True}
 
 

@@ -24,7 +24,7 @@ from .clock import SimClock
 from .fleet import FleetStop, QuotaRefusal, SimulatedFleet
 from .hostile import HostileWorld, StopAttempt
 from .scenario import (
-    DEFAULT_SCENARIO, ROLE_ARN, CapacityError, Chaos, Scenario, StoppedByHand, cancellation_event, local_pool, lowering_event, submission_event,
+    DEFAULT_SCENARIO, MANAGED_SPOT_OUTAGE_S, ROLE_ARN, CapacityError, Chaos, Scenario, StoppedByHand, cancellation_event, local_pool, lowering_event, submission_event,
     team_launch_request,
 )
 from preemptor.service.scheduling import explain as explaining
@@ -189,6 +189,7 @@ def _replay(
     lowerings = sorted(scenario.lowerings, key=lambda lw: (lw.at, lw.job))
     cancellations = sorted(scenario.cancellations, key=lambda c: (c.at, c.job))
     teams = {j.name: j.team for j in scenario.jobs}
+    pool_of = {j.name: j.pool for j in scenario.jobs}
     by_hand = sorted((f for f in scenario.faults if isinstance(f, StoppedByHand)), key=lambda f: (f.at, f.job))
     horizon = scenario.horizon or (
         max(j.submit_at for j in scenario.jobs) + 3 * sum(j.duration for j in scenario.jobs) + 3600
@@ -262,8 +263,12 @@ def _replay(
         while interruptions and interruptions[0].at <= elapsed:
             cut = interruptions.pop(0)
             record = store.get(cut.job)
+            run = record.run_id if record and record.run_id else cut.job
             try:
-                fleet.spot_interrupt(record.run_id if record and record.run_id else cut.job)
+                if scenario.pool(pool_of[cut.job]).service == "sagemaker":
+                    fleet.managed_spot_interrupt(run, cut.duration or MANAGED_SPOT_OUTAGE_S)
+                else:
+                    fleet.spot_interrupt(run)
             except KeyError as e:
                 result.timeline.append(TimelineEntry(elapsed, "workload", cut.job, "no interruption", str(e)))
             stack.pump(on_event)
@@ -569,7 +574,7 @@ def print_result(result: DemoResult, out: TextIO) -> None:
     out.write(
         f"  preemptions: {report['preemptions']}, spot interruptions: {report['interruptions']}, "
         f"relaunches: {report['relaunches']}, "
-        f"GPU time lost since the checkpoints the relaunches resume from: {report['lost_gpu_seconds']:,.0f} GPU-seconds "
+        f"GPU time lost since the checkpoints the runs resume from (relaunches, managed-spot restarts): {report['lost_gpu_seconds']:,.0f} GPU-seconds "
         f"({report['lost_gpu_seconds'] / 3600:,.1f} GPU-hours; the requeue lines say whether it is work to redo), "
         f"stops without a fresh checkpoint: {report['stops_without_fresh_checkpoint']}\n"
     )

@@ -85,6 +85,8 @@ CHECKPOINT_REQUEST_KEY = "_preemptor/checkpoint-request.json"
 _BATCH_EXIT_REASON = "Essential container in task exited"
 # SageMaker's answer when it cannot provision the instances (FailureReason of the job).
 CAPACITY_ERROR = "CapacityError: Unable to provision requested ML compute capacity. Please retry using a different ML instance type."
+# Transitions of a job's work on its instances: dropped when an interruption took them.
+_WORK = frozenset({"checkpoint", "requested_checkpoint", "complete", "start"})
 SPOT_WAIT_EXCEEDED = "Training job exceeded MaxWaitTimeInSeconds provided without spot capacity"
 
 # Fields of CreateTrainingJob that real "SageMaker Training Job State Change" events repeat.
@@ -167,7 +169,8 @@ class _Job:
     prefix: str | None
     created_at: float
     start_at: float
-    phase: str = "starting"  # starting | running | ended
+    phase: str = "starting"  # starting | running | interrupted (managed spot) | ended
+    epoch: int = 0  # bumped by each managed-spot interruption (`_Transition.epoch`)
     status: str = ""
     ended_at: float | None = None
     holding: bool = False  # counted in its pool's GPUs in use (`_occupy`)
@@ -208,6 +211,9 @@ class _Transition:
     job_key: str = field(compare=False)
     kind: str = field(compare=False)
     payload: Any = field(compare=False, default=None)
+    # The job's `epoch` when scheduled: its work (checkpoints, completion) is dropped once a
+    # managed-spot interruption has taken the instances it was to run on.
+    epoch: int = field(compare=False, default=0)
 
 
 class SimulatedFleet:
@@ -337,6 +343,64 @@ class SimulatedFleet:
             self._emit(self._spot_warning(job))
             self._schedule(now + self._spot_warning_s, job, "instance_terminated", job.instance_id)
             return job.instance_id
+
+    def managed_spot_interrupt(self, name_or_id: str, capacity_back_s: float) -> str:
+        """SageMaker managed spot takes the instances of a running spot training job away:
+        it goes InProgress/Interrupted, the work since its newest checkpoint lost. When spot
+        capacity is back, `capacity_back_s` later, SageMaker restarts it (InProgress/
+        Restarting, then Training after the startup delay) from the newest checkpoint in its
+        location, unless its MaxWaitTimeInSeconds (from its creation) runs out first: then
+        it ends Failed, MaxWaitTimeExceeded. It keeps its instances' quota meanwhile (it is
+        InProgress). A stop ends it at once. Returns the job's name."""
+        with self._lock:
+            job = next(
+                (j for j in reversed(list(self._jobs.values())) if name_or_id in (j.name, j.job_id) and j.phase != "ended"),
+                None,
+            )
+            if job is None or job.service != SAGEMAKER or not job.request.get("EnableManagedSpotTraining"):
+                raise KeyError(f"no live managed-spot training job {name_or_id!r}")
+            if job.phase != "running" or job.stop_requested_at is not None:
+                raise KeyError(f"training job {job.name} is not training ({job.status})")
+            now = self._clock.now()
+            lost = job.progress(now) - job.checkpointed_progress
+            job.epoch += 1
+            job.phase, job.work_started_at = "interrupted", None
+            job.progress_at_start = job.checkpointed_progress
+            moto_patches.set_training_job_status(job.name, "InProgress", "Interrupted")
+            job.status = "InProgress/Interrupted"
+            self._record(now, job, f"managed spot interrupted: InProgress/Interrupted ({lost:g}s of work since its checkpoint lost)")
+            self._emit(self._sagemaker_event(job))
+            wait = (job.request.get("StoppingCondition") or {}).get("MaxWaitTimeInSeconds")
+            deadline = job.created_at + wait if wait else math.inf
+            if now + capacity_back_s < deadline:
+                self._schedule(now + capacity_back_s, job, "spot_restart")
+            else:
+                self._schedule(max(now, deadline), job, "spot_wait_exceeded")
+            return job.name
+
+    def _spot_restart(self, job: _Job, t: float) -> bool:
+        """Spot capacity is back for an interrupted job: Restarting, then (after the startup
+        delay) Training from its newest checkpoint (`_start`)."""
+        if job.phase != "interrupted" or job.stop_requested_at is not None:
+            return False
+        job.phase, job.start_at = "starting", t + self._startup_s[SAGEMAKER]
+        moto_patches.set_training_job_status(job.name, "InProgress", "Restarting")
+        job.status = "InProgress/Restarting"
+        self._record(t, job, "managed spot restarting: InProgress/Restarting")
+        self._emit(self._sagemaker_event(job))
+        self._schedule(job.start_at, job, "start")
+        return True
+
+    def _spot_wait_exceeded(self, job: _Job, t: float) -> bool:
+        """An interrupted job whose MaxWaitTimeInSeconds ran out before spot came back."""
+        job.final_progress = job.checkpointed_progress
+        job.phase, job.ended_at = "ended", t
+        self._occupy(job, -1)
+        moto_patches.set_training_job_status(job.name, "Failed", "MaxWaitTimeExceeded", SPOT_WAIT_EXCEEDED)
+        job.status = "Failed/MaxWaitTimeExceeded"
+        self._record(t, job, f"Failed: {SPOT_WAIT_EXCEEDED}")
+        self._emit(self._sagemaker_event(job))
+        return True
 
     def gpus_in_use(self) -> dict[str, int]:
         with self._lock:
@@ -527,11 +591,11 @@ class SimulatedFleet:
 
     def _schedule(self, at: float, job: _Job, kind: str, payload: Any = None) -> None:
         heapq.heappush(
-            self._queue, _Transition(at, next(self._seq), _key(job.service, job.job_id), kind, payload)
+            self._queue, _Transition(at, next(self._seq), _key(job.service, job.job_id), kind, payload, job.epoch)
         )
 
     def _schedule_stop(self, job: _Job, now: float) -> None:
-        if job.phase == "starting":
+        if job.phase in ("starting", "interrupted"):
             self._schedule(now, job, "stopped")
             return
         grace = self._stop_grace_s[job.service]
@@ -585,6 +649,10 @@ class SimulatedFleet:
             return True
         if job.phase == "ended":
             return False
+        if transition.epoch != job.epoch and kind in _WORK:
+            return False  # planned for instances a managed-spot interruption took away
+        if kind == "spot_restart":
+            return self._spot_restart(job, t)
         if kind == "start":
             return self._start(job, t)
         if kind == "checkpoint":
@@ -604,6 +672,8 @@ class SimulatedFleet:
         if kind == "stopped":
             return self._end(job, t, completed=False)
         if kind == "spot_wait_exceeded":
+            if job.phase == "interrupted":
+                return self._spot_wait_exceeded(job, t)
             return self._never_provisioned(job, t, "MaxWaitTimeExceeded", SPOT_WAIT_EXCEEDED)
         if kind == "instance_terminated":
             job.stop_reason = f"Host EC2 (instance {transition.payload}) terminated."
@@ -718,8 +788,9 @@ class SimulatedFleet:
         return True
 
     def _never_provisioned(self, job: _Job, t: float, secondary: str, reason: str) -> bool:
-        """A SageMaker job that never got its instances ends Failed, holding no GPU."""
-        job.final_progress = 0.0
+        """A SageMaker job that never got its instances (or, restarting after a managed-spot
+        interruption, never got them back) ends Failed, holding no GPU."""
+        job.final_progress = job.progress_at_start
         job.phase, job.ended_at = "ended", t
         self._occupy(job, -1)
         moto_patches.set_training_job_status(job.name, "Failed", secondary, reason)
@@ -820,8 +891,8 @@ class SimulatedFleet:
 
     def _poll_checkpoint_requests(self) -> None:
         for job in self._jobs.values():
-            if job.phase == "ended" or job.bucket is None:
-                continue
+            if job.phase in ("ended", "interrupted") or job.bucket is None:
+                continue  # an interrupted job's helper reads the request once it runs again
             requested_at = self._read_checkpoint_request(job)
             if requested_at is None or requested_at == job.handled_request_at:
                 continue

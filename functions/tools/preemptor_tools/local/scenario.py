@@ -9,15 +9,17 @@ jobs:
      submit_at: 0, duration: 21600, checkpoint_every: 300}
 ```
 Times are seconds from the start of the scenario; `priority` is 0..1000 or a tier name.
-Batch pools take `gpus` per job instead of `instances`, and may list spot interruptions:
-`interruptions: [{at: 1800, job: sweep}]` reclaims the instance under the job's current run.
+Batch pools take `gpus` per job instead of `instances`. Spot interruptions:
+`interruptions: [{at: 1800, job: sweep}]` reclaims the instance under a Batch job's current
+run; on a SageMaker spot pool, managed spot takes the current run's instances until spot
+capacity is back `duration` seconds later (600 by default), and SageMaker restarts it.
 A team may lower a job (`lowerings: [{at, job, priority}]`) or cancel it (`cancellations:
 [{at, job}]`), by the events `preemptor lower` and `preemptor cancel` put on the bus.
 
 A hostile world (see `hostile.py`): `chaos: {seed, throttle_rate, duplicate_rate, reorder_rate,
 transaction_conflict_rate, crash_rate}` and `faults: [{type: stop_denied, at, job, duration},
 {type: stopped_by_hand, at, job}, {type: workflow_crash, at}, {type: capacity_error, at, pool,
-duration, instance_type?, capacity_type?}, {type: spot_interruption, at, job}]`. Batch pools
+duration, instance_type?, capacity_type?}, {type: spot_interruption, at, job, duration?}]`. Batch pools
 described by instances (`instance_type`, `instances`, `gpus_per_instance`) take `instances` on
 jobs. Pools take `capacity_type: spot | on-demand` (and `on_demand_fallback: true` for a spot
 pool that may fall back to on-demand), as the controller's pool configuration does.
@@ -74,13 +76,20 @@ class ScenarioJob(BaseModel):
     runs_training_helper: bool = False
 
 
+# How long managed spot keeps an interrupted SageMaker run without instances, by default.
+MANAGED_SPOT_OUTAGE_S = 600.0
+
+
 class SpotInterruption(BaseModel):
-    """Reclaim the spot instance under `job`'s current run at `at` (Batch pools only)."""
+    """At `at`, the spot capacity under `job`'s current run is taken: on a Batch pool EC2
+    warns, then reclaims its instance; on a SageMaker spot pool managed spot takes its
+    instances until spot capacity is back `duration` seconds later, and restarts it."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     at: float = Field(ge=0)
     job: str
+    duration: float | None = Field(default=None, gt=0)  # SageMaker only (default MANAGED_SPOT_OUTAGE_S)
 
 
 class Lowering(BaseModel):
@@ -178,14 +187,16 @@ class CapacityError(BaseModel):
 
 
 class SpotInterruptionFault(BaseModel):
-    """At `at`, EC2 warns that the spot instance under `job`'s current run goes two minutes
-    later, and reclaims it then (the same as an `interruptions:` entry)."""
+    """The same as an `interruptions:` entry: at `at`, EC2 warns that the spot instance
+    under a Batch job's current run goes two minutes later, and reclaims it then; managed
+    spot takes a SageMaker spot job's instances for `duration` seconds."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["spot_interruption"]
     at: float = Field(ge=0)
     job: str
+    duration: float | None = Field(default=None, gt=0)
 
 
 Fault = Annotated[
@@ -264,13 +275,16 @@ class Scenario(BaseModel):
                         f"job {job.name!r}: gpus={job.gpus} contradicts {job.instances} instances x {pool.gpus_per_instance} GPUs"
                     )
         self.interruptions = self.interruptions + [
-            SpotInterruption(at=f.at, job=f.job) for f in self.faults if isinstance(f, SpotInterruptionFault)
+            SpotInterruption(at=f.at, job=f.job, duration=f.duration) for f in self.faults if isinstance(f, SpotInterruptionFault)
         ]
         by_name = {j.name: j for j in self.jobs}
         for cut in self.interruptions:
             job = by_name.get(cut.job)
-            if job is None or pools[job.pool].service != "batch":
-                raise ValueError(f"interruption at {cut.at}: {cut.job!r} is not a job of a Batch pool")
+            pool = pools[job.pool] if job is not None else None
+            if pool is None or (pool.service != "batch" and pool.capacity_type != "spot"):
+                raise ValueError(f"interruption at {cut.at}: {cut.job!r} is not a job of a Batch pool or of a SageMaker spot pool")
+            if pool.service == "batch" and cut.duration is not None:
+                raise ValueError(f"interruption at {cut.at}: 'duration' is managed spot's (a SageMaker spot pool); EC2 reclaims {cut.job!r}'s instance for good")
         for lowering in self.lowerings:
             if lowering.job not in by_name:
                 raise ValueError(f"lowering at {lowering.at}: unknown job {lowering.job!r}")
