@@ -32,6 +32,10 @@ Life of a job, all in simulated time:
   newer than the last checkpoint: a checkpoint `checkpoint_write_s` after the request (unless a
   periodic one got there first).
 - work done: SageMaker `Completed`; Batch `SUCCEEDED`.
+- a managed-spot interruption (`managed_spot_interrupt`) of a SageMaker spot run:
+  `InProgress`/`Interrupted`, the work since its checkpoint lost and none done; when spot is
+  back, `Restarting`, then `Training` from its newest checkpoint after the startup delay
+  (or `Failed`/`MaxWaitTimeExceeded` once its MaxWaitTimeInSeconds ran out first).
 - StopTrainingJob / TerminateJob: a job that runs the training helper (`checkpoint_on_stop`)
   writes a checkpoint on SIGTERM and exits once it is written, `checkpoint_write_s` after the
   signal, when that is within the service's grace (SageMaker 120 s, Batch 30 s by default);
