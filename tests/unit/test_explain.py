@@ -286,3 +286,24 @@ def test_a_tier_preemption_delay_is_told_with_what_is_left_of_it():
     # Then what is in its way is the 800 s left of its tier's delay, as its decision says
     assert "waits 800 s more" in answer["text"]
     assert "in the way: delay: preempts only after 800 s more" in answer["text"]
+
+
+def test_explain_shows_a_victim_managed_spot_holds_interrupted_is_stopped_without_a_checkpoint_wait():
+    from preemptor.core.model import PendingJob, Pool, RunningJob, Snapshot
+    from preemptor.core.policy import Policy
+
+    # Given a low job whose checkpoint is an hour old, held interrupted by managed spot
+    # (nothing runs), and a critical job wanting its GPUs
+    snap = Snapshot(
+        pools=(Pool("p", 8),),
+        running=(RunningJob("sweep", "t", 50, "p", 8, started_at=0.0, last_checkpoint_at=400.0, paused=True),),
+        pending=(PendingJob("crit", "t", 1000, "p", 8, submitted_at=3990.0),),
+    )
+    policy = Policy()
+    # When explaining it
+    answer = explain_job("sweep", plan(snap, policy, 4000.0), snap, policy, 4000.0)
+    # Then it is shown interrupted, its stop loses nothing and waits for no checkpoint
+    running = answer["running"]
+    assert running["spot_interrupted"] is True
+    assert running["preempted_now"]["lost_gpu_seconds"] == 0
+    assert running["preempted_now"]["checkpoint_fresh"] is True and running["preempted_now"]["wait_for_checkpoint"] is False

@@ -130,3 +130,17 @@ def test_stop_figures_are_the_rules_they_combine(last, saves):
                 v.stop_cost_gpu_seconds(now),
             )
             assert repr(v.stop_figures(now, 900.0)) == repr(expected)
+
+
+@pytest.mark.parametrize("last", [None, 100.0, 5000.0])
+def test_a_run_managed_spot_holds_interrupted_risks_nothing_and_is_fresh(last):
+    # A run managed spot holds interrupted runs nothing: a stop loses no work, and a
+    # checkpoint it could not write is not waited for; after its restart only the work
+    # since the later of its checkpoint and the restart is at risk
+    paused = running("v", gpus=8, started_at=0.0, last_checkpoint_at=last, paused=True, restart_overhead_s=120.0)
+    age, at_risk, lost, fresh, cost = paused.stop_figures(9000.0, 900.0)
+    assert (at_risk, lost, fresh, cost) == (0.0, 0.0, True, 8 * 120.0)
+    assert paused.work_at_risk_s(9000.0) == 0.0
+    restarted = running("v", gpus=8, started_at=0.0, last_checkpoint_at=last, work_since=6000.0)
+    assert restarted.work_at_risk_s(9000.0) == 9000.0 - max(last or 0.0, 6000.0)
+    assert restarted.stop_figures(9000.0, 900.0)[1] == restarted.work_at_risk_s(9000.0)

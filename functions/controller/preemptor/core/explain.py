@@ -152,6 +152,8 @@ def _running(name: str, decision: Decision, snapshot: Snapshot, policy: Policy, 
             "ignored_checkpoint_request": job.ignored_checkpoint_request,
             "checkpoint_requested_at": job.checkpoint_requested_at,
         }
+        # Held interrupted by SageMaker managed spot: nothing at risk, no checkpoint asked.
+        facts["spot_interrupted"] = job.paused
     ahead = next((c for c in decision.checkpoint_requests if c.job == name), None)
     facts["checkpoint_ahead"] = None if ahead is None else {"for": ahead.for_job, "detail": ahead.detail}
     chosen = next((p for p in decision.preemptions if p.victim == name), None)
