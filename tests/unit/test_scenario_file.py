@@ -42,6 +42,18 @@ def test_a_spot_interruption_fault_is_an_interruption_of_the_job():
     assert scenario.hostile
 
 
+def test_a_spot_interruption_takes_a_batch_jobs_instance_or_a_sagemaker_spot_jobs_for_a_while():
+    spot = {"name": "p5", "service": "sagemaker", "instance_type": "ml.p5.48xlarge", "instances": 2, "capacity_type": "spot"}
+    # Managed spot: for `duration` seconds, on a SageMaker spot pool only
+    cut = {"type": "spot_interruption", "at": 100, "job": "j", "duration": 900}
+    assert _scenario(spot, {"instances": 1}, faults=[cut]).interruptions == [SpotInterruption(at=100, job="j", duration=900)]
+    with pytest.raises(ValidationError, match="is not a job of a Batch pool or of a SageMaker spot pool"):
+        _scenario({**spot, "capacity_type": "on-demand"}, {"instances": 1}, faults=[cut])
+    # EC2 reclaims a Batch job's instance for good: no duration
+    with pytest.raises(ValidationError, match="'duration' is managed spot's"):
+        _scenario(BATCH_BY_INSTANCES, {"instances": 1}, faults=[cut])
+
+
 def test_fallback_instance_types_are_offered_after_the_pools_own_and_only_on_sagemaker():
     from preemptor.config import PoolConfig
 
