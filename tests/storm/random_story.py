@@ -15,7 +15,8 @@ the service running out of capacity for a while, copies teams make of the contro
 to come (their names and tags), an account with more than the pool, so that teams' own
 runs may fill the pool beyond its capacity, a pool that buys its instances more than one
 way (a fallback instance type or job queue, spot before on-demand) with an outage of the
-first, and a second pool beside the first with some of the jobs.
+first (and, on a SageMaker spot pool, managed spot taking a run's instances for a while),
+and a second pool beside the first with some of the jobs.
 """
 
 from __future__ import annotations
