@@ -1420,6 +1420,7 @@ def test_a_managed_spot_interruption_is_accounted_and_the_job_keeps_running():
         assert job.spot_paused and job.as_running().work_at_risk_s(interrupted_at + 3600) == 0
         assert env.store.pool("p5")["used_gpus"] == 16
         # When it restarts ten minutes later (the service does, from its checkpoint)
+        env.advance(600)
         restarting = env.put(_managed_spot_event("spotty", "InProgress", "Restarting", "spot-2", interrupted_at + 600)).results[0]
         # Then only the work since the restart is at risk
         assert restarting["outcome"] == "accepted" and "spot-restarting" in env.kinds("spotty")
@@ -1438,6 +1439,7 @@ def test_a_redelivered_managed_spot_interruption_is_counted_once():
             _managed_spot_event("spotty", "InProgress", s, f"spot-{s}", now + delay) for s, delay in (("Interrupted", 0), ("Restarting", 300))
         )
         assert env.put(interrupted).results[0]["outcome"] == "accepted"
+        env.advance(300)
         env.put(restarting)
         lost = env.job("spotty").lost_gpu_seconds
         assert lost > 0
@@ -1465,6 +1467,20 @@ def test_a_managed_spot_interruption_delivered_after_its_restart_pauses_nothing(
         # Then its lost work is counted, and the run is not held paused: it runs again
         assert result["outcome"] == "accepted" and env.job("spotty").lost_gpu_seconds > 0
         assert not env.job("spotty").spot_paused
+
+
+def test_a_managed_spot_restart_stamped_ahead_of_the_clock_is_taken_as_of_its_handling():
+    with emulation() as env:
+        # Given a running job whose last checkpoint is 5 minutes old
+        env.submit(name="spotty", team="a", priority=200, pool="p5", instances=2, duration=7200, checkpoint_every=600)
+        env.advance(900)
+        now = env.clock.now()
+        # When a restart event arrives stamped an hour ahead of the clock
+        env.put(_managed_spot_event("spotty", "InProgress", "Restarting", "spot-ahead", now + 3600))
+        # Then the restart counts as of now: the run's work is at risk from then on, not an hour later
+        job = env.job("spotty")
+        assert job.work_started_at <= env.clock.now()
+        assert job.as_running().work_at_risk_s(env.clock.now() + 600) >= 600
 
 
 def test_a_managed_spot_job_that_waited_past_its_max_wait_is_relaunched_not_failed():

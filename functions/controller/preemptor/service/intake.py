@@ -430,7 +430,9 @@ class Intake:
           restart is at risk (`work_started_at`).
         The events may come in either order: an interruption older than a restart already
         seen is counted and pauses nothing."""
-        at = event.time if event.time is not None else now
+        # No later than its handling: a time ahead of the clock (skew, or a malformed event)
+        # would hold the run restarted in the future, nothing at risk until then.
+        at = min(event.time, now) if event.time is not None else now
         restart = event.secondary_status != "Interrupted"
         incarnation = record.incarnation
         for _ in range(actions.JUDGE_ATTEMPTS):
