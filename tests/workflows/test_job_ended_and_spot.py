@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import deque
 
 import pytest
 from aws_faults import THROTTLING, aws_says_no
@@ -511,3 +512,91 @@ def test_reconcile_refused_the_job_queues_still_scans_the_pools_own_queues_and_s
         # And the next pass, answered, adopts the other
         again = env.stack.invoke_lambda("preemptor-ReconcileFunction", {})
         assert [r["job"] for r in again["repairs"] if r["repair"] == "run-adopted"] == ["in-a-sharing-queue"]
+
+
+P5_SPOT = PoolConfig(name="p5", service="sagemaker", instance_type="ml.p5.48xlarge", instances=8, gpus_per_instance=8, capacity_type="spot")
+
+
+class _Losing(deque):
+    """The stack's outbox, losing the fleet's events that `lose` picks (EventBridge delivered
+    them to no function: dead-lettered, say); they are kept in `lost`."""
+
+    def __init__(self, lose) -> None:
+        super().__init__()
+        self.lose, self.lost = lose, []
+
+    def append(self, event: dict) -> None:
+        if self.lose(event):
+            self.lost.append(event)
+        else:
+            super().append(event)
+
+
+def _secondary(status: str):
+    return lambda event: event.get("detail", {}).get("SecondaryStatus") == status
+
+
+def test_a_managed_spot_interruption_whose_event_never_came_is_counted_by_reconcile_once():
+    from iam_policy import StackPolicies
+
+    with emulation(pools=[P5_SPOT]) as env:
+        # Given a job on managed spot that checkpoints every 10 minutes
+        env.submit(name="spotty", team="a", priority=200, pool="p5", instances=2, duration=7200, checkpoint_every=600)
+        env.advance(900)
+        # When managed spot takes its instances for an hour, and its Interrupted event never
+        # reaches the controller
+        env.stack.outbox = outbox = _Losing(_secondary("Interrupted"))
+        interrupted_at = env.clock.now()
+        env.fleet.managed_spot_interrupt(env.job("spotty").run_id, capacity_back_s=3600)
+        env.advance(120)
+        [lost_event] = outbox.lost
+        before = env.job("spotty")
+        assert not before.spot_paused and before.lost_gpu_seconds == 0
+        # Then reconcile reads it from the training job: the run is held paused since the
+        # interruption, and the work it lost (since its checkpoint) is counted on the job
+        calls = len(env.stack.calls.calls)
+        repairs = [r for r in _reconcile(env)["repairs"] if r["job"] == "spotty"]
+        assert [r["repair"] for r in repairs] == ["missed-spot-interruption"]
+        job = env.job("spotty")
+        assert job.spot_paused and job.spot_interrupted_at == pytest.approx(interrupted_at, abs=1)
+        since = max(job.last_checkpoint_at, job.started_at)
+        assert job.lost_gpu_seconds == pytest.approx(16 * (interrupted_at - since), abs=16) and job.lost_gpu_seconds > 0
+        [line] = [e for e in env.store.history("spotty") if e["kind"] == "spot-interrupted"]
+        assert "reconcile" in line["detail"]
+        assert StackPolicies.of(env.stack).denials(env.stack.calls.calls[calls:]) == []
+        # And neither reconcile's next pass nor the event, delivered at last, counts it again
+        assert not [r for r in _reconcile(env)["repairs"] if r["job"] == "spotty"]
+        assert env.put(lost_event).results[0]["outcome"] == "duplicate"
+        assert env.job("spotty").lost_gpu_seconds == job.lost_gpu_seconds
+        assert env.kinds("spotty").count("spot-interrupted") == 1
+
+
+def test_a_managed_spot_restart_whose_event_never_came_is_read_by_reconcile_and_its_work_is_at_risk_again():
+    with emulation(pools=[P5_SPOT]) as env:
+        # Given a job on managed spot, interrupted for 10 minutes (its Interrupted event came)
+        env.submit(name="spotty", team="a", priority=200, pool="p5", instances=2, duration=7200, checkpoint_every=3600)
+        env.advance(900)
+        env.stack.outbox = outbox = _Losing(_secondary("Restarting"))
+        env.fleet.managed_spot_interrupt(env.job("spotty").run_id, capacity_back_s=600)
+        env.advance(60)
+        assert env.job("spotty").spot_paused
+        # When it restarts and trains again, and its Restarting event never reaches the controller
+        restarted_at = env.clock.now() + 540
+        env.advance(1800)
+        [lost_event] = outbox.lost
+        assert [r["status"] for r in env.fleet.runs() if r["name"] == env.job("spotty").run_id] == ["InProgress/Training"]
+        # Then, before reconcile, the controller still holds it paused: a stop would throw
+        # its 20 minutes of training away as if nothing were at risk
+        now = env.clock.now()
+        assert env.job("spotty").checkpoint_fresh(None, now, 300)
+        # And reconcile reads the restart from the training job: its work since the restart
+        # is at risk again, and a stop needs the checkpoint the policy demands
+        repairs = [r for r in _reconcile(env)["repairs"] if r["job"] == "spotty"]
+        assert [r["repair"] for r in repairs] == ["missed-spot-restart"]
+        job = env.job("spotty")
+        assert not job.spot_paused and job.work_started_at == pytest.approx(restarted_at, abs=30)
+        assert job.as_running().work_at_risk_s(now) == pytest.approx(now - restarted_at, abs=30)
+        assert not job.checkpoint_fresh(job.last_checkpoint_at, now, 300)
+        # And the event, delivered at last, changes nothing
+        assert env.put(lost_event).results[0]["outcome"] == "duplicate"
+        assert env.kinds("spotty").count("spot-restarting") == 1

@@ -52,6 +52,10 @@ class RunState:
     phase: str
     service_status: str
     reason: str | None = None
+    # SageMaker managed spot (DescribeTrainingJob's SecondaryStatusTransitions): when it
+    # last took the run's instances away, and when it last restarted the run.
+    spot_interrupted_at: float | None = None
+    spot_restarted_at: float | None = None
 
     @property
     def ended(self) -> bool:
@@ -239,7 +243,16 @@ class SageMakerRunner:
                 raise ServiceJobNotFound(f"DescribeTrainingJob {run_id}: no such training job") from e
             raise translate(e, f"DescribeTrainingJob {run_id}") from e
         status = job["TrainingJobStatus"]
-        return RunState(self._PHASES.get(status, "running"), status, job.get("FailureReason"))
+        transitions = job.get("SecondaryStatusTransitions") or []
+
+        def latest(secondary: str) -> float | None:
+            return max((t["StartTime"].timestamp() for t in transitions if t.get("Status") == secondary and t.get("StartTime")), default=None)
+
+        return RunState(
+            self._PHASES.get(status, "running"), status, job.get("FailureReason"),
+            spot_interrupted_at=latest("Interrupted"),
+            spot_restarted_at=latest("Restarting"),
+        )
 
     def live_runs(self, job_queue: str | None = None) -> list[LiveRun]:
         """Every training job in progress in the account and region (a Stopping one is

@@ -48,7 +48,7 @@ USAGE_SETTLE_S = 5 * 60  # far beyond the index's propagation delay (normally un
 TRANSACT_ATTEMPTS = 5
 CLAIM_ATTEMPTS = 3  # an adopted run's claim of a checkpoint location, each after a write meanwhile
 TRANSACT_BACKOFF_S = 0.05  # full jitter: attempt n sleeps up to 0.05 x 2^n s
-_JSON_FIELDS = ("request", "labels")
+_JSON_FIELDS = ("request", "labels", "spot_interruptions")
 _INT_FIELDS = ("gpus", "priority", "incarnation", "preemptions", "stops_without_fresh_checkpoint", "version", "launch_attempts", "launches_given_up")
 _FLOAT_FIELDS = ("lost_gpu_seconds",)
 # Fields another writer may set while a transition is decided, without changing the

@@ -11,6 +11,12 @@ from .model import JobState, PendingJob, RunningJob
 from .progress import is_fresh
 
 SPOT_INTERRUPTION = "spot-interruption"  # `preempted_by` of a job stopped for its instance
+# Two tellings of one managed-spot change (its event's time, and the time DescribeTrainingJob's
+# SecondaryStatusTransitions give it, read by reconcile) are at most this far apart; two
+# changes of one kind are further apart (an interruption waits for the restart before it,
+# and a restart for its spot capacity).
+SAME_SPOT_CHANGE_S = 300.0
+SPOT_TIMES_KEPT = 20  # managed-spot interruption times a job keeps (`spot_interruptions`)
 
 
 # The label by which a job declares that it saves a checkpoint on SIGTERM within the grace
@@ -128,9 +134,11 @@ class JobRecord:
     # (`run_token_of`), so a run a team creates with this job's name and tags is not taken
     # for it. None for a job stored before it existed (its runs are known by name and tags).
     run_secret: str | None = None
-    # The event of the last SageMaker managed-spot interruption whose lost work was added
-    # to `lost_gpu_seconds`: a redelivery of it adds nothing again.
-    spot_interrupted_by: str | None = None
+    # When the SageMaker managed-spot interruptions whose lost work was added to
+    # `lost_gpu_seconds` happened (the newest SPOT_TIMES_KEPT, oldest first): one told
+    # again, by a redelivered event or by reconcile's reading of the training job, adds
+    # nothing again (`SAME_SPOT_CHANGE_S`).
+    spot_interruptions: list = field(default_factory=list)
     # When SageMaker managed spot last took the current run's instances away, and when it
     # last restarted the run (the events' times): while it is interrupted nothing runs, so
     # nothing is at risk (`spot_paused`); once restarted, only the work since the later of
@@ -267,6 +275,23 @@ class JobRecord:
             at is not None and self.started_at is not None and at >= self.started_at
             and (self.spot_resumed_at is None or self.spot_resumed_at < at)
         )
+
+    def spot_interruption_counted(self, at: float) -> bool:
+        """A managed-spot interruption at `at` is one whose lost work is already counted: one
+        as close in time, with no restart seen between them."""
+        resumed = self.spot_resumed_at
+        return any(
+            abs(at - t) <= SAME_SPOT_CHANGE_S and not (resumed is not None and min(at, t) < resumed <= max(at, t))
+            for t in self.spot_interruptions
+        )
+
+    def spot_restart_seen(self, at: float) -> bool:
+        """A managed-spot restart at `at` is the last one seen, or older. Never while the run
+        is held interrupted since before `at`: that restart ends the pause."""
+        resumed = self.spot_resumed_at
+        if resumed is None or (self.spot_paused and at >= self.spot_interrupted_at):
+            return False
+        return resumed >= at - SAME_SPOT_CHANGE_S
 
     @property
     def work_started_at(self) -> float | None:

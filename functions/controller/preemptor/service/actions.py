@@ -21,8 +21,9 @@ from ..adapters.runners import Runner
 from ..adapters.store import JobsStore, LogLine
 from ..core.errors import (
     AccessDenied, CheckpointLocationUnavailable, ConflictError, PreemptorError, RunNameTaken, ServiceJobNotFound, ServiceRejected,
+    TransactionConflict,
 )
-from ..core.jobs import SPOT_INTERRUPTION, JobRecord
+from ..core.jobs import SPOT_INTERRUPTION, SPOT_TIMES_KEPT, JobRecord
 from ..core.model import CallOff, EndedRun, JobState, Notice, PreemptionRule, Reason
 from ..core.pools import describe_offering
 from ..core.policy import Policy
@@ -654,6 +655,63 @@ def interrupt(*, store: JobsStore, job: str, incarnation: int, reason: str, now:
 def _log_interruption(store: JobsStore, job: str, at: float, reason: str, execution: str | None) -> None:
     once = None if execution is None else f"interruption#{execution}"
     store.log(job, at, "interruption", reason, "checkpoint requested; will stop and requeue", once=once)
+
+
+def managed_spot(*, store: JobsStore, record: JobRecord, interrupted: bool, at: float, now: float, told_by: str = "") -> tuple[str, str]:
+    """SageMaker managed spot took the current run's instances away (`interrupted`) or is
+    bringing the run back from its checkpoint, at `at`. The service restarts the run
+    itself; the controller accounts for it, once however often it is told (an event and its
+    redeliveries, reconcile's reading of the training job: `JobRecord.spot_interruption_counted`,
+    `spot_restart_seen`), as of when it happened:
+    - the interruption: the work it lost (GPUs x time since the latest of the last
+      checkpoint, the run's start and an earlier restart, as they stood then), added to
+      the job's lost work with its line; the run is held paused (`spot_paused`): nothing
+      runs, so nothing is at risk, and a stop of it needs no checkpoint (none could be
+      written);
+    - the restart: from then on only the work since the later of the checkpoint and the
+      restart is at risk (`work_started_at`).
+    They may be told in either order: an interruption older than a restart already seen is
+    counted, and pauses nothing. `told_by` ends the line's detail (" (reconcile: ...)").
+
+    Returns (outcome, detail): "accepted", "duplicate" or "ignored" (the job left the run)."""
+    # No later than its handling: a time ahead of the clock (skew, or a malformed event)
+    # would hold the run restarted in the future, nothing at risk until then.
+    at = min(at, now)
+    incarnation = record.incarnation
+    for _ in range(JUDGE_ATTEMPTS):
+        if not interrupted:
+            if record.spot_restart_seen(at):
+                return "duplicate", f"managed-spot restart of {record.run_name} already seen"
+            line = LogLine(record.name, at, "spot-restarting", "managed-spot", f"{record.run_name} restarts from its checkpoint{told_by}")
+            new = record.with_changes(spot_resumed_at=max(at, record.spot_resumed_at or at))
+        else:
+            if record.spot_interruption_counted(at):
+                return "duplicate", f"managed-spot interruption of {record.run_name} already counted"
+            # Its work at risk when the instances went: since the latest of the checkpoint,
+            # the run's start and an earlier restart, as they stood then (a restart or a
+            # checkpoint told before it, but after it, are not).
+            known = [t for t in (record.last_checkpoint_at, record.started_at, record.spot_resumed_at) if t is not None and t <= at]
+            lost = record.gpus * (at - max(known)) if known else 0.0
+            line = LogLine(
+                record.name, at, "spot-interrupted", "managed-spot",
+                f"{record.run_name} lost its spot instances; SageMaker restarts it from its checkpoint "
+                f"(~{lost:.0f} GPU-seconds lost){told_by}",
+                {"lost_gpu_seconds": lost},
+            )
+            resumed_after = record.spot_resumed_at is not None and record.spot_resumed_at >= at
+            new = record.with_changes(
+                lost_gpu_seconds=record.lost_gpu_seconds + lost,
+                spot_interruptions=sorted([*record.spot_interruptions, at])[-SPOT_TIMES_KEPT:],
+                spot_interrupted_at=record.spot_interrupted_at if resumed_after else max(at, record.spot_interrupted_at or at),
+            )
+        try:
+            store.transition(record, new, [record.status], log=line)
+            return "accepted", f"managed-spot {'interruption' if interrupted else 'restart'} of {record.run_name}"
+        except ConflictError:
+            record = store.get(record.name)
+            if record is None or record.incarnation != incarnation or record.status.is_terminal:
+                return "ignored", "stale: a managed-spot change of a run its job has left"
+    raise TransactionConflict(f"job {record.name} kept changing while a managed-spot change was counted")
 
 
 def spare(

@@ -418,55 +418,13 @@ class Intake:
 
     def _managed_spot(self, record: JobRecord, event: "ev.TrainingJobStateChanged", now: float) -> IntakeResult:
         """SageMaker managed spot took the instances away (`Interrupted`) or is bringing the
-        job back from its checkpoint (`Restarting`). The service restarts the job itself; the
-        controller accounts for it, once per event (`spot_interrupted_by`: a redelivery adds
-        nothing again), by the event's own time (its handling may come later):
-        - the interruption: the work it lost (GPUs x time since the latest of the last
-          checkpoint, the run's start and an earlier restart), added to the job's lost work
-          with its line;
-          the run is held paused (`spot_paused`): nothing runs, so nothing is at risk, and
-          a stop of it needs no checkpoint (none could be written);
-        - the restart: from then on only the work since the later of the checkpoint and the
-          restart is at risk (`work_started_at`).
-        The events may come in either order: an interruption older than a restart already
-        seen is counted and pauses nothing."""
-        # No later than its handling: a time ahead of the clock (skew, or a malformed event)
-        # would hold the run restarted in the future, nothing at risk until then.
-        at = min(event.time, now) if event.time is not None else now
-        restart = event.secondary_status != "Interrupted"
-        incarnation = record.incarnation
-        for _ in range(actions.JUDGE_ATTEMPTS):
-            if restart:
-                if record.spot_resumed_at is not None and record.spot_resumed_at >= at:
-                    return IntakeResult("duplicate", f"managed-spot restart of {record.run_name} already seen", record.name)
-                line = LogLine(record.name, at, "spot-restarting", "managed-spot", f"{record.run_name} restarts from its checkpoint")
-                new = record.with_changes(spot_resumed_at=at)
-            else:
-                if record.spot_interrupted_by == event.event_id:
-                    return IntakeResult("duplicate", f"managed-spot interruption of {record.run_name} already counted", record.name)
-                # Its work at risk when the instances went: since the latest of the checkpoint,
-                # the run's start and an earlier restart, as they stood then (a restart or a
-                # checkpoint told before it, but after it, are not).
-                known = [t for t in (record.last_checkpoint_at, record.started_at, record.spot_resumed_at) if t is not None and t <= at]
-                lost = record.gpus * (at - max(known)) if known else 0.0
-                line = LogLine(
-                    record.name, at, "spot-interrupted", "managed-spot",
-                    f"{record.run_name} lost its spot instances; SageMaker restarts it from its checkpoint (~{lost:.0f} GPU-seconds lost)",
-                    {"lost_gpu_seconds": lost},
-                )
-                resumed_after = record.spot_resumed_at is not None and record.spot_resumed_at >= at
-                new = record.with_changes(
-                    lost_gpu_seconds=record.lost_gpu_seconds + lost, spot_interrupted_by=event.event_id,
-                    spot_interrupted_at=record.spot_interrupted_at if resumed_after else at,
-                )
-            try:
-                self.store.transition(record, new, [record.status], log=line)
-                return IntakeResult("accepted", f"managed-spot {'restart' if restart else 'interruption'} of {record.run_name}", record.name)
-            except ConflictError:
-                record = self.store.get(record.name)
-                if record is None or record.incarnation != incarnation or record.status.is_terminal:
-                    return IntakeResult("ignored", "stale: a managed-spot event of a run its job has left", record.name if record else None)
-        raise TransactionConflict(f"job {record.name} kept changing while a managed-spot event was counted")
+        job back from its checkpoint (`Restarting`): accounted once, by the event's own time
+        (its handling may come later), as `actions.managed_spot` says."""
+        outcome, detail = actions.managed_spot(
+            store=self.store, record=record, interrupted=event.secondary_status == "Interrupted",
+            at=event.time if event.time is not None else now, now=now,
+        )
+        return IntakeResult(outcome, detail, record.name)
 
     def _note_instance(self, event, name: str, incarnation: int, status: str, now: float) -> str:
         """Remember the EC2 instance a running Batch job is on, for spot warnings."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..adapters.alerts import Alerts
 from ..adapters.checkpoints import CheckpointStore
-from ..adapters.runners import BatchRunner, Runner
+from ..adapters.runners import BatchRunner, Runner, RunState
 from ..adapters.store import JobsStore, LogLine
 from ..adapters.workflows import WorkflowStarter, execution_name
 from ..config import Settings
@@ -50,6 +50,8 @@ class Repair(StrEnum):
     """What reconcile repaired (the metric's `Repair` dimension, the decision log's reason)."""
 
     MISSED_END = "missed-end"  # the run ended and no event told us: outcome recorded, GPUs freed
+    MISSED_SPOT_INTERRUPTION = "missed-spot-interruption"  # managed spot took its instances, untold: its loss counted
+    MISSED_SPOT_RESTART = "missed-spot-restart"  # managed spot restarted it, untold: its work at risk again
     STUCK_ADMISSION_RELEASED = "stuck-admission-released"  # admitted, never launched: back in the queue
     STUCK_ADMISSION_RECORDED = "stuck-admission-recorded"  # launched, never recorded: its run recorded
     STUCK_PREEMPTION_REQUEUED = "stuck-preemption-requeued"  # stopped, never requeued
@@ -63,6 +65,10 @@ class Repair(StrEnum):
     RUN_ADOPTED = "run-adopted"  # a team's tagged run whose events never came: adopted, counted
     STUCK_RUNNABLE_REQUEUED = "stuck-runnable-requeued"  # a Batch run found no capacity: a capacity wait
     NOTICE_PUBLISHED = "notice-published"  # a team's notice its writer did not publish
+
+
+# Repairs that free or take no capacity by themselves (a missed end does when it releases).
+_NOTHING_TO_PLAN = frozenset({Repair.MISSED_END.value, Repair.MISSED_SPOT_INTERRUPTION.value, Repair.MISSED_SPOT_RESTART.value})
 
 
 def reconcile(
@@ -133,15 +139,15 @@ def _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now,
     schedule = False
     for record in part("jobs", lambda: store.active(pool.name)) or ():
         try:
-            repair = _check_run(store, runners, workflows, settings, record, now)
-            if repair is None and record.status is JobState.RUNNING and record.checkpoint_s3_uri:
+            found = _check_run(store, runners, workflows, settings, record, now)
+            if not found and record.status is JobState.RUNNING and record.checkpoint_s3_uri:
                 _refresh_checkpoint(store, checkpoints, record)
         except Exception as error:  # noqa: BLE001 - the safety net goes on with the other jobs
             errors.append({"job": record.name, "pool": pool.name, "error": type(error).__name__, "detail": str(error)[:500]})
             continue
-        if repair:
+        for repair in found:
             repairs.append(repair)
-            schedule = schedule or repair["repair"] != Repair.MISSED_END.value or repair.get("released", False)
+            schedule = schedule or repair["repair"] not in _NOTHING_TO_PLAN or repair.get("released", False)
             if repair.get("wait_s"):
                 # A capacity wait: plan the pool again once its backoff is over.
                 part("backoff", lambda: workflows.start(
@@ -452,15 +458,55 @@ def _adopter(store, runners, workflows, checkpoints, settings, alerts, now: floa
     return adopt
 
 
-def _check_run(store: JobsStore, runners: dict[str, Runner], workflows: WorkflowStarter, settings: Settings, record, now: float) -> dict | None:
+def _check_run(store: JobsStore, runners: dict[str, Runner], workflows: WorkflowStarter, settings: Settings, record, now: float) -> list[dict]:
     if not record.run_id:
         pool = settings.pool(record.pool)
-        return repair_stuck_admission(store, runners[record.service], pool.offerings if pool else (), record, now)
+        repair = repair_stuck_admission(store, runners[record.service], pool.offerings if pool else (), record, now)
+        return [repair] if repair else []
     try:
         state = runners[record.service].state(record.run_id)
     except ServiceJobNotFound:
         state = None
     alive = state is not None and not state.ended
+    told = _missed_managed_spot(store, record, state, now) if alive else []
+    if told:
+        record = store.get(record.name)
+        if record is None or record.run_id != told[0]["run_id"] or record.status.is_terminal:
+            return told  # moved meanwhile: judged at the next run
+    repair = _judge_run(store, runners, workflows, settings, record, state, alive, now)
+    return told + ([repair] if repair else [])
+
+
+def _missed_managed_spot(store: JobsStore, record, state: RunState, now: float) -> list[dict]:
+    """SageMaker managed spot's changes of a live run whose events never came (dead-lettered,
+    say), as DescribeTrainingJob tells them: the last interruption and the last restart,
+    oldest first, each accounted as its event would have (`actions.managed_spot`, which adds
+    nothing for one already told). Without it a missed restart would hold the run paused
+    while it trains: stopped as if nothing were at risk, its work since the restart lost
+    without the checkpoint the policy demands."""
+    changes = sorted(
+        (at, interrupted) for at, interrupted in ((state.spot_interrupted_at, True), (state.spot_restarted_at, False))
+        if at is not None and record.started_at is not None and at >= record.started_at
+    )
+    told = []
+    for at, interrupted in changes:
+        outcome, _ = actions.managed_spot(
+            store=store, record=record, interrupted=interrupted, at=at, now=now, told_by=" (reconcile: its event never came)"
+        )
+        if outcome != "accepted":
+            continue
+        kind = Repair.MISSED_SPOT_INTERRUPTION if interrupted else Repair.MISSED_SPOT_RESTART
+        told.append({"job": record.name, "pool": record.pool, "repair": kind.value, "run_id": record.run_id, "at": at})
+        record = store.get(record.name)
+        if record is None:
+            break
+    return told
+
+
+def _judge_run(
+    store: JobsStore, runners: dict[str, Runner], workflows: WorkflowStarter, settings: Settings, record, state: RunState | None, alive: bool,
+    now: float,
+) -> dict | None:
     if record.status is JobState.PREEMPTING:
         if now - (record.preempting_since or now) < preemption_deadline_s(settings, record.pool):
             return _start_orphaned_preemption(store, workflows, settings, record, now)  # None: its execution is on it
