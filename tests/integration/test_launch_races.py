@@ -17,6 +17,7 @@ from template_support import load_template, table_key_schema
 
 from preemptor.adapters.runners import BatchRunner, SageMakerRunner, controller_tags
 from preemptor.adapters.store import JobsStore
+from preemptor.config import PoolConfig
 from preemptor.core.errors import ServiceUnavailable, Throttled
 from preemptor.core.jobs import JobRecord
 from preemptor.core.model import JobState
@@ -452,3 +453,48 @@ def test_a_launch_given_up_after_the_job_moved_on_leaves_it_alone(world):
     # Then the running job is untouched
     job = store.require("train-c")
     assert job.status is JobState.RUNNING and job.launches_given_up == 0 and store.pool("p5")["used_gpus"] == 8
+
+
+def _quota_refused(limit: int, quota: str = "ml.p5.48xlarge for training job usage") -> dict:
+    return error_response(
+        "ResourceLimitExceeded",
+        f"The account-level service limit '{quota}' is {limit} Instances, with current utilization of {limit} Instances and a "
+        "request delta of 1 Instances. Please use AWS Service Quotas to request an increase for this quota.",
+        400,
+    )
+
+
+P5_POOL = PoolConfig(name="p5", instance_type="ml.p5.48xlarge", instances=8, gpus_per_instance=8)
+
+
+@pytest.mark.parametrize(
+    "pool, refusal, planned_at",
+    [
+        (P5_POOL, _quota_refused(6), 48),
+        # A quota that covers the pool: runs outside it hold the rest, nothing to learn
+        (P5_POOL, _quota_refused(8), 64),
+        # Another offering of the pool may have the room: the refused one is only avoided
+        (P5_POOL.model_copy(update={"fallback_instance_types": ("ml.p5e.48xlarge",)}), _quota_refused(6), 64),
+        # The spot pool's own quota is the spot one
+        (P5_POOL.model_copy(update={"capacity_type": "spot"}), _quota_refused(6), 64),
+        (P5_POOL.model_copy(update={"capacity_type": "spot"}), _quota_refused(6, "ml.p5.48xlarge for spot training job usage"), 48),
+        # Another limit: nothing to learn of the pool
+        (P5_POOL, error_response("ResourceLimitExceeded", "The account-level service limit 'Number of training jobs' is 10", 400), 64),
+    ],
+    ids=["below-the-pool", "covering-the-pool", "pool-with-a-fallback", "on-demand-quota-of-a-spot-pool", "spot-quota-of-a-spot-pool", "another-limit"],
+)
+def test_a_launch_over_a_quota_below_the_pool_plans_the_pool_at_the_quota_for_a_while(world, pool, refusal, planned_at):
+    store, sagemaker = world
+    runners = {"sagemaker": SageMakerRunner(sagemaker)}
+    # When train-c's launch is refused by the account's quota
+    with aws_says_no(sagemaker, "CreateTrainingJob", refusal):
+        refused = actions.launch(store=store, runners=runners, job="train-c", incarnation=1, now=20.0, pools={"p5": pool})
+    # Then it waits for capacity, and the pool is planned at what the quota leaves it (when
+    # it is the pool's own offering's, and below the pool), for QUOTA_MEMORY_S only
+    assert refused["launched"] is False and refused["reason"] == "no-capacity"
+    item = store.pool("p5")
+    assert store.quota_capacity_gpus(item, pool.capacity_gpus, 21.0) == planned_at
+    assert store.quota_capacity_gpus(item, pool.capacity_gpus, 20.0 + actions.QUOTA_MEMORY_S) == 64
+    assert bool(refused.get("quota_shortfall")) is (planned_at < 64)
+    [wait] = [e for e in store.history("train-c") if e["kind"] == "capacity-wait"]
+    assert ("planned at 48 GPUs" in wait["detail"]) is (planned_at < 64)

@@ -13,6 +13,7 @@ import math
 import re
 
 from preemptor.core.policy import TEAM_NAME, UNATTRIBUTED, CheckpointTimeoutAction, Policy, PreemptionMode, ReclaimMode
+from preemptor.service.actions import QUOTA_MEMORY_S
 from preemptor_tools.local.demo import START, DemoResult
 from preemptor_tools.local.scenario import Scenario
 
@@ -69,7 +70,7 @@ def launches_never_overfill(result: DemoResult, scenario: Scenario) -> list[str]
     the account has more (`unpooled`, a fallback type's quota); the controller's own never do: as each of its runs
     takes its GPUs, its runs and the teams' runs it had counted by its job's admission (a
     handling's time before it) hold no more than the pool's capacity."""
-    beyond = {p.name for p in scenario.pools if _unpooled_gpus(scenario, p.name)}
+    beyond = {p.name for p in scenario.pools if _unpooled_gpus(scenario, p.name) > 0}
     if not beyond:
         return []  # `fleet_never_above_capacity` holds every run to the pool's capacity
     teams = _team_runs(result)
@@ -141,14 +142,21 @@ def launches_fit_what_the_controller_counts(result: DemoResult, scenario: Scenar
     """A launch of the controller the account's quota refuses (`ResourceLimitExceeded`: the
     pool's instances are all held) is one the controller could not have known was too many:
     its own runs and the runs it had adopted by the job's admission leave room for it, and
-    the rest is held by runs launched outside it that it had not heard of yet."""
+    the rest is held by runs launched outside it that it had not heard of yet. Where the
+    quota is below what the pool is configured with (a negative `unpooled`), a refusal is
+    how the controller learns it: one per type and QUOTA_MEMORY_S, the time it remembers."""
     tags = {run["job_id"]: run["tags"] for run in result.runs}
     teams = _team_runs(result)
+    configured = {p.instance_type: p.instances for p in scenario.pools if p.service == "sagemaker" and p.instance_type and p.instances}
+    told: dict[str, float] = {}
     out = []
-    for refusal in result.quota_refusals:
+    for refusal in sorted(result.quota_refusals, key=lambda r: r.at):
         job = refusal.tags.get("preemptor:job")
         if job is None or refusal.by is None:
             continue  # a team's own launch
+        if refusal.quota < configured.get(refusal.instance_type, 0) and refusal.at - told.get(refusal.instance_type, -math.inf) >= QUOTA_MEMORY_S:
+            told[refusal.instance_type] = refusal.at
+            continue  # the refusal that tells the controller of a quota below its pool
         admitted = [e["at"] for e in result.history if e["job"] == job and e["kind"] == "admitted" and e["at"] <= refusal.at]
         since = admitted[-1] if admitted else refusal.at
         # An adoption's line bears the time its handling began; one that began within a
@@ -588,7 +596,8 @@ def gpus_never_idle_while_a_job_that_fits_waits(result: DemoResult, scenario: Sc
                 held -= size[job]
             if i + 1 < len(events) and events[i + 1]["at"] == e["at"]:
                 continue  # the moment's other lines first
-            at, free = e["at"], pool.capacity_gpus - held
+            # A quota below the pool (negative `unpooled`) leaves it fewer to be free.
+            at, free = e["at"], pool.capacity_gpus + min(0, _unpooled_gpus(scenario, pool.name)) - held
             fitting = sorted(
                 j for j, spans in waits.items()
                 if j in size and size[j] <= free and any(s <= at and (u is None or u > at) for s, u in spans)

@@ -172,9 +172,10 @@ def _offerings(rng: random.Random, service: str, pool: dict, specs: list[dict], 
         ours = [spec for spec in specs if spec.get("launched_by") != "team"]
         for _ in range(rng.choice((0, 1, 2))):
             victim = rng.choice(ours)
+            at = victim["submit_at"] + 60 * rng.randrange(3, 30)
+            # Until it has a run to take (it may wait, or be between runs), for two hours.
             faults.append({
-                "type": "spot_interruption", "job": victim["name"], "at": victim["submit_at"] + 60 * rng.randrange(3, 30),
-                "duration": 60 * rng.randrange(3, 20),
+                "type": "spot_interruption", "job": victim["name"], "at": at, "duration": 60 * rng.randrange(3, 20), "until": at + 7200,
             })
     if rng.random() < 0.6:
         outage = {"type": "capacity_error", "at": 60 * rng.randrange(0, 40), "pool": "p5", "duration": 60 * rng.randrange(5, 25)}

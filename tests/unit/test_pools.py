@@ -122,3 +122,34 @@ P4_OWN = PoolConfig(name="p4", instance_type="ml.p4d.24xlarge", instances=4)
 def test_a_pool_may_not_fall_back_onto_what_another_pool_owns(pools, expected):
     found = fallback_onto_another_pool(pools)
     assert found == expected if expected is None else found.startswith(expected), found
+
+
+# SageMaker's ResourceLimitExceeded at CreateTrainingJob, as AWS words it.
+QUOTA_REFUSED = (
+    "CreateTrainingJob train-r2: ResourceLimitExceeded: The account-level service limit '{quota}' is {limit} Instances, "
+    "with current utilization of {limit} Instances and a request delta of 2 Instances. Please use AWS Service Quotas to "
+    "request an increase for this quota. If AWS Service Quotas is not available, contact AWS support to request an increase "
+    "for this quota."
+)
+
+
+@pytest.mark.parametrize(
+    "quota, limit, offering",
+    [
+        ("ml.p5.48xlarge for training job usage", 6, "ml.p5.48xlarge"),
+        ("ml.g5.12xlarge for spot training job usage", 1, "ml.g5.12xlarge:spot"),
+    ],
+    ids=["on-demand", "spot"],
+)
+def test_a_quota_refusal_names_its_quota_its_offering_and_its_value(quota, limit, offering):
+    from preemptor.core.pools import quota_limit
+
+    found = quota_limit(QUOTA_REFUSED.format(quota=quota, limit=limit))
+    assert (found.name, found.offering, found.instances) == (quota, offering, limit)
+
+
+def test_a_limit_that_is_no_instance_quota_names_none():
+    from preemptor.core.pools import quota_limit
+
+    assert quota_limit("ResourceLimitExceeded: The account-level service limit 'Number of instances across all training jobs' is 20 Instances") is None
+    assert quota_limit("ResourceLimitExceeded: Rate exceeded") is None

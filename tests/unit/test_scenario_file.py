@@ -54,6 +54,13 @@ def test_a_spot_interruption_takes_a_batch_jobs_instance_or_a_sagemaker_spot_job
         _scenario(BATCH_BY_INSTANCES, {"instances": 1}, faults=[cut])
 
 
+def test_a_spot_interruption_tried_until_a_time_keeps_it_and_may_not_end_before_it_starts():
+    cut = {"type": "spot_interruption", "at": 100, "job": "j", "until": 3700}
+    assert _scenario(BATCH_BY_INSTANCES, {"instances": 1}, faults=[cut]).interruptions == [SpotInterruption(at=100, job="j", until=3700)]
+    with pytest.raises(ValidationError, match="'until' \\(50.0\\) is before 'at'"):
+        _scenario(BATCH_BY_INSTANCES, {"instances": 1}, interruptions=[{"at": 100, "job": "j", "until": 50}])
+
+
 def test_fallback_instance_types_are_offered_after_the_pools_own_and_only_on_sagemaker():
     from preemptor.config import PoolConfig
 
@@ -118,5 +125,9 @@ def test_what_the_account_has_beyond_a_pool_raises_the_accounts_quota_and_comput
     p5 = {"name": "p5", "service": "sagemaker", "instance_type": "ml.p5.48xlarge", "instances": 8, "gpus_per_instance": 8}
     assert instance_quotas(_scenario(p5, {"instances": 1}, unpooled={"p5": 2})) == {"ml.p5.48xlarge": 10}
     assert instance_quotas(_scenario(p5, {"instances": 1})) == {"ml.p5.48xlarge": 8}
+    # Below it: a quota not raised yet to what the pool is configured with, but not below none
+    assert instance_quotas(_scenario(p5, {"instances": 1}, unpooled={"p5": -2})) == {"ml.p5.48xlarge": 6}
+    with pytest.raises(ValidationError, match="unpooled.p5: -9 is negative \\(only a SageMaker pool's may be: a quota below the pool, down to -8\\)"):
+        _scenario(p5, {"instances": 1}, unpooled={"p5": -9})
     with pytest.raises(ValidationError, match="give the pool 'instance_type' and 'instances'"):
         _scenario({"name": "p5", "gpus": 64}, {"instances": 1}, unpooled={"p5": 1})

@@ -346,10 +346,11 @@ def test_a_quota_refusal_at_launch_is_waited_out_not_counted_as_a_refusal():
         sagemaker = env.stack.deps().runners["sagemaker"].client
         quota = error_response(
             "ResourceLimitExceeded",
-            "The account-level service limit 'ml.p5.48xlarge for training job usage' is 0 Instances",
+            "The account-level service limit 'ml.p5.48xlarge for training job usage' is 8 Instances, with current utilization "
+            "of 8 Instances and a request delta of 1 Instances.",
             400,
         )
-        # Given the account's quota for the pool's instances is used up, once
+        # Given the account's quota for the pool's instances (the pool's 8) is used up, once
         with aws_says_no(sagemaker, "CreateTrainingJob", quota, times=1) as refused:
             # When a job is admitted and launched
             env.submit(name="train", team="research", priority=50, pool="p5", instances=1, duration=3600)

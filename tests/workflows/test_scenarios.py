@@ -262,6 +262,31 @@ def test_a_victim_managed_spot_holds_interrupted_is_stopped_at_once_and_loses_no
     assert violations(result, scenario) == []
 
 
+def test_a_pool_above_the_accounts_quota_is_planned_at_the_quota_once_a_launch_meets_it():
+    # Given a pool of 8 x ml.p5.48xlarge whose account quota is 6, a low sweep on 6, and a
+    # critical hotfix for 2 more (quota-below-pool.yaml)
+    scenario = Scenario.load(SCENARIOS / "quota-below-pool.yaml")
+    run = replay("quota-below-pool")
+    result, jobs = run.result, _jobs(run.result.report)
+    hotfix = [e for e in result.history if e["job"] == "hotfix"]
+    # Then its first launch met the quota, and its capacity wait names it and what the pool
+    # is planned at from then on
+    [wait] = [e for e in hotfix if e["kind"] == "capacity-wait"]
+    assert "the account's quota 'ml.p5.48xlarge for training job usage' is 6 instances, below pool p5's 8: planned at 48 GPUs" in wait["detail"]
+    assert [(r.run, r.quota) for r in result.quota_refusals] == [("hotfix", 6)]
+    # And the sweep was preempted for it at once (before: the hotfix "fit" in the 16 GPUs the
+    # account cannot have, met the quota at each of its 24 launches, and failed 83 minutes
+    # after it was submitted, the sweep never stopped)
+    assert jobs["sweep"]["preemptions"] == 1
+    assert jobs["hotfix"]["state"] == jobs["sweep"]["state"] == "Completed"
+    assert jobs["hotfix"]["wait_s"] <= CAPACITY_BACKOFF_MAX_S, _story("quota-below-pool")
+    # And the operators' alarm reads the shortfall: 16 GPUs from then on, none before
+    values = [d["QuotaShortfallGpus"] for d in run.metrics if "QuotaShortfallGpus" in d]
+    shortfalls = [v for value in values for v in (value if isinstance(value, list) else [value])]
+    assert shortfalls[0] == 0 and 16 in shortfalls and set(shortfalls) == {0, 16}
+    assert violations(result, scenario) == []
+
+
 def test_a_spot_pool_falls_back_to_on_demand_when_spot_has_no_capacity():
     # Given a spot pool that may fall back to on-demand, waiting at most 300 s for spot, and
     # no spot capacity for two hours (spot-fallback.yaml)
@@ -477,4 +502,40 @@ def test_a_teams_run_on_the_second_pools_instances_is_counted_there_and_its_jobs
     assert jobs["teams-p4-run"]["preemptions"] == 1
     [stopped] = [t for t in result.timeline if t.source == "controller" and t.job == "teams-p4-run" and t.what == "stop-requested"]
     assert "preempted by eval-" in stopped.why
+    assert violations(result, scenario) == []
+
+
+@pytest.mark.parametrize("until", [None, 3600], ids=["at-its-time-only", "until-it-runs"])
+def test_a_spot_interruption_of_a_job_still_waiting_takes_its_run_once_it_has_one_when_told_until(until):
+    from preemptor_tools.local import demo
+
+    # Given a spot pool held by one job for 20 minutes, a second job waiting behind it, and
+    # managed spot taking the second's instances 10 minutes in (it is still waiting then)
+    scenario = Scenario.model_validate(
+        {
+            "pools": [{"name": "p5", "service": "sagemaker", "instance_type": "ml.p5.48xlarge", "instances": 8,
+                       "gpus_per_instance": 8, "capacity_type": "spot"}],
+            "jobs": [
+                {"name": "first", "team": "a", "priority": "medium", "pool": "p5", "instances": 8, "submit_at": 0, "duration": 1200},
+                {"name": "second", "team": "a", "priority": "medium", "pool": "p5", "instances": 8, "submit_at": 60, "duration": 1800,
+                 "checkpoint_every": 300},
+            ],
+            "interruptions": [{"at": 600, "job": "second", "duration": 600, **({"until": until} if until else {})}],
+            "horizon": 7200,
+        }
+    )
+    result = demo.run(scenario, tick_s=60)
+    # Then, at its time only, there is no run to take: nothing is interrupted
+    interrupted = [e for e in result.history if e["job"] == "second" and e["kind"] == "spot-interrupted"]
+    if until is None:
+        assert not interrupted and [t.what for t in result.timeline if t.job == "second" and t.source == "workload"] == ["no interruption"]
+        return
+    # And told to wait until it runs, spot takes its run's instances a minute or so after
+    # it started training, SageMaker restarts it, and the job still completes
+    assert len(interrupted) == 1
+    mine = [t for t in result.timeline if t.job == "second"]
+    trained = next(t.at for t in mine if t.what == "SageMaker InProgress/Training")
+    [taken] = [t.at for t in mine if t.what == "managed spot interrupted"]
+    assert trained <= taken <= trained + 60
+    assert _jobs(result.report)["second"]["state"] == "Completed" and _jobs(result.report)["second"]["interruptions"] == 1
     assert violations(result, scenario) == []

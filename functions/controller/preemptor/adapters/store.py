@@ -398,6 +398,27 @@ class JobsStore:
             ExpressionAttributeValues={":until": _to_attr(until)},
         )
 
+    def note_quota(self, pool: str, gpus: int, until: float, quota: str) -> None:
+        """The account's quota of `pool`'s offering (`quota`, as Service Quotas names it)
+        leaves it `gpus`, fewer than it is configured for: it is planned at that until
+        `until` (`quota_capacity_gpus`). Written unconditionally: the newest refusal's word."""
+        self._call(
+            "update_item",
+            TableName=self.table,
+            Key=pool_key(pool),
+            UpdateExpression="SET quota_cap = :cap",
+            ExpressionAttributeValues={":cap": {"M": {"gpus": _to_attr(gpus), "until": _to_attr(float(until)), "quota": _to_attr(quota)}}},
+        )
+
+    @staticmethod
+    def quota_capacity_gpus(item: dict | None, capacity_gpus: int, now: float) -> int:
+        """The GPUs a pool whose item is `item`, configured for `capacity_gpus`, is planned at:
+        fewer while the account's quota left it fewer a moment ago (`note_quota`)."""
+        cap = (item or {}).get("quota_cap") or {}
+        if not cap or float(cap.get("until", 0)) <= now:
+            return capacity_gpus
+        return min(capacity_gpus, int(cap["gpus"]))
+
     def capacity_seen(self, pool: str, offering: str) -> bool:
         """A run of `pool` on `offering` got its instances: the service has capacity there
         again, and `no_capacity_until` forgets it (False: it was not marked).

@@ -19,7 +19,9 @@ Pure: pydantic only.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -28,6 +30,37 @@ SPOT = ":spot"  # an offering on managed spot: "<instance type>:spot"
 # SageMaker managed spot waits for spot capacity within MaxWaitTimeInSeconds, which must be
 # at least MaxRuntimeInSeconds: a spot launch gets the run time plus this much to find it.
 DEFAULT_SPOT_WAIT_S = 900
+
+
+# SageMaker's answer to a CreateTrainingJob over the account's quota (ResourceLimitExceeded):
+# "The account-level service limit 'ml.p5.48xlarge for training job usage' is 6 Instances,
+# with current utilization of 6 Instances and a request delta of 2 Instances. ..."
+_QUOTA_REFUSAL = re.compile(
+    r"service limit '(?P<name>(?P<type>\S+) for (?P<spot>spot )?training job usage)' is (?P<limit>\d+) Instances?"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaLimit:
+    """The account's SageMaker quota of one instance type, bought one way, as a refusal told it."""
+
+    name: str  # as Service Quotas names it: "ml.p5.48xlarge for training job usage"
+    instance_type: str
+    spot: bool
+    instances: int
+
+    @property
+    def offering(self) -> str:
+        return self.instance_type + (SPOT if self.spot else "")
+
+
+def quota_limit(message: str) -> QuotaLimit | None:
+    """The quota a SageMaker `ResourceLimitExceeded` message names; None for another limit
+    (training jobs at once, say) or a message in another shape."""
+    found = _QUOTA_REFUSAL.search(message)
+    if found is None:
+        return None
+    return QuotaLimit(found["name"], found["type"], found["spot"] is not None, int(found["limit"]))
 
 
 def parse_offering(offering: str) -> tuple[str, bool]:

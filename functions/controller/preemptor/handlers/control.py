@@ -23,7 +23,8 @@ def handler(step, context: LambdaContext) -> dict:
     match step:
         case Launch():
             offerings = {p.name: p.offerings for p in d.settings.pools}
-            result = actions.launch(**common, runners=d.runners, alerts=d.alerts, offerings=offerings, now=now)
+            pools = {p.name: p for p in d.settings.pools}
+            result = actions.launch(**common, runners=d.runners, alerts=d.alerts, offerings=offerings, pools=pools, now=now)
             if result.get("attempts"):
                 metrics.add_metric(name="LaunchesRefused", unit=MetricUnit.Count, value=1)
                 logger.warning("launch refused", extra=result)

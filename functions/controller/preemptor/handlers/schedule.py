@@ -57,6 +57,8 @@ def _emit_cycle(result: scheduling.CycleResult, latency_ms: float) -> None:
     if result.used_gpus is not None and result.capacity_gpus:
         emit("PoolUsedGpus", result.used_gpus, Pool=pool)
         emit("PoolCapacityGpus", result.capacity_gpus, Pool=pool)
+        # GPUs the pool is configured for that the account's quota does not leave it (the alarm's)
+        emit("QuotaShortfallGpus", result.quota_shortfall_gpus, Pool=pool)
         idle = max(0, result.capacity_gpus - result.used_gpus) if result.waiting else 0
         emit("IdleGpusWhileWaiting", idle, Pool=pool)
 

@@ -25,7 +25,7 @@ from ..core.errors import (
 )
 from ..core.jobs import SPOT_INTERRUPTION, SPOT_TIMES_KEPT, JobRecord
 from ..core.model import CallOff, EndedRun, JobState, Notice, PreemptionRule, Reason
-from ..core.pools import describe_offering
+from ..core.pools import PoolConfig, describe_offering, quota_limit
 from ..core.policy import Policy
 from ..core.ranking import ClaimRules
 from ..core.victims import still_permits
@@ -43,6 +43,10 @@ MAX_CAPACITY_RETRIES = 24  # launches that met no capacity before the job is fai
 CAPACITY_BACKOFF_S = 60.0  # retry n waits min(300, 60 x 2^(n-1)) s, less up to a half (jitter)
 CAPACITY_BACKOFF_MAX_S = 300.0
 UNAVAILABLE_OFFERING_S = 10 * 60  # how long an instance type that met no capacity is avoided
+# How long a pool is planned at what the account's quota leaves it (quotas get raised: after
+# this the pool is planned at its configuration again, and a launch over the quota tells
+# it again).
+QUOTA_MEMORY_S = 60 * 60
 # A refusal of the launch that means "no capacity now", not "never": waited out, not counted
 # as a refusal.
 CAPACITY_CODES = frozenset({"ResourceLimitExceeded", "InsufficientCapacity", "CapacityError"})
@@ -760,8 +764,12 @@ def launch(
     now: float,
     alerts: Alerts | None = None,
     offerings: dict[str, tuple[str, ...]] | None = None,
+    pools: dict[str, PoolConfig] | None = None,
 ) -> dict:
     """Create the admitted job's run in SageMaker or Batch and mark it running.
+
+    `pools`: the configured pools by name, for what a quota refusal tells of the pool
+    (`_learn_quota`).
 
     A launch the service refuses for good (validation, quota, a name taken by another run)
     is counted on the job (`launch_attempts`): the job goes back to the queue until
@@ -780,7 +788,7 @@ def launch(
     try:
         run_id = runners[record.service].launch(record, instance_type, pool_offerings)
     except ServiceRejected as e:
-        return _launch_refused(store, alerts, record, e, now, instance_type)
+        return _launch_refused(store, alerts, record, e, now, instance_type, (pools or {}).get(record.pool))
     new = running_on(record, run_id, now, instance_type)
     for _ in range(JUDGE_ATTEMPTS):
         notice = _relaunch_notice(record, new, instance_type, now)
@@ -962,6 +970,31 @@ def _wait_for_capacity(
     return {"released": True, "pool": record.pool, "reason": "no-capacity", "not_before": now + wait, "wait_s": math.ceil(wait)}
 
 
+def _learn_quota(store: JobsStore, pool: PoolConfig, message: str, now: float) -> str:
+    """A launch over the account's quota of the pool's own offering (SageMaker's
+    ResourceLimitExceeded names the quota and its value) when that quota is below what the
+    pool is configured for: the pool is planned at what the quota leaves it for
+    QUOTA_MEMORY_S (`JobsStore.note_quota`). Otherwise its plans count GPUs the account
+    cannot have: a job admitted into them meets the quota at every launch, and nobody is
+    stopped for it, since it "fits"; a critical job behind a low one holding the rest
+    would wait until its capacity retries failed it. Operators are told by the
+    QuotaShortfallGpus alarm. A pool with several offerings is left as it is (another
+    offering may have the room; the refused one is avoided a while).
+
+    Returns what to add to the job's capacity-wait line ("" when nothing was learned)."""
+    limit = quota_limit(message)
+    if limit is None or pool.service != "sagemaker" or len(pool.offerings) != 1 or pool.offerings[0] != limit.offering:
+        return ""
+    gpus = limit.instances * pool.gpus_per_instance
+    if gpus >= pool.capacity_gpus:
+        return ""  # the quota covers the pool: runs outside it hold the rest
+    store.note_quota(pool.name, gpus, now + QUOTA_MEMORY_S, limit.name)
+    return (
+        f"; the account's quota '{limit.name}' is {limit.instances} instances, below pool {pool.name}'s "
+        f"{pool.instances}: planned at {gpus} GPUs for {QUOTA_MEMORY_S // 60} minutes (raise the quota, or the pool's instances down to it)"
+    )
+
+
 def no_capacity_in_queue(*, store: JobsStore, runners: dict[str, Runner], record: JobRecord, reason: str, now: float) -> dict:
     """A Batch run that never found instances (RUNNABLE past the pool's limit) is terminated
     and its job waits for capacity like a SageMaker launch that met none."""
@@ -974,15 +1007,17 @@ def no_capacity_in_queue(*, store: JobsStore, runners: dict[str, Runner], record
 
 
 def _launch_refused(
-    store: JobsStore, alerts: Alerts | None, record: JobRecord, error: ServiceRejected, now: float, instance_type: str | None = None
+    store: JobsStore, alerts: Alerts | None, record: JobRecord, error: ServiceRejected, now: float, instance_type: str | None = None,
+    pool: PoolConfig | None = None,
 ) -> dict:
     if error.code in CAPACITY_CODES:
         if instance_type:
             record = record.with_changes(launched_instance_type=instance_type)  # the offering that was refused
         # ResourceLimitExceeded is the account's quota: a victim's stop does give it room.
         outage = error.code != "ResourceLimitExceeded"
-        result = _wait_for_capacity(store, alerts, record, f"{error.code}: {error}", now, run_created=False, outage=outage)
-        return {"launched": False, **result}
+        learned = "" if outage or pool is None else _learn_quota(store, pool, str(error), now)
+        result = _wait_for_capacity(store, alerts, record, f"{error.code}: {error}{learned}", now, run_created=False, outage=outage)
+        return {"launched": False, **result, **({"quota_shortfall": True} if learned else {})}
     attempts = record.launch_attempts + 1
     reason = f"launch-rejected: {error.code or type(error).__name__}"
     if attempts >= MAX_LAUNCH_ATTEMPTS:

@@ -75,6 +75,7 @@ class CycleResult:
     depth_by_tier: dict[str, int] = field(default_factory=dict)
     used_gpus: int | None = None
     capacity_gpus: int | None = None
+    quota_shortfall_gpus: int = 0  # configured, less what the account's quota leaves it
     # When a job waits out its preemption delay, the pool is planned again once the earliest
     # such delay ends: nothing else would wake it then.
     wake_s: int | None = None
@@ -204,7 +205,9 @@ def plan_cycle(
     ]
     waits = oldest_wait_by_tier(pending, settings.policy, now)
     depth = Counter(settings.policy.tier_of(r.priority) for r in pending)
-    gauges = {"depth_by_tier": dict(depth), "capacity_gpus": pool_cfg.capacity_gpus}
+    # What it is planned at: less than configured while the account's quota leaves it less.
+    capacity = snapshot.pools[0].gpus
+    gauges = {"depth_by_tier": dict(depth), "capacity_gpus": capacity, "quota_shortfall_gpus": pool_cfg.capacity_gpus - capacity}
     if settings.mode is Mode.SHADOW:
         _log_shadow(store, decision, now)
         rerun = store.release_lease(pool_name, owner)
@@ -213,7 +216,7 @@ def plan_cycle(
 
     by_name = {r.name: r for r in pending + active}
     _fail_exhausted(store, decision, by_name, now)
-    new_admits = _reserve_admissions(store, decision, by_name, pool_cfg.capacity_gpus, now, owner, mark)
+    new_admits = _reserve_admissions(store, decision, by_name, capacity, now, owner, mark)
     admits = _unique(earlier_admits + new_admits)
     preemptions = _unique(earlier_victims + _mark_victims(store, decision, by_name, now, owner, mark))
     if checkpoints is not None and decision.checkpoint_requests:
@@ -373,7 +376,8 @@ def read_snapshot(
     window = history_window_s(knobs)  # the budget's, the checkpoint forecast's
     history = store.preemptions_since(pool_name, now - window) if window is not None else []
     offerings = pool_cfg.offerings if len(pool_cfg.offerings) > 1 else (store.ANY_OFFERING,)  # as launches mark them
-    pool = Pool(pool_name, pool_cfg.capacity_gpus, store.no_capacity_until(pool_item, offerings, now))
+    capacity = store.quota_capacity_gpus(pool_item, pool_cfg.capacity_gpus, now)  # the account's quota may leave it less
+    pool = Pool(pool_name, capacity, store.no_capacity_until(pool_item, offerings, now))
     snapshot = build_snapshot(pool, pending, active, store.team_usage(pool_name, knobs.fair_share.half_life_s), history, settings)
     return pending, active, snapshot
 

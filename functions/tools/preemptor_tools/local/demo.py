@@ -8,6 +8,7 @@ log, the same one `preemptor explain` reads).
 
 from __future__ import annotations
 
+import bisect
 import calendar
 import itertools
 import json
@@ -270,7 +271,11 @@ def _replay(
                 else:
                     fleet.spot_interrupt(run)
             except KeyError as e:
-                result.timeline.append(TimelineEntry(elapsed, "workload", cut.job, "no interruption", str(e)))
+                if cut.until is not None and elapsed + 60 <= cut.until:
+                    # No run to take yet (waiting, between runs): tried again in a minute.
+                    bisect.insort(interruptions, cut.model_copy(update={"at": elapsed + 60}), key=lambda i: (i.at, i.job))
+                else:
+                    result.timeline.append(TimelineEntry(elapsed, "workload", cut.job, "no interruption", str(e)))
             stack.pump(on_event)
             changed = True
         # Job states change only through events, so the table needs a look only after some.

@@ -12,14 +12,15 @@ Times are seconds from the start of the scenario; `priority` is 0..1000 or a tie
 Batch pools take `gpus` per job instead of `instances`. Spot interruptions:
 `interruptions: [{at: 1800, job: sweep}]` reclaims the instance under a Batch job's current
 run; on a SageMaker spot pool, managed spot takes the current run's instances until spot
-capacity is back `duration` seconds later (600 by default), and SageMaker restarts it.
+capacity is back `duration` seconds later (600 by default), and SageMaker restarts it;
+with `until`, a job that has no run then is tried again each minute until `until`.
 A team may lower a job (`lowerings: [{at, job, priority}]`) or cancel it (`cancellations:
 [{at, job}]`), by the events `preemptor lower` and `preemptor cancel` put on the bus.
 
 A hostile world (see `hostile.py`): `chaos: {seed, throttle_rate, duplicate_rate, reorder_rate,
 transaction_conflict_rate, crash_rate}` and `faults: [{type: stop_denied, at, job, duration},
 {type: stopped_by_hand, at, job}, {type: workflow_crash, at}, {type: capacity_error, at, pool,
-duration, instance_type?, capacity_type?}, {type: spot_interruption, at, job, duration?}]`. Batch pools
+duration, instance_type?, capacity_type?}, {type: spot_interruption, at, job, duration?, until?}]`. Batch pools
 described by instances (`instance_type`, `instances`, `gpus_per_instance`) take `instances` on
 jobs. Pools take `capacity_type: spot | on-demand` (and `on_demand_fallback: true` for a spot
 pool that may fall back to on-demand), as the controller's pool configuration does.
@@ -83,13 +84,22 @@ MANAGED_SPOT_OUTAGE_S = 600.0
 class SpotInterruption(BaseModel):
     """At `at`, the spot capacity under `job`'s current run is taken: on a Batch pool EC2
     warns, then reclaims its instance; on a SageMaker spot pool managed spot takes its
-    instances until spot capacity is back `duration` seconds later, and restarts it."""
+    instances until spot capacity is back `duration` seconds later, and restarts it. With
+    `until`, a job with no run to take at `at` (still waiting, between runs) is tried again
+    every minute until then: spot takes the capacity under whichever run it has."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     at: float = Field(ge=0)
     job: str
     duration: float | None = Field(default=None, gt=0)  # SageMaker only (default MANAGED_SPOT_OUTAGE_S)
+    until: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _until_after_at(self) -> "SpotInterruption":
+        if self.until is not None and self.until < self.at:
+            raise ValueError(f"interruption at {self.at}: 'until' ({self.until}) is before 'at'")
+        return self
 
 
 class Lowering(BaseModel):
@@ -197,6 +207,7 @@ class SpotInterruptionFault(BaseModel):
     at: float = Field(ge=0)
     job: str
     duration: float | None = Field(default=None, gt=0)
+    until: float | None = Field(default=None, ge=0)
 
 
 Fault = Annotated[
@@ -222,7 +233,8 @@ class Scenario(BaseModel):
     # Per pool, what the account has beyond what the pool is configured with: instances of
     # its type (SageMaker: the account's quota) or GPUs (Batch: its compute environments).
     # Runs teams launch themselves may take them, and the pool is over-full while they do;
-    # the controller's own launches never add to that.
+    # the controller's own launches never add to that. Negative for a SageMaker pool: the
+    # account's quota of its type is below what the pool is configured with (not raised yet).
     unpooled: dict[str, int] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -237,10 +249,13 @@ class Scenario(BaseModel):
         for name, extra in self.unpooled.items():
             if name not in pools:
                 raise ValueError(f"unpooled: unknown pool {name!r}")
-            if extra < 0:
-                raise ValueError(f"unpooled.{name}: {extra} is negative")
             if pools[name].service == "sagemaker" and not (pools[name].instance_type and pools[name].instances):
                 raise ValueError(f"unpooled.{name}: a SageMaker pool's are instances of its type; give the pool 'instance_type' and 'instances'")
+            if extra < 0 and (pools[name].service != "sagemaker" or -extra > pools[name].instances):
+                raise ValueError(
+                    f"unpooled.{name}: {extra} is negative (only a SageMaker pool's may be: a quota below the pool, down to -{pools[name].instances or 0})"
+                    if pools[name].service == "sagemaker" else f"unpooled.{name}: {extra} is negative"
+                )
         names = set()
         # Each job queue is on one pool's compute environment: its own queues, then teams' queues.
         queue_pools = {q: p.name for p in self.pools if p.service == "batch" for q in (local_pool(p).job_queue, *p.fallback_job_queues)}
@@ -275,7 +290,7 @@ class Scenario(BaseModel):
                         f"job {job.name!r}: gpus={job.gpus} contradicts {job.instances} instances x {pool.gpus_per_instance} GPUs"
                     )
         self.interruptions = self.interruptions + [
-            SpotInterruption(at=f.at, job=f.job, duration=f.duration) for f in self.faults if isinstance(f, SpotInterruptionFault)
+            SpotInterruption(at=f.at, job=f.job, duration=f.duration, until=f.until) for f in self.faults if isinstance(f, SpotInterruptionFault)
         ]
         by_name = {j.name: j for j in self.jobs}
         for cut in self.interruptions:
