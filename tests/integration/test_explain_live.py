@@ -39,3 +39,20 @@ def test_who_preempted_a_job_under_which_rule_and_how_old_its_checkpoint_was():
 def test_unknown_job():
     with emulation() as env:
         assert _explain(env, "nobody")["status"] == "unknown"
+
+
+def test_a_job_waiting_in_a_pool_the_accounts_quota_holds_below_its_configuration_is_told_so():
+    # Given a pool of 8 x ml.p5.48xlarge whose account quota is 6, with a low sweep on 6
+    with emulation(instance_quotas={"ml.p5.48xlarge": 6}) as env:
+        env.submit(name="sweep", team="a", priority="low", pool="p5", instances=6, duration=7200, checkpoint_every=300)
+        env.advance(300)
+        # When an equal-priority job for 2 more is launched into the "free" 16 GPUs and meets the quota
+        env.submit(name="eval", team="b", priority="low", pool="p5", instances=2, duration=600)
+        assert "capacity-wait" in env.kinds("eval")
+        env.advance(600)
+        # Then explain tells why it waits: the pool is planned at what the quota leaves it
+        answer = _explain(env, "eval")
+        assert answer["status"] == "pending" and answer["planned_capacity_gpus"] == 48
+        assert "pool p5 is planned at 48 of its 64 GPUs: the account's quota 'ml.p5.48xlarge for training job usage' leaves it no more" in answer["text"]
+        # And it was admitted no more into GPUs the account cannot have: one launch met the quota
+        assert env.kinds("eval").count("capacity-wait") == 1

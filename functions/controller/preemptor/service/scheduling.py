@@ -407,9 +407,20 @@ def explain(*, store: JobsStore, settings: Settings, job: str, now: float) -> di
     history = store.history(job)
     if settings.pool(record.pool) is None:
         return explain_job(job, Decision(), Snapshot(pools=()), settings.policy, now, history)
-    _, _, snapshot = read_snapshot(store, settings, record.pool, now, include=job)
+    item = store.pool(record.pool)
+    _, _, snapshot = read_snapshot(store, settings, record.pool, now, include=job, pool_item=item)
     answer = explain_job(job, plan(snapshot, settings.policy, now), snapshot, settings.policy, now, history)
     answer["state"] = record.status.value
+    configured, planned = settings.pool(record.pool).capacity_gpus, snapshot.pools[0].gpus
+    if planned < configured:
+        cap = (item or {}).get("quota_cap") or {}
+        answer["planned_capacity_gpus"] = planned
+        lines = answer["text"].splitlines()
+        lines.insert(1, (
+            f"  pool {record.pool} is planned at {planned} of its {configured} GPUs: the account's quota "
+            f"'{cap.get('quota', '?')}' leaves it no more (a launch met it; planned so for {max(0.0, float(cap.get('until', now)) - now):.0f} s more)"
+        ))
+        answer["text"] = "\n".join(lines)
     if record.status.is_terminal:
         lines = answer["text"].splitlines()
         lines[0] = f"{job}: {record.status.value.lower()} ({record.outcome_reason})"
