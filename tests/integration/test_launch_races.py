@@ -498,3 +498,18 @@ def test_a_launch_over_a_quota_below_the_pool_plans_the_pool_at_the_quota_for_a_
     assert bool(refused.get("quota_shortfall")) is (planned_at < 64)
     [wait] = [e for e in store.history("train-c") if e["kind"] == "capacity-wait"]
     assert ("planned at 48 GPUs" in wait["detail"]) is (planned_at < 64)
+
+
+def test_a_quota_below_the_pool_that_could_not_be_written_leaves_the_launch_a_capacity_wait(world):
+    store, sagemaker = world
+    runners = {"sagemaker": SageMakerRunner(sagemaker)}
+    dynamodb = store.client
+    # When the launch meets a quota below the pool, and DynamoDB throttles the write of it
+    with aws_says_no(sagemaker, "CreateTrainingJob", _quota_refused(6)), aws_says_no(
+        dynamodb, "UpdateItem", lambda params: THROTTLING["dynamodb"] if ":cap" in params.get("ExpressionAttributeValues", {}) else None
+    ):
+        refused = actions.launch(store=store, runners=runners, job="train-c", incarnation=1, now=20.0, pools={"p5": P5_POOL})
+    # Then the job waits for capacity all the same (the next refusal tells the quota again)
+    assert refused["launched"] is False and refused["reason"] == "no-capacity" and "quota_shortfall" not in refused
+    assert store.require("train-c").status is JobState.PENDING
+    assert store.quota_capacity_gpus(store.pool("p5"), 64, 21.0) == 64

@@ -988,7 +988,12 @@ def _learn_quota(store: JobsStore, pool: PoolConfig, message: str, now: float) -
     gpus = limit.instances * pool.gpus_per_instance
     if gpus >= pool.capacity_gpus:
         return ""  # the quota covers the pool: runs outside it hold the rest
-    store.note_quota(pool.name, gpus, now + QUOTA_MEMORY_S, limit.name)
+    try:
+        store.note_quota(pool.name, gpus, now + QUOTA_MEMORY_S, limit.name)
+    except PreemptorError as e:
+        # The capacity wait goes on all the same; the next launch over the quota tells it again.
+        logger.warning("the quota below pool %s was not written: %s", pool.name, e, extra={"pool": pool.name, "error": type(e).__name__})
+        return ""
     return (
         f"; the account's quota '{limit.name}' is {limit.instances} instances, below pool {pool.name}'s "
         f"{pool.instances}: planned at {gpus} GPUs for {QUOTA_MEMORY_S // 60} minutes (raise the quota, or the pool's instances down to it)"
