@@ -144,3 +144,49 @@ def test_a_run_managed_spot_holds_interrupted_risks_nothing_and_is_fresh(last):
     restarted = running("v", gpus=8, started_at=0.0, last_checkpoint_at=last, work_since=6000.0)
     assert restarted.work_at_risk_s(9000.0) == 9000.0 - max(last or 0.0, 6000.0)
     assert restarted.stop_figures(9000.0, 900.0)[1] == restarted.work_at_risk_s(9000.0)
+
+
+def _spot_job(**changes) -> "JobRecord":
+    from preemptor.core.jobs import JobRecord
+    from preemptor.core.model import JobState
+
+    return JobRecord(
+        name="v", team="t", priority=50, pool="p5", service="sagemaker", gpus=8, request={}, checkpoint_s3_uri="s3://b/v",
+        submitted_at=0.0, status=JobState.RUNNING, started_at=0.0, **changes,
+    )
+
+
+@pytest.mark.parametrize(
+    "changes, at, counted",
+    [
+        # Told again, by its event's time or by its transition's (seconds apart): the same one
+        ({"spot_interruptions": [1000.0], "spot_interrupted_at": 1000.0}, 1004.0, True),
+        ({"spot_interruptions": [1000.0], "spot_interrupted_at": 1000.0}, 996.0, True),
+        # A restart seen between them: another one
+        ({"spot_interruptions": [1000.0], "spot_interrupted_at": 1000.0, "spot_resumed_at": 1100.0}, 1250.0, False),
+        # An older one, delivered after a newer was counted (the list keeps them all)
+        ({"spot_interruptions": [1000.0, 4000.0], "spot_interrupted_at": 4000.0, "spot_resumed_at": 4600.0}, 1000.0, True),
+        # Far apart: another one
+        ({"spot_interruptions": [1000.0], "spot_interrupted_at": 1000.0, "spot_resumed_at": 1600.0}, 5000.0, False),
+        # A job stored before the list existed: its last counted interruption is its time
+        ({"spot_interrupted_at": 1000.0}, 1010.0, True),
+    ],
+    ids=["later-telling", "earlier-telling", "after-a-restart", "older-redelivered", "far-apart", "stored-before-the-list"],
+)
+def test_a_managed_spot_interruption_is_counted_once_however_it_is_told(changes, at, counted):
+    assert _spot_job(**changes).spot_interruption_counted(at) is counted
+
+
+@pytest.mark.parametrize(
+    "changes, at, seen",
+    [
+        ({"spot_resumed_at": 2000.0}, 2003.0, True),  # told again, a moment later
+        ({"spot_resumed_at": 2000.0}, 1500.0, True),  # an older restart
+        # Held interrupted since before it: the restart that ends the pause, however close
+        ({"spot_resumed_at": 2000.0, "spot_interrupted_at": 2100.0, "spot_interruptions": [2100.0]}, 2200.0, False),
+        ({}, 2000.0, False),
+    ],
+    ids=["later-telling", "older", "ends-the-pause", "first"],
+)
+def test_a_managed_spot_restart_is_seen_once_and_never_kept_from_ending_a_pause(changes, at, seen):
+    assert _spot_job(**changes).spot_restart_seen(at) is seen

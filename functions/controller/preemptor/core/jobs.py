@@ -278,11 +278,13 @@ class JobRecord:
 
     def spot_interruption_counted(self, at: float) -> bool:
         """A managed-spot interruption at `at` is one whose lost work is already counted: one
-        as close in time, with no restart seen between them."""
+        as close in time, with no restart seen between them (`spot_interrupted_at` is one:
+        a job stored before `spot_interruptions` existed has only it)."""
         resumed = self.spot_resumed_at
+        counted = [*self.spot_interruptions, *([self.spot_interrupted_at] if self.spot_interrupted_at is not None else [])]
         return any(
             abs(at - t) <= SAME_SPOT_CHANGE_S and not (resumed is not None and min(at, t) < resumed <= max(at, t))
-            for t in self.spot_interruptions
+            for t in counted
         )
 
     def spot_restart_seen(self, at: float) -> bool:
