@@ -138,25 +138,35 @@ def _launched_for(run: dict, teams: set[str]) -> str | None:
     return None if run["job_id"] in teams else run["tags"].get("preemptor:job")
 
 
+# What the controller's capacity-wait line says when a refusal taught it a quota below the pool.
+_LEARNED_QUOTA = re.compile(r"the account's quota '(\S+) for (?:spot )?training job usage' is \d+ instances, below pool")
+
+
 def launches_fit_what_the_controller_counts(result: DemoResult, scenario: Scenario) -> list[str]:
     """A launch of the controller the account's quota refuses (`ResourceLimitExceeded`: the
     pool's instances are all held) is one the controller could not have known was too many:
     its own runs and the runs it had adopted by the job's admission leave room for it, and
     the rest is held by runs launched outside it that it had not heard of yet. Where the
     quota is below what the pool is configured with (a negative `unpooled`), a refusal is
-    how the controller learns it: one per type and QUOTA_MEMORY_S, the time it remembers."""
+    how the controller learns it: one is excused unless the controller had learned it (its
+    capacity-wait line says so) within QUOTA_MEMORY_S, the time it remembers, before it (a
+    write of what it learned that DynamoDB refused leaves it to the next refusal)."""
     tags = {run["job_id"]: run["tags"] for run in result.runs}
     teams = _team_runs(result)
     configured = {p.instance_type: p.instances for p in scenario.pools if p.service == "sagemaker" and p.instance_type and p.instances}
-    told: dict[str, float] = {}
+    learned: dict[str, list[float]] = {}
+    for e in result.history:
+        if e["kind"] == "capacity-wait" and (found := _LEARNED_QUOTA.search(e["detail"])):
+            learned.setdefault(found[1], []).append(e["at"])
     out = []
-    for refusal in sorted(result.quota_refusals, key=lambda r: r.at):
+    for refusal in result.quota_refusals:
         job = refusal.tags.get("preemptor:job")
         if job is None or refusal.by is None:
             continue  # a team's own launch
-        if refusal.quota < configured.get(refusal.instance_type, 0) and refusal.at - told.get(refusal.instance_type, -math.inf) >= QUOTA_MEMORY_S:
-            told[refusal.instance_type] = refusal.at
-            continue  # the refusal that tells the controller of a quota below its pool
+        if refusal.quota < configured.get(refusal.instance_type, 0) and not any(
+            refusal.at - QUOTA_MEMORY_S <= at < refusal.at - 1 for at in learned.get(refusal.instance_type, ())
+        ):
+            continue  # a refusal that tells the controller of a quota below its pool
         admitted = [e["at"] for e in result.history if e["job"] == job and e["kind"] == "admitted" and e["at"] <= refusal.at]
         since = admitted[-1] if admitted else refusal.at
         # An adoption's line bears the time its handling began; one that began within a

@@ -105,6 +105,29 @@ def test_the_quota_check_blames_the_controller_only_for_runs_it_knew_of() -> Non
     assert launches_fit_what_the_controller_counts(refused({"mine": 2, "teams": 4}, by=None), scenario) == []
 
 
+def test_the_quota_check_excuses_the_refusal_that_tells_the_controller_of_a_quota_below_its_pool() -> None:
+    # Given a pool of 8 x ml.p5.48xlarge whose account quota is 6
+    scenario = _story()
+    scenario.unpooled = {"p5": -2}
+    job = scenario.jobs[0].name
+    runs = [{"name": "mine", "job_id": "mine", "tags": {"preemptor:job": "other"}}]
+    learned = _line(job, 100, "capacity-wait", "no-capacity", "...; the account's quota 'ml.p5.48xlarge for training job usage' "
+                    "is 6 instances, below pool p5's 8: planned at 48 GPUs for 60 minutes (...)")
+
+    def refused(at: float, history: list[dict]) -> demo.DemoResult:
+        refusal = QuotaRefusal(demo.START + at, job, {"preemptor:job": job}, "ml.p5.48xlarge", 2, 6, {"mine": 6}, job, "preemptor-StepsFunction")
+        return demo.DemoResult(history=history, runs=runs, quota_refusals=[refusal])
+
+    # A refusal before the controller knew (or when what it learned could not be written): excused
+    assert launches_fit_what_the_controller_counts(refused(100, []), scenario) == []
+    # One within the hour after it learned the quota: the controller's own mistake
+    assert launches_fit_what_the_controller_counts(refused(1000, [learned]), scenario) == [
+        f"launch of {job} at 1000 s refused by the account's quota: the controller's own and adopted runs held 6 of 6 ml.p5.48xlarge, it asked 2"
+    ]
+    # One once its memory of it ran out (it plans the pool at its configuration again): excused
+    assert launches_fit_what_the_controller_counts(refused(100 + 3601, [learned]), scenario) == []
+
+
 def test_a_stop_serves_a_job_the_modes_let_preempt_it() -> None:
     scenario = _story(across_teams="LowerOrNewerEqualPriority", within_team="Never")
     victim, teammate, other = scenario.jobs  # applied, applied, research
