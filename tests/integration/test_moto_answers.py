@@ -4,10 +4,12 @@
   serializer writes them: checked on each answer of a preemption story, and on items holding
   every type of attribute value.
 - A transaction it refuses (moto_patches.dynamodb backs up the items a transaction names,
-  not whole tables) leaves every item as it was, and one it accepts writes them all."""
+  not whole tables) leaves every item as it was, and one it accepts writes them all.
+- A query walking the table unsorted answers what moto's sorted walk answers."""
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections import Counter
 from contextlib import contextmanager
@@ -57,6 +59,41 @@ def test_every_answer_of_a_preemption_story_is_written_as_moto_writes_it():
     assert differ == []
     assert {"GetItem", "PutItem", "UpdateItem", "DeleteItem", "Query", "TransactWriteItems"} <= set(compared)
     assert sum(compared.values()) > 100
+
+
+def test_every_query_of_a_preemption_story_answers_what_the_sorted_walk_answers():
+    from moto.dynamodb.models.table import Table
+
+    compared, differ = Counter(), []
+
+    def both(self, *args, **kwargs):
+        def seen(answer):
+            results, scanned, last = answer
+            return [item.to_json() for item in results], scanned, last
+
+        unordered = patched._unordered_query(self, *args, **kwargs)
+        ordered = patched._ORIGINAL_QUERY(self, *args, **kwargs)
+        index = inspect.signature(patched._ORIGINAL_QUERY).bind(self, *args, **kwargs).arguments.get("index_name")
+        compared["index" if index else "table"] += 1
+        if seen(unordered) != seen(ordered):
+            differ.append((args, kwargs))
+        return unordered
+
+    with emulation() as env:
+        installed = Table.__dict__["query"]
+        Table.query = both
+        try:
+            env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
+            env.advance(600)
+            env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1200)
+            env.advance(1800)
+            env.stack.invoke_lambda(env.stack.resources["ReconcileFunction"], {})
+            env.stack.drain()
+        finally:
+            Table.query = installed
+    # Queries of the table (a job's log, newest first and in pages) and of its index alike
+    assert differ == []
+    assert compared["index"] >= 10 and compared["table"] >= 10, compared
 
 
 def test_items_of_every_attribute_type_are_written_as_moto_writes_them():

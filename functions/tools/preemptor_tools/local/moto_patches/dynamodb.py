@@ -36,6 +36,15 @@ serves every request. A ConditionExpression's tokens hold no value either (the p
 the placeholders up after lexing): the lexing is kept per string, and each parse gets
 fresh tokens. A malformed expression is refused as before (a failed parse is not kept).
 
+Cost: moto's Query walks every item of the table (`Table.all_items`), sorted by key with
+moto's comparisons of attribute values, to pick the few of one partition or index key, and
+then sorts those it picked by their full key again. The jobs table holds every decision-log
+line and event claim, so each query sorted thousands of items: a fifth of a calm story's
+time. A query walks them unsorted (`_unordered_query`): what it returns is sorted after the
+pick, by keys that are unique, so the order it walked them in changes nothing. A scan keeps
+moto's sorted walk (its order is its pages'). `tests/integration/test_moto_answers.py` checks
+that queries answer the same either way.
+
 Gap filled: a TransactWriteItems request carries a `ClientRequestToken` (botocore fills one
 in for every call, and sends the same one with each of its retries), and DynamoDB makes the
 call idempotent with it: for 10 minutes after a transaction with that token succeeded, the
@@ -81,6 +90,9 @@ _ORIGINAL_SERIALIZED = DynamoHandler.serialized
 _ORIGINAL_UPDATE_PARSE = UpdateExpressionParser.__dict__["make"].__func__
 _ORIGINAL_CONDITION_LEX = ConditionExpressionParser._lex_condition_expression
 _ORIGINAL_TRANSACT_ANSWER = DynamoHandler.transact_write_items
+_ORIGINAL_ALL_ITEMS = Table.all_items
+_ORIGINAL_QUERY = Table.query
+_QUERYING = threading.local()
 IDEMPOTENCY_WINDOW_S = 600.0  # how long DynamoDB keeps a transaction's ClientRequestToken
 
 
@@ -94,6 +106,26 @@ def patch() -> None:
     replace(DynamoHandler, "transact_write_items", _idempotent_transact)
     replace(UpdateExpressionParser, "make", classmethod(_parsed_update_expression))
     replace(ConditionExpressionParser, "_lex_condition_expression", _lexed_condition_expression)
+    replace(Table, "all_items", _all_items)
+    replace(Table, "query", _unordered_query)
+
+
+def _all_items(self: Table) -> list:
+    """moto's `Table.all_items`, unsorted inside a query (`_unordered_query`)."""
+    if not getattr(_QUERYING, "active", False):
+        return _ORIGINAL_ALL_ITEMS(self)
+    if not self.range_key_attr:
+        return list(self.items.values())
+    return [item for hash_set in self.items.values() for item in hash_set.values()]
+
+
+def _unordered_query(self: Table, *args: Any, **kwargs: Any) -> Any:
+    """moto's `Table.query`, walking the table's items unsorted: it sorts what it picks."""
+    _QUERYING.active = True
+    try:
+        return _ORIGINAL_QUERY(self, *args, **kwargs)
+    finally:
+        _QUERYING.active = False
 
 
 def _parsed_update_expression(cls: type, expression: str) -> Any:
