@@ -40,10 +40,12 @@ Cost: moto's Query walks every item of the table (`Table.all_items`), sorted by 
 moto's comparisons of attribute values, to pick the few of one partition or index key, and
 then sorts those it picked by their full key again. The jobs table holds every decision-log
 line and event claim, so each query sorted thousands of items: a fifth of a calm story's
-time. A query walks them unsorted (`_unordered_query`): what it returns is sorted after the
-pick, by keys that are unique, so the order it walked them in changes nothing. A scan keeps
+time. A query walks them unsorted (`_unordered_query`), and only those that may match its
+key: the queried partition (moto keeps the items by it), or the items whose index key has
+the queried string value. moto tests each against the key as before, and sorts what it
+picks by keys that are unique, so the order it walked them in changes nothing. A scan keeps
 moto's sorted walk (its order is its pages'). `tests/integration/test_moto_answers.py` checks
-that queries answer the same either way.
+that every query of a preemption story answers the same either way.
 
 Gap filled: a TransactWriteItems request carries a `ClientRequestToken` (botocore fills one
 in for every call, and sends the same one with each of its retries), and DynamoDB makes the
@@ -60,6 +62,7 @@ from __future__ import annotations
 import base64
 import copy
 import functools
+import inspect
 import json
 import threading
 from collections import deque
@@ -93,6 +96,7 @@ _ORIGINAL_TRANSACT_ANSWER = DynamoHandler.transact_write_items
 _ORIGINAL_ALL_ITEMS = Table.all_items
 _ORIGINAL_QUERY = Table.query
 _QUERYING = threading.local()
+_QUERY_SIGNATURE = inspect.signature(Table.query)
 IDEMPOTENCY_WINDOW_S = 600.0  # how long DynamoDB keeps a transaction's ClientRequestToken
 
 
@@ -111,21 +115,40 @@ def patch() -> None:
 
 
 def _all_items(self: Table) -> list:
-    """moto's `Table.all_items`, unsorted inside a query (`_unordered_query`)."""
-    if not getattr(_QUERYING, "active", False):
+    """moto's `Table.all_items`; inside a query (`_unordered_query`), unsorted, and only the
+    items that may match its key: moto tests each item it is given against the key again."""
+    pick = getattr(_QUERYING, "pick", None)
+    if pick is None:
         return _ORIGINAL_ALL_ITEMS(self)
-    if not self.range_key_attr:
-        return list(self.items.values())
-    return [item for hash_set in self.items.values() for item in hash_set.values()]
+    return pick()
 
 
 def _unordered_query(self: Table, *args: Any, **kwargs: Any) -> Any:
-    """moto's `Table.query`, walking the table's items unsorted: it sorts what it picks."""
-    _QUERYING.active = True
+    """moto's `Table.query`, walking only the items of the queried partition (a query of the
+    table: `Table.items` is keyed by it) or those whose index key has the queried string
+    value (an index), unsorted: it sorts what it picks."""
+    bound = _QUERY_SIGNATURE.bind(self, *args, **kwargs).arguments
+    _QUERYING.pick = functools.partial(_candidates, self, bound.get("index_name"), bound.get("hash_key"), bound.get("hash_key_conditions"))
     try:
         return _ORIGINAL_QUERY(self, *args, **kwargs)
     finally:
-        _QUERYING.active = False
+        _QUERYING.pick = None
+
+
+def _candidates(table: Table, index_name: str | None, hash_key: Any, conditions: list | None) -> list:
+    if not index_name and hash_key is not None:
+        found = table.items.get(hash_key)
+        if found is None:
+            return []
+        return list(found.values()) if table.range_key_attr else [found]
+    items = list(table.items.values()) if not table.range_key_attr else [i for hash_set in table.items.values() for i in hash_set.values()]
+    strings = [(name, value.value) for name, value in conditions or () if value.type == "S"]
+    if not index_name or not conditions or len(strings) < len(conditions):
+        return items  # a key that is not a string: every item, as moto walks them
+    return [
+        i for i in items
+        if all((a := i.attrs.get(name)) is not None and a.type == "S" and a.value == value for name, value in strings)
+    ]
 
 
 def _parsed_update_expression(cls: type, expression: str) -> Any:
