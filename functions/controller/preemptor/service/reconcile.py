@@ -488,7 +488,7 @@ def _missed_managed_spot(store: JobsStore, record, state: RunState, now: float) 
         (at, interrupted) for at, interrupted in ((state.spot_interrupted_at, True), (state.spot_restarted_at, False))
         if at is not None and record.started_at is not None and at >= record.started_at
     )
-    told = []
+    told, run_id = [], record.run_id
     for at, interrupted in changes:
         outcome, _ = actions.managed_spot(
             store=store, record=record, interrupted=interrupted, at=at, now=now, told_by=" (reconcile: its event never came)"
@@ -496,10 +496,10 @@ def _missed_managed_spot(store: JobsStore, record, state: RunState, now: float) 
         if outcome != "accepted":
             continue
         kind = Repair.MISSED_SPOT_INTERRUPTION if interrupted else Repair.MISSED_SPOT_RESTART
-        told.append({"job": record.name, "pool": record.pool, "repair": kind.value, "run_id": record.run_id, "at": at})
+        told.append({"job": record.name, "pool": record.pool, "repair": kind.value, "run_id": run_id, "at": at})
         record = store.get(record.name)
-        if record is None:
-            break
+        if record is None or record.run_id != run_id:
+            break  # the job left the run these changes are of
     return told
 
 
