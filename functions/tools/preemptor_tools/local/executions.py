@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from collections.abc import Collection
 from typing import Any
 
@@ -43,6 +45,27 @@ def running_executions(account: str, region: str, machines: Collection[str] | No
         e.execution_arn
         for machine in list(backend.state_machines)
         if machines is None or machine.arn in machines
-        for e in list(machine.executions)
-        if e.exec_status is None or e.exec_status.value == "RUNNING"  # None: created, not yet started
+        for e in _live(machine)
     ]
+
+
+# Per state machine: how many of its executions were looked at, and those of them still
+# running then. An execution that ended never runs again, so a poll looks only at those and
+# at the executions started since: walking every execution of a long story at each poll,
+# every few milliseconds and from every thread that waits, took the interpreter from the
+# executions it waited for.
+_LIVE: "weakref.WeakKeyDictionary[Any, tuple[int, list]]" = weakref.WeakKeyDictionary()
+_LIVE_LOCK = threading.Lock()
+
+
+def _live(machine: Any) -> list:
+    """The executions of `machine` not ended (None: created, not yet started)."""
+    executions = machine.executions
+    with _LIVE_LOCK:
+        seen, live = _LIVE.get(machine, (0, []))
+        count = len(executions)
+        if count < seen:
+            seen, live = 0, []  # its list was replaced: looked at afresh
+        live = [e for e in (*live, *executions[seen:count]) if e.exec_status is None or e.exec_status.value == "RUNNING"]
+        _LIVE[machine] = (count, live)
+    return live
