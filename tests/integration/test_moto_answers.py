@@ -48,14 +48,19 @@ def _both_written() -> Iterator[tuple[Counter, list]]:
         DynamoHandler.serialized = installed
 
 
+def _preemption_story(env) -> None:
+    """A low sweep preempted by a critical job, then reconcile: every kind of item operation."""
+    env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
+    env.advance(600)
+    env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1200)
+    env.advance(1800)
+    env.stack.invoke_lambda(env.stack.resources["ReconcileFunction"], {})
+    env.stack.drain()
+
+
 def test_every_answer_of_a_preemption_story_is_written_as_moto_writes_it():
     with emulation() as env, _both_written() as (compared, differ):
-        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
-        env.advance(600)
-        env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1200)
-        env.advance(1800)
-        env.stack.invoke_lambda(env.stack.resources["ReconcileFunction"], {})
-        env.stack.drain()
+        _preemption_story(env)
     assert differ == []
     assert {"GetItem", "PutItem", "UpdateItem", "DeleteItem", "Query", "TransactWriteItems"} <= set(compared)
     assert sum(compared.values()) > 100
@@ -83,12 +88,7 @@ def test_every_query_of_a_preemption_story_answers_what_the_sorted_walk_answers(
         installed = Table.__dict__["query"]
         Table.query = both
         try:
-            env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=7200, checkpoint_every=300)
-            env.advance(600)
-            env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=1200)
-            env.advance(1800)
-            env.stack.invoke_lambda(env.stack.resources["ReconcileFunction"], {})
-            env.stack.drain()
+            _preemption_story(env)
         finally:
             Table.query = installed
     # Queries of the table (a job's log, newest first and in pages) and of its index alike
