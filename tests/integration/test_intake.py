@@ -1483,6 +1483,23 @@ def test_a_managed_spot_restart_stamped_ahead_of_the_clock_is_taken_as_of_its_ha
         assert job.as_running().work_at_risk_s(env.clock.now() + 600) >= 600
 
 
+def test_a_managed_spot_interruption_stamped_before_its_runs_start_is_taken_as_of_that_start():
+    with emulation() as env:
+        # Given a relaunched job whose newest checkpoint is its earlier run's, 15 minutes
+        # before this run started
+        env.submit(name="spotty", team="a", priority=200, pool="p5", instances=2, duration=7200)
+        env.advance(300)
+        job = env.job("spotty")
+        env.store.transition(job, job.with_changes(last_checkpoint_at=job.started_at - 900), [JobState.RUNNING])
+        # When an interruption of this run arrives stamped 10 minutes before the run started
+        result = env.put(_managed_spot_event("spotty", "InProgress", "Interrupted", "spot-early", job.started_at - 600)).results[0]
+        # Then it counts as of the run's start: none of the earlier run's work since its
+        # checkpoint is counted as this run's loss
+        job = env.job("spotty")
+        assert result["outcome"] == "accepted" and job.lost_gpu_seconds == 0
+        assert job.spot_paused and job.spot_interrupted_at == job.started_at
+
+
 def test_a_managed_spot_job_that_waited_past_its_max_wait_is_relaunched_not_failed():
     with emulation() as env:
         # Given a running job

@@ -471,6 +471,8 @@ P5_POOL = PoolConfig(name="p5", instance_type="ml.p5.48xlarge", instances=8, gpu
     "pool, refusal, planned_at",
     [
         (P5_POOL, _quota_refused(6), 48),
+        # A pool sized in GPUs of its instance type
+        (P5_POOL.model_copy(update={"instances": None, "gpus": 64}), _quota_refused(6), 48),
         # A quota that covers the pool: runs outside it hold the rest, nothing to learn
         (P5_POOL, _quota_refused(8), 64),
         # Another offering of the pool may have the room: the refused one is only avoided
@@ -481,7 +483,7 @@ P5_POOL = PoolConfig(name="p5", instance_type="ml.p5.48xlarge", instances=8, gpu
         # Another limit: nothing to learn of the pool
         (P5_POOL, error_response("ResourceLimitExceeded", "The account-level service limit 'Number of training jobs' is 10", 400), 64),
     ],
-    ids=["below-the-pool", "covering-the-pool", "pool-with-a-fallback", "on-demand-quota-of-a-spot-pool", "spot-quota-of-a-spot-pool", "another-limit"],
+    ids=["below-the-pool", "below-a-pool-of-gpus", "covering-the-pool", "pool-with-a-fallback", "on-demand-quota-of-a-spot-pool", "spot-quota-of-a-spot-pool", "another-limit"],
 )
 def test_a_launch_over_a_quota_below_the_pool_plans_the_pool_at_the_quota_for_a_while(world, pool, refusal, planned_at):
     store, sagemaker = world
@@ -497,7 +499,7 @@ def test_a_launch_over_a_quota_below_the_pool_plans_the_pool_at_the_quota_for_a_
     assert store.quota_capacity_gpus(item, pool.capacity_gpus, 20.0 + actions.QUOTA_MEMORY_S) == 64
     assert bool(refused.get("quota_shortfall")) is (planned_at < 64)
     [wait] = [e for e in store.history("train-c") if e["kind"] == "capacity-wait"]
-    assert ("planned at 48 GPUs" in wait["detail"]) is (planned_at < 64)
+    assert ("below pool p5's 64 GPUs: planned at 48 GPUs" in wait["detail"]) is (planned_at < 64)
 
 
 def test_a_quota_below_the_pool_that_could_not_be_written_leaves_the_launch_a_capacity_wait(world):

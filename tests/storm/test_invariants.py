@@ -112,7 +112,7 @@ def test_the_quota_check_excuses_the_refusal_that_tells_the_controller_of_a_quot
     job = scenario.jobs[0].name
     runs = [{"name": "mine", "job_id": "mine", "tags": {"preemptor:job": "other"}}]
     learned = _line(job, 100, "capacity-wait", "no-capacity", "...; the account's quota 'ml.p5.48xlarge for training job usage' "
-                    "is 6 instances, below pool p5's 8: planned at 48 GPUs for 60 minutes (...)")
+                    "is 6 instances, below pool p5's 64 GPUs: planned at 48 GPUs for 60 minutes (...)")
 
     def refused(at: float, history: list[dict]) -> demo.DemoResult:
         refusal = QuotaRefusal(demo.START + at, job, {"preemptor:job": job}, "ml.p5.48xlarge", 2, 6, {"mine": 6}, job, "preemptor-StepsFunction")

@@ -272,7 +272,7 @@ def test_a_pool_above_the_accounts_quota_is_planned_at_the_quota_once_a_launch_m
     # Then its first launch met the quota, and its capacity wait names it and what the pool
     # is planned at from then on
     [wait] = [e for e in hotfix if e["kind"] == "capacity-wait"]
-    assert "the account's quota 'ml.p5.48xlarge for training job usage' is 6 instances, below pool p5's 8: planned at 48 GPUs" in wait["detail"]
+    assert "the account's quota 'ml.p5.48xlarge for training job usage' is 6 instances, below pool p5's 64 GPUs: planned at 48 GPUs" in wait["detail"]
     assert [(r.run, r.quota) for r in result.quota_refusals] == [("hotfix", 6)]
     # And the sweep was preempted for it at once (before: the hotfix "fit" in the 16 GPUs the
     # account cannot have, met the quota at each of its 24 launches, and failed 83 minutes

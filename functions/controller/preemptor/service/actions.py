@@ -678,9 +678,11 @@ def managed_spot(*, store: JobsStore, record: JobRecord, interrupted: bool, at: 
     counted, and pauses nothing. `told_by` ends the line's detail (" (reconcile: ...)").
 
     Returns (outcome, detail): "accepted", "duplicate" or "ignored" (the job left the run)."""
-    # No later than its handling: a time ahead of the clock (skew, or a malformed event)
-    # would hold the run restarted in the future, nothing at risk until then.
-    at = min(at, now)
+    # Within the run's life, as it is of the current run: no later than its handling (a time
+    # ahead of the clock, skew or a malformed event, would hold the run restarted in the
+    # future, nothing at risk until then), no earlier than the run's start (a time before it
+    # would count, as this run's loss, work since a checkpoint of an earlier run).
+    at = min(max(at, record.started_at if record.started_at is not None else at), now)
     incarnation = record.incarnation
     for _ in range(JUDGE_ATTEMPTS):
         if not interrupted:
@@ -996,7 +998,7 @@ def _learn_quota(store: JobsStore, pool: PoolConfig, message: str, now: float) -
         return ""
     return (
         f"; the account's quota '{limit.name}' is {limit.instances} instances, below pool {pool.name}'s "
-        f"{pool.instances}: planned at {gpus} GPUs for {QUOTA_MEMORY_S // 60} minutes (raise the quota, or the pool's instances down to it)"
+        f"{pool.capacity_gpus} GPUs: planned at {gpus} GPUs for {QUOTA_MEMORY_S // 60} minutes (raise the quota, or the pool down to it)"
     )
 
 
