@@ -15,7 +15,7 @@ import re
 from preemptor.core.policy import TEAM_NAME, UNATTRIBUTED, CheckpointTimeoutAction, Policy, PreemptionMode, ReclaimMode
 from preemptor.service.actions import QUOTA_MEMORY_S
 from preemptor_tools.local.demo import START, DemoResult
-from preemptor_tools.local.scenario import Scenario
+from preemptor_tools.local.scenario import QuotaChange, Scenario
 
 TERMINAL = {"Completed", "Failed", "Cancelled"}
 MANAGED_TAG = "preemptor:managed"
@@ -51,13 +51,17 @@ def fleet_never_above_capacity(result: DemoResult, scenario: Scenario) -> list[s
 
 
 def _unpooled_gpus(scenario: Scenario, pool: str) -> float:
-    """The GPUs the account has beyond a pool (`Scenario.unpooled`); unbounded beside a
-    SageMaker pool with fallback instance types (the fleet's quota is of the pool's own)."""
+    """The GPUs the account has beyond a pool (`Scenario.unpooled`), at most (a quota a
+    story changes counts at its largest); unbounded beside a SageMaker pool with fallback
+    instance types (the fleet's quota is of the pool's own)."""
     config = scenario.pool(pool)
     if config.service == "sagemaker" and config.fallback_instance_types:
         return math.inf
     extra = scenario.unpooled.get(pool, 0)
-    return extra * (config.gpus_per_instance or 8) if config.service == "sagemaker" else extra
+    if config.service != "sagemaker":
+        return extra
+    changed = [f.instances - config.instances for f in scenario.faults if isinstance(f, QuotaChange) and f.pool == pool]
+    return max([extra, *changed]) * (config.gpus_per_instance or 8)
 
 
 def _holding_from(run: dict) -> float | None:

@@ -114,6 +114,7 @@ ACTIONS_WITHOUT_RESOURCES = {
     "batch:DescribeJobs",
     "batch:ListJobs",
     "batch:DescribeJobQueues",
+    "servicequotas:ListServiceQuotas",
     "logs:CreateLogDelivery",
     "logs:GetLogDelivery",
     "logs:UpdateLogDelivery",

@@ -9,6 +9,7 @@ from replays import GROUP, RUNS, SCENARIOS, replay
 from storm.invariants import violations
 
 from preemptor.service.actions import CAPACITY_BACKOFF_MAX_S
+from preemptor_tools.local.demo import START
 from preemptor_tools.local.scenario import Scenario
 
 
@@ -284,6 +285,33 @@ def test_a_pool_above_the_accounts_quota_is_planned_at_the_quota_once_a_launch_m
     values = [d["QuotaShortfallGpus"] for d in run.metrics if "QuotaShortfallGpus" in d]
     shortfalls = [v for value in values for v in (value if isinstance(value, list) else [value])]
     assert shortfalls[0] == 0 and 16 in shortfalls and set(shortfalls) == {0, 16}
+    assert violations(result, scenario) == []
+
+
+def test_a_run_larger_than_the_accounts_quota_stops_nobody_until_service_quotas_lists_it_raised():
+    # Given a pool of 8 x ml.p5.48xlarge whose account quota is 6 until a raise to 8 two
+    # hours in, a low sweep on 6, and a critical run needing all 8 (quota-raised.yaml)
+    scenario = Scenario.load(SCENARIOS / "quota-raised.yaml")
+    run = replay("quota-raised")
+    result, jobs = run.result, _jobs(run.result.report)
+    stops = [e["at"] - START for e in result.history if e["job"] == "sweep" and e["kind"] == "stop-requested"]
+    # Then the sweep was stopped once before the quota was known (the refusal told it), and
+    # not again until the raise: the quota, read again at each reconcile, still left the pool
+    # 48 GPUs (before: forgotten after an hour, and the sweep stopped once an hour for a
+    # launch the quota refused)
+    raised = 7200.0
+    assert len(stops) == 2 and stops[0] < 3600 and raised <= stops[1] <= raised + 2 * 300, _story("quota-raised")
+    assert [(r.run, r.quota) for r in result.quota_refusals] == [("pretrain", 6)]
+    # And the run launched within two reconcile passes of the raise, and both completed
+    assert jobs["pretrain"]["state"] == jobs["sweep"]["state"] == "Completed"
+    assert jobs["pretrain"]["wait_s"] <= raised + 2 * 300 + 120 + 60 - 600, _story("quota-raised")
+    # And the shortfall the alarm reads is 16 GPUs while the quota held, none after the raise
+    values = [d["QuotaShortfallGpus"] for d in run.metrics if "QuotaShortfallGpus" in d]
+    shortfalls = [v for value in values for v in (value if isinstance(value, list) else [value])]
+    assert 16 in shortfalls and shortfalls[-1] == 0
+    # And every listing of the quota was reconcile's
+    listings = [c for c in run.calls if c.api_action == "service-quotas:ListServiceQuotas"]
+    assert listings and {c.principal for c in listings} == {"ReconcileFunction"}
     assert violations(result, scenario) == []
 
 

@@ -410,6 +410,33 @@ class JobsStore:
             ExpressionAttributeValues={":cap": {"M": {"gpus": _to_attr(gpus), "until": _to_attr(float(until)), "quota": _to_attr(quota)}}},
         )
 
+    def noted_quota(self, pool: str) -> dict | None:
+        """The quota `note_quota` last wrote for `pool` ({"gpus", "until", "quota"}), its
+        memory over or not, or None."""
+        item = self._call("get_item", TableName=self.table, Key=pool_key(pool), ProjectionExpression="quota_cap", ConsistentRead=True).get("Item")
+        cap = _unmarshal(item or {}).get("quota_cap")
+        if not cap:
+            return None
+        return {"gpus": int(cap["gpus"]), "until": float(cap["until"]), "quota": str(cap["quota"])}
+
+    def forget_quota(self, pool: str, noted: dict) -> bool:
+        """`pool` is planned at its configured size again: the quota `noted` (as
+        `noted_quota` read it) covers it now. A quota noted since (a launch refused
+        meanwhile: the newer word) is left. Returns whether it was forgotten."""
+        try:
+            self._call(
+                "update_item",
+                TableName=self.table,
+                Key=pool_key(pool),
+                UpdateExpression="REMOVE quota_cap",
+                ConditionExpression="quota_cap.#u = :until",
+                ExpressionAttributeNames={"#u": "until"},
+                ExpressionAttributeValues={":until": _to_attr(float(noted["until"]))},
+            )
+        except ConflictError:
+            return False
+        return True
+
     @staticmethod
     def quota_capacity_gpus(item: dict | None, capacity_gpus: int, now: float) -> int:
         """The GPUs a pool whose item is `item`, configured for `capacity_gpus`, is planned at:

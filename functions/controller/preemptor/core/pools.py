@@ -63,6 +63,13 @@ def quota_limit(message: str) -> QuotaLimit | None:
     return QuotaLimit(found["name"], found["type"], found["spot"] is not None, int(found["limit"]))
 
 
+def quota_name(offering: str) -> str:
+    """The name of the account's quota of a SageMaker offering, as Service Quotas and a
+    ResourceLimitExceeded message give it (`QuotaLimit.name`)."""
+    instance_type, spot = parse_offering(offering)
+    return f"{instance_type} for {'spot ' if spot else ''}training job usage"
+
+
 def parse_offering(offering: str) -> tuple[str, bool]:
     """(instance type, on spot?) of a SageMaker offering (a Batch pool's are its queues)."""
     return (offering[: -len(SPOT)], True) if offering.endswith(SPOT) else (offering, False)

@@ -25,6 +25,7 @@ def handler(event: dict, context: LambdaContext) -> dict:
         settings=d.settings,
         now=clock.CLOCK.now(),
         alerts=d.alerts,
+        quotas=d.quotas,
     )
     emit_oldest_waits(result["oldest_wait_s"])
     metrics.add_metric(name="ReconcileRepairs", unit=MetricUnit.Count, value=len(result["repairs"]))

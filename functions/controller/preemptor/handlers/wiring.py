@@ -22,6 +22,7 @@ from ..adapters.alerts import Alerts
 from ..adapters.checkpoints import CheckpointStore
 from ..adapters.errors import THROTTLING_CODES
 from ..adapters.instances import InstanceResolver
+from ..adapters.quotas import AccountQuotas
 from ..adapters.runners import BatchRunner, Runner, SageMakerRunner
 from ..adapters.store import JobsStore
 from ..adapters.workflows import WorkflowStarter
@@ -80,6 +81,7 @@ class Deps:
     workflows: WorkflowStarter
     instances: InstanceResolver
     alerts: Alerts
+    quotas: AccountQuotas
 
 
 @cache
@@ -103,6 +105,7 @@ def deps() -> Deps:
         workflows=WorkflowStarter(client("stepfunctions"), settings.workflow_arns),
         instances=InstanceResolver(client("ecs")),
         alerts=Alerts(client("sns"), settings.alerts_topic_arn),
+        quotas=AccountQuotas(client("service-quotas")),
     )
 
 

@@ -43,9 +43,10 @@ MAX_CAPACITY_RETRIES = 24  # launches that met no capacity before the job is fai
 CAPACITY_BACKOFF_S = 60.0  # retry n waits min(300, 60 x 2^(n-1)) s, less up to a half (jitter)
 CAPACITY_BACKOFF_MAX_S = 300.0
 UNAVAILABLE_OFFERING_S = 10 * 60  # how long an instance type that met no capacity is avoided
-# How long a pool is planned at what the account's quota leaves it (quotas get raised: after
-# this the pool is planned at its configuration again, and a launch over the quota tells
-# it again).
+# How long a pool is planned at what the account's quota leaves it. Reconcile reads the quota
+# from Service Quotas at each pass and notes it again while it is still below the pool, or
+# forgets it once raised (`reconcile._reread_quota`); unread for this long, it is forgotten
+# (the pool planned at its configuration again; a launch over the quota tells it again).
 QUOTA_MEMORY_S = 60 * 60
 # A refusal of the launch that means "no capacity now", not "never": waited out, not counted
 # as a refusal.
@@ -975,8 +976,8 @@ def _wait_for_capacity(
 def _learn_quota(store: JobsStore, pool: PoolConfig, message: str, now: float) -> str:
     """A launch over the account's quota of the pool's own offering (SageMaker's
     ResourceLimitExceeded names the quota and its value) when that quota is below what the
-    pool is configured for: the pool is planned at what the quota leaves it for
-    QUOTA_MEMORY_S (`JobsStore.note_quota`). Otherwise its plans count GPUs the account
+    pool is configured for: the pool is planned at what the quota leaves it until reconcile
+    reads it raised, or reads nothing for QUOTA_MEMORY_S (`JobsStore.note_quota`). Otherwise its plans count GPUs the account
     cannot have: a job admitted into them meets the quota at every launch, and nobody is
     stopped for it, since it "fits"; a critical job behind a low one holding the rest
     would wait until its capacity retries failed it. Operators are told by the
@@ -998,7 +999,7 @@ def _learn_quota(store: JobsStore, pool: PoolConfig, message: str, now: float) -
         return ""
     return (
         f"; the account's quota '{limit.name}' is {limit.instances} instances, below pool {pool.name}'s "
-        f"{pool.capacity_gpus} GPUs: planned at {gpus} GPUs for {QUOTA_MEMORY_S // 60} minutes (raise the quota, or the pool down to it)"
+        f"{pool.capacity_gpus} GPUs: planned at {gpus} GPUs until Service Quotas lists it raised (raise the quota, or the pool down to it)"
     )
 
 

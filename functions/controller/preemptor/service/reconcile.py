@@ -18,6 +18,7 @@ from typing import Any
 
 from ..adapters.alerts import Alerts
 from ..adapters.checkpoints import CheckpointStore
+from ..adapters.quotas import AccountQuotas
 from ..adapters.runners import BatchRunner, Runner, RunState
 from ..adapters.store import JobsStore, LogLine
 from ..adapters.workflows import WorkflowStarter, execution_name
@@ -25,7 +26,7 @@ from ..config import Settings
 from ..core import events as ev
 from ..core.errors import ConflictError, PreemptorError, ServiceJobNotFound
 from ..core.model import JobState
-from ..core.pools import describe_offering, queue_name
+from ..core.pools import describe_offering, queue_name, quota_name
 from . import actions
 from .intake import Intake, controllers_job
 from .scheduling import LEASE_TTL_S, oldest_wait_by_tier, preemption_names
@@ -44,6 +45,9 @@ FOLDS_PER_RUN = 200
 # A notice's writer publishes it right after its change: one older than this was not.
 NOTICE_GRACE_S = 60
 NOTICES_PER_RUN = 200
+# A quota below a pool is noted for actions.QUOTA_MEMORY_S; each pass reads it again, and
+# renews the note when it would end before the pass after next (or its value changed).
+QUOTA_RENEW_WITHIN_S = 15 * 60
 
 
 class Repair(StrEnum):
@@ -65,6 +69,13 @@ class Repair(StrEnum):
     RUN_ADOPTED = "run-adopted"  # a team's tagged run whose events never came: adopted, counted
     STUCK_RUNNABLE_REQUEUED = "stuck-runnable-requeued"  # a Batch run found no capacity: a capacity wait
     NOTICE_PUBLISHED = "notice-published"  # a team's notice its writer did not publish
+    QUOTA_RAISED = "quota-raised"  # the quota a launch met covers the pool now: planned at its size again
+    QUOTA_CHANGED = "quota-changed"  # the quota a launch met is another value, still below the pool
+    QUOTA_FORGOTTEN = "quota-forgotten"  # a quota no longer of the pool's offering, or unread past its memory
+
+
+class QuotaNotListed(PreemptorError):
+    """Service Quotas lists no applied value of the quota a launch met."""
 
 
 # Repairs that free or take no capacity by themselves (a missed end does when it releases).
@@ -80,9 +91,11 @@ def reconcile(
     settings: Settings,
     now: float,
     alerts: Alerts | None = None,
+    quotas: AccountQuotas | None = None,
 ) -> dict:
     """Repair every configured pool, then the jobs of pools that left the configuration.
-    `alerts`: the topic the notices their writers did not publish go to.
+    `alerts`: the topic the notices their writers did not publish go to; `quotas`: where the
+    quotas a launch met are read again (`_reread_quota`).
 
     Returns {"repairs": [...], "errors": [...], "oldest_wait_s": {tier: s}}: each repair
     with its `repair` kind, each error with the job and the error's type.
@@ -92,7 +105,7 @@ def reconcile(
     oldest: dict[str, float] = {}
     for pool in settings.pools:
         try:
-            _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now, repairs, errors, oldest, alerts)
+            _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now, repairs, errors, oldest, alerts, quotas)
         except Exception as error:  # noqa: BLE001 - one pool's failure (throttled, say) never stops the others
             errors.append({"pool": pool.name, "error": type(error).__name__, "detail": str(error)[:500]})
     try:
@@ -115,10 +128,10 @@ def reconcile(
     return {"repairs": repairs, "errors": errors, "oldest_wait_s": oldest}
 
 
-def _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now, repairs, errors, oldest, alerts) -> None:
-    """One pool: its registration, an orphaned lease, every active job's run, the fold of
-    ended runs into the teams' usage, the notices their writers did not publish, the usage
-    recount, and a schedule when anything changed or work waits.
+def _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now, repairs, errors, oldest, alerts, quotas=None) -> None:
+    """One pool: its registration, an orphaned lease, the quota a launch met, every active
+    job's run, the fold of ended runs into the teams' usage, the notices their writers did
+    not publish, the usage recount, and a schedule when anything changed or work waits.
 
     Each part goes on when another fails (a throttled write of the pool's registration must
     not leave a stuck preemption unrepaired for another five minutes): its error is recorded
@@ -137,6 +150,11 @@ def _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now,
     if cleared:
         repairs.append({"pool": pool.name, "repair": Repair.ORPHANED_LEASE_CLEARED.value, "holder": cleared})
     schedule = False
+    if quotas is not None and pool.service == "sagemaker":
+        quota = part("quota", lambda: _reread_quota(store, quotas, pool, now))
+        if quota:
+            repairs.append(quota)
+            schedule = quota["repair"] != Repair.QUOTA_CHANGED.value or quota["gpus"] > quota["was_gpus"]
     for record in part("jobs", lambda: store.active(pool.name)) or ():
         try:
             found = _check_run(store, runners, workflows, settings, record, now)
@@ -163,6 +181,52 @@ def _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now,
         oldest[tier] = max(oldest.get(tier, 0.0), wait)
     if pending is None or pending or schedule or recount.get("rerun"):
         part("schedule", lambda: workflows.start("schedule", execution_name("reconcile", pool.name, f"{int(now)}"), {"pool": pool.name}))
+
+
+def _reread_quota(store: JobsStore, quotas: AccountQuotas, pool, now: float) -> dict | None:
+    """The quota a launch of `pool` met, below the pool (`actions._learn_quota`), read again
+    from Service Quotas by the name the refusal gave it.
+
+    Forgetting it after its memory alone would plan the pool at its configured size while
+    the account still cannot have it: a job larger than the quota would preempt the pool's
+    work for GPUs it cannot launch into, once an hour, as long as it waits. So:
+    - raised to cover the pool: forgotten (planned at its size again; the pool is planned);
+    - still below: noted again, for another memory, when the note would end before the pass
+      after next or the value changed (a write to the pool item cancels an admission under
+      way: not at every pass);
+    - not listed, or not readable (QuotaNotListed, or the call's error, is the pass's error):
+      left to end with its memory, as before the read; an ended one is then forgotten;
+    - no longer the quota of the pool's offering (its configuration changed): forgotten.
+    Returns the repair, or None when there was nothing to do."""
+    noted = store.noted_quota(pool.name)
+    if noted is None:
+        return None
+    name, was = noted["quota"], noted["gpus"]
+    repair = {"pool": pool.name, "quota": name, "was_gpus": was}
+    if len(pool.offerings) != 1 or quota_name(pool.offerings[0]) != name:
+        store.forget_quota(pool.name, noted)
+        return {**repair, "repair": Repair.QUOTA_FORGOTTEN.value, "gpus": pool.capacity_gpus, "why": "not the quota of the pool's offering"}
+    try:
+        value = quotas.applied("sagemaker", name)
+        if value is None:
+            raise QuotaNotListed(f"Service Quotas lists no applied value of '{name}'")
+    except PreemptorError:
+        if noted["until"] <= now and store.forget_quota(pool.name, noted):
+            # Unread for its whole memory: the pool is planned at its size, the next launch
+            # over the quota notes it again.
+            return {**repair, "repair": Repair.QUOTA_FORGOTTEN.value, "gpus": pool.capacity_gpus, "why": "not read during its memory"}
+        raise
+    gpus = int(value) * pool.gpus_per_instance
+    if gpus >= pool.capacity_gpus:
+        if not store.forget_quota(pool.name, noted):
+            return None  # a launch noted it again meanwhile: the newer word stands
+        return {**repair, "repair": Repair.QUOTA_RAISED.value, "gpus": pool.capacity_gpus, "instances": int(value)}
+    if gpus == was and noted["until"] - now > QUOTA_RENEW_WITHIN_S:
+        return None
+    store.note_quota(pool.name, gpus, now + actions.QUOTA_MEMORY_S, name)
+    if gpus == was:
+        return None  # the same quota, remembered longer: nothing repaired
+    return {**repair, "repair": Repair.QUOTA_CHANGED.value, "gpus": gpus, "instances": int(value)}
 
 
 def _stop_unknown_runs(

@@ -531,3 +531,8 @@ def _describe_container_instances(scope: _Scope, op: str, p: dict) -> list[Autho
         out.append(AuthorizationRequest("ecs:DescribeContainerInstances", arn, {"ecs:cluster": (cluster_arn,)}))
     return out
 
+
+
+@_translates("service-quotas", "ListServiceQuotas")
+def _service_quotas_listed(scope: _Scope, op: str, p: dict) -> list[AuthorizationRequest]:
+    return [AuthorizationRequest(f"servicequotas:{op}", "*")]  # no resource-level permissions

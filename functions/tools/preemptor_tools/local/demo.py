@@ -25,8 +25,8 @@ from .clock import SimClock
 from .fleet import FleetStop, QuotaRefusal, SimulatedFleet
 from .hostile import HostileWorld, StopAttempt
 from .scenario import (
-    DEFAULT_SCENARIO, MANAGED_SPOT_OUTAGE_S, ROLE_ARN, CapacityError, Chaos, Scenario, StoppedByHand, cancellation_event, local_pool, lowering_event, submission_event,
-    team_launch_request,
+    DEFAULT_SCENARIO, MANAGED_SPOT_OUTAGE_S, ROLE_ARN, CapacityError, Chaos, QuotaChange, Scenario, StoppedByHand, cancellation_event, local_pool,
+    lowering_event, submission_event, team_launch_request,
 )
 from preemptor.service.scheduling import explain as explaining
 from .stack import EmulatedStack, RoutedEvent
@@ -192,6 +192,7 @@ def _replay(
     teams = {j.name: j.team for j in scenario.jobs}
     pool_of = {j.name: j.pool for j in scenario.jobs}
     by_hand = sorted((f for f in scenario.faults if isinstance(f, StoppedByHand)), key=lambda f: (f.at, f.job))
+    quota_changes = sorted((f for f in scenario.faults if isinstance(f, QuotaChange)), key=lambda f: (f.at, f.pool))
     horizon = scenario.horizon or (
         max(j.submit_at for j in scenario.jobs) + 3 * sum(j.duration for j in scenario.jobs) + 3600
     )
@@ -245,6 +246,13 @@ def _replay(
             result.timeline.append(TimelineEntry(elapsed, "workload", fault.job, "stopped by hand", why))
             stack.pump(on_event)
             changed = True
+        while quota_changes and quota_changes[0].at <= elapsed:
+            change = quota_changes.pop(0)
+            instance_type = scenario.pool(change.pool).instance_type
+            fleet.set_instance_quota(instance_type, change.instances)
+            why = f"the account's quota of {instance_type} is {change.instances} instances from now on"
+            result.timeline.append(TimelineEntry(elapsed, "workload", change.pool, "quota changed", why))
+            changed = True
         while lowerings and lowerings[0].at <= elapsed:
             lowering = lowerings.pop(0)
             team = lowering.team or teams[lowering.job]
@@ -284,7 +292,7 @@ def _replay(
         if elapsed >= horizon:
             return
         target = clock.now() + tick_s
-        for upcoming in (submissions[:1], interruptions[:1], by_hand[:1], lowerings[:1], cancellations[:1]):
+        for upcoming in (submissions[:1], interruptions[:1], by_hand[:1], quota_changes[:1], lowerings[:1], cancellations[:1]):
             if upcoming:
                 target = min(target, START + getattr(upcoming[0], "submit_at", getattr(upcoming[0], "at", 0)))
         clock.advance_to(target)

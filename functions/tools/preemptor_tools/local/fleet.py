@@ -12,6 +12,9 @@ Life of a job, all in simulated time:
 - a CreateTrainingJob that would take the account's instances of a type over its quota
   (`instance_quotas`: what the pools own) is refused `ResourceLimitExceeded`, whoever asks,
   and nothing is created (`quota_refusals` records it, with the runs that held the type).
+  Service Quotas lists each as the applied value of the type's quotas for training job usage
+  and for spot training job usage (one quota per type here: on AWS they are two);
+  `set_instance_quota` changes it (a raise granted, say).
 - created/submitted: SageMaker `InProgress`/`Starting`; Batch `RUNNABLE`. A Batch job of a pool
   whose compute environments' GPUs are known (`batch_capacity`) takes them only when it
   starts, and starts only when they fit beside the pool's running jobs: otherwise it stays
@@ -299,6 +302,7 @@ class SimulatedFleet:
             clock.on_advance(self._on_advance),
             clock.on_due(self.next_due),
             moto_patches.check_training_job_create(self._quota_refusal),
+            moto_patches.quotas_listed(self._listed_quotas),
             moto_patches.on_training_job_created(self._on_training_job_created),
             moto_patches.on_training_job_stop_requested(self._on_training_job_stop_requested),
             moto_patches.on_batch_job_submitted(self._on_batch_job_submitted),
@@ -455,7 +459,23 @@ class SimulatedFleet:
         """Deliver everything due at the clock's current time without advancing it."""
         self._process(self._clock.now())
 
+    def set_instance_quota(self, instance_type: str, instances: int) -> None:
+        """The account's quota of `instance_type` is `instances` from now on (a raise
+        granted, or a cut): launches are held to it, Service Quotas lists it."""
+        with self._lock:
+            self._instance_quotas[instance_type] = instances
+            self.history.append((self._clock.now(), instance_type, f"quota set to {instances} instances"))
+
     # ------------------------------------------------------------------ moto listeners
+
+    def _listed_quotas(self) -> dict[str, float]:
+        """The applied values Service Quotas lists for the types with a quota."""
+        with self._lock:
+            return {
+                f"{instance_type} for {usage}": float(quota)
+                for instance_type, quota in self._instance_quotas.items()
+                for usage in ("training job usage", "spot training job usage")
+            }
 
     def _quota_refusal(self, name: str, request: dict) -> str | None:
         """SageMaker's `ResourceLimitExceeded` message when `request` would take the account's

@@ -20,7 +20,8 @@ A team may lower a job (`lowerings: [{at, job, priority}]`) or cancel it (`cance
 A hostile world (see `hostile.py`): `chaos: {seed, throttle_rate, duplicate_rate, reorder_rate,
 transaction_conflict_rate, crash_rate}` and `faults: [{type: stop_denied, at, job, duration},
 {type: stopped_by_hand, at, job}, {type: workflow_crash, at}, {type: capacity_error, at, pool,
-duration, instance_type?, capacity_type?}, {type: spot_interruption, at, job, duration?, until?}]`. Batch pools
+duration, instance_type?, capacity_type?}, {type: spot_interruption, at, job, duration?, until?},
+{type: quota_change, at, pool, instances}]`. Batch pools
 described by instances (`instance_type`, `instances`, `gpus_per_instance`) take `instances` on
 jobs. Pools take `capacity_type: spot | on-demand` (and `on_demand_fallback: true` for a spot
 pool that may fall back to on-demand), as the controller's pool configuration does.
@@ -210,8 +211,20 @@ class SpotInterruptionFault(BaseModel):
     until: float | None = Field(default=None, ge=0)
 
 
+class QuotaChange(BaseModel):
+    """At `at`, the account's SageMaker quota of `pool`'s instance type becomes `instances`
+    (an increase granted, or a cut): launches are held to it, Service Quotas lists it."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    type: Literal["quota_change"]
+    at: float = Field(ge=0)
+    pool: str
+    instances: int = Field(ge=0)
+
+
 Fault = Annotated[
-    StopDenied | StoppedByHand | WorkflowCrash | CapacityError | SpotInterruptionFault, Field(discriminator="type")
+    StopDenied | StoppedByHand | WorkflowCrash | CapacityError | SpotInterruptionFault | QuotaChange, Field(discriminator="type")
 ]
 
 
@@ -310,6 +323,10 @@ class Scenario(BaseModel):
             job_name = getattr(fault, "job", None)
             if job_name is not None and job_name not in by_name:
                 raise ValueError(f"{fault.type} at {fault.at}: unknown job {job_name!r}")
+            if isinstance(fault, QuotaChange) and (
+                fault.pool not in pools or pools[fault.pool].service != "sagemaker" or not pools[fault.pool].instance_type
+            ):
+                raise ValueError(f"quota_change at {fault.at}: {fault.pool!r} is not a SageMaker pool with an 'instance_type'")
         return self
 
     @property

@@ -23,6 +23,8 @@ and each patch says which gap it fills:
   operations' answers written without moto's per-member lookups, a transaction
   backed up by the items it names rather than by copies of whole tables, and each update
   expression parsed, each condition lexed, once per string (costs, not gaps).
+- `servicequotas`: ListServiceQuotas for SageMaker (moto lists VPC's defaults only), its
+  applied values the simulated fleet's quotas, paged as the service pages them.
 - `events`: every event PutEvents accepted handed to listeners (the local stack routes what
   arrives over HTTP to the intake; moto cannot invoke Lambda targets).
 - `sdk` (botocore, not moto): the sessions share one loader of the service models, the
@@ -65,7 +67,7 @@ if moto.__version__ != PINNED_MOTO_VERSION:
 
 from preemptor_tools.local.clock import SimClock  # noqa: E402
 
-from . import batch, dynamodb, events, lambda_, s3, sagemaker, sdk, send, stepfunctions  # noqa: E402
+from . import batch, dynamodb, events, lambda_, s3, sagemaker, sdk, send, servicequotas, stepfunctions  # noqa: E402
 from ._core import _STATE, LambdaInvoker, quiet_moto_logging, restore_all  # noqa: E402
 from .batch import get_batch_job, on_batch_job_submitted, on_batch_job_terminate_requested, set_batch_job_status  # noqa: E402
 from .events import on_events_put  # noqa: E402
@@ -78,6 +80,7 @@ from .sagemaker import (  # noqa: E402
     on_training_job_stop_requested,
     set_training_job_status,
 )
+from .servicequotas import quotas_listed  # noqa: E402
 from .stepfunctions import on_lambda_task_returned  # noqa: E402
 
 # The mock_aws config the patches are written for.
@@ -105,6 +108,7 @@ __all__ = [
     "on_lambda_task_returned",
     "on_training_job_created",
     "on_training_job_stop_requested",
+    "quotas_listed",
     "set_batch_job_status",
     "set_training_job_status",
 ]
@@ -127,6 +131,7 @@ def install(clock: SimClock, lambda_invoker: LambdaInvoker, async_invoker: Lambd
         s3.patch()
         dynamodb.patch()
         events.patch()
+        servicequotas.patch()
         sdk.patch()
         send.patch()
         quiet_moto_logging()

@@ -1,0 +1,150 @@
+"""The account's quotas read from Service Quotas (`adapters/quotas.py`), and reconcile's
+reading of the quota a launch met below its pool (`reconcile._reread_quota`), on the emulated
+stack: the fleet enforces the quota at CreateTrainingJob, Service Quotas lists it."""
+
+from __future__ import annotations
+
+import pytest
+from aws_faults import aws_says_no, error_response
+from emulation import P5, emulation
+
+from preemptor.adapters.quotas import AccountQuotas
+from preemptor.core.errors import AccessDenied, Throttled
+from preemptor.service.actions import QUOTA_MEMORY_S
+from preemptor.service.reconcile import QUOTA_RENEW_WITHIN_S
+
+P5_QUOTA = "ml.p5.48xlarge for training job usage"
+THROTTLED = error_response("TooManyRequestsException", "Rate exceeded", 400)
+DENIED = error_response("AccessDeniedException", "User is not authorized to perform: servicequotas:ListServiceQuotas", 400)
+
+
+def _reconcile(env) -> dict:
+    result = env.stack.invoke_lambda(env.stack.resources["ReconcileFunction"], {})
+    env.stack.drain()
+    return result
+
+
+def _quota_repairs(result: dict) -> list[dict]:
+    return [r for r in result["repairs"] if r["repair"].startswith("quota-")]
+
+
+def _quota_errors(result: dict) -> list[dict]:
+    return [e for e in result["errors"] if e.get("part") == "quota"]
+
+
+def test_a_quota_is_read_by_its_name_through_every_page_service_quotas_lists():
+    with emulation(instance_quotas={"ml.p5.48xlarge": 6, "ml.p4d.24xlarge": 3}) as env:
+        client = env.stack.client("service-quotas")
+        quotas = AccountQuotas(client)
+        pages = []
+        client.meta.events.register("after-call.service-quotas.ListServiceQuotas", lambda parsed, **_: pages.append(len(parsed.get("Quotas", []))))
+        # The listing is longer than a page (the quotas of SageMaker's other types and usages)
+        assert quotas.applied("sagemaker", P5_QUOTA) == 6.0
+        assert quotas.applied("sagemaker", "ml.p4d.24xlarge for spot training job usage") == 3.0
+        assert len(pages) >= 2 and max(pages) == 100
+        # A quota it does not list: nothing known (never its default)
+        assert quotas.applied("sagemaker", "ml.p5e.48xlarge for training job usage") is None
+        # One listed with the reason its value could not be read: nothing known either
+        unreadable = {
+            "Quotas": [{"ServiceCode": "sagemaker", "QuotaCode": "L-1", "QuotaName": P5_QUOTA, "Value": 0.0,
+                        "ErrorReason": {"ErrorCode": "DEPENDENCY_THROTTLING_ERROR", "ErrorMessage": "throttled"}}],
+            "ResponseMetadata": {"HTTPStatusCode": 200},
+        }
+        with aws_says_no(client, "ListServiceQuotas", unreadable):
+            assert quotas.applied("sagemaker", P5_QUOTA) is None
+        # Refusals in the domain's terms
+        with aws_says_no(client, "ListServiceQuotas", THROTTLED), pytest.raises(Throttled):
+            quotas.applied("sagemaker", P5_QUOTA)
+        with aws_says_no(client, "ListServiceQuotas", DENIED), pytest.raises(AccessDenied):
+            quotas.applied("sagemaker", P5_QUOTA)
+
+
+def _noted(env, gpus: int = 48, left_s: float = QUOTA_MEMORY_S, quota: str = P5_QUOTA) -> float:
+    """The pool noted at `gpus` by a launch over `quota`, its memory ending in `left_s`."""
+    until = env.clock.now() + left_s
+    env.store.ensure_pool("p5", P5.capacity_gpus)
+    env.store.note_quota("p5", gpus, until, quota)
+    return until
+
+
+def test_a_quota_still_below_the_pool_is_noted_again_before_its_memory_ends_and_only_then():
+    with emulation(instance_quotas={"ml.p5.48xlarge": 6}) as env:
+        until = _noted(env)
+        # Far from the end of its memory: read, nothing written
+        result = _reconcile(env)
+        assert _quota_repairs(result) == [] and _quota_errors(result) == []
+        assert env.store.noted_quota("p5")["until"] == until
+        # Within the renewal window: noted again for another memory, at the same value
+        env.advance(QUOTA_MEMORY_S - QUOTA_RENEW_WITHIN_S + 60)
+        now = env.clock.now()
+        result = _reconcile(env)
+        assert _quota_repairs(result) == [] and _quota_errors(result) == []
+        assert env.store.noted_quota("p5") == {"gpus": 48, "until": now + QUOTA_MEMORY_S, "quota": P5_QUOTA}
+        assert env.store.quota_capacity_gpus(env.store.pool("p5"), 64, until + 1) == 48
+
+
+def test_a_quota_raised_to_cover_the_pool_is_forgotten_and_the_pool_planned():
+    with emulation(instance_quotas={"ml.p5.48xlarge": 6}) as env:
+        _noted(env)
+        env.fleet.set_instance_quota("ml.p5.48xlarge", 8)
+        result = _reconcile(env)
+        assert _quota_repairs(result) == [{"pool": "p5", "quota": P5_QUOTA, "was_gpus": 48, "repair": "quota-raised", "gpus": 64, "instances": 8}]
+        assert env.store.noted_quota("p5") is None
+        assert env.store.quota_capacity_gpus(env.store.pool("p5"), 64, env.clock.now()) == 64
+        # And the pool is planned (capacity grew), though nothing waits in it
+        schedules = [e for e in env.stack.executions("ScheduleStateMachine") if e["name"].startswith("reconcile-p5")]
+        assert schedules
+
+
+def test_a_quota_changed_but_still_below_the_pool_is_noted_at_its_new_value():
+    with emulation(instance_quotas={"ml.p5.48xlarge": 6}) as env:
+        _noted(env)
+        env.fleet.set_instance_quota("ml.p5.48xlarge", 5)
+        result = _reconcile(env)
+        assert [r["repair"] for r in _quota_repairs(result)] == ["quota-changed"]
+        assert env.store.noted_quota("p5")["gpus"] == 40
+
+
+def test_a_quota_not_of_the_pools_offering_any_more_is_forgotten():
+    # Given a quota noted for another instance type (the pool's type was changed since)
+    with emulation(instance_quotas={"ml.p5.48xlarge": 6}) as env:
+        _noted(env, quota="ml.p4d.24xlarge for training job usage")
+        result = _reconcile(env)
+        assert [(r["repair"], r["why"]) for r in _quota_repairs(result)] == [("quota-forgotten", "not the quota of the pool's offering")]
+        assert env.store.noted_quota("p5") is None
+
+
+@pytest.mark.parametrize(
+    "refusal, error", [(THROTTLED, "Throttled"), (DENIED, "AccessDenied"), (None, "QuotaNotListed")], ids=["throttled", "denied", "not-listed"]
+)
+def test_a_quota_that_cannot_be_read_is_kept_for_its_memory_then_forgotten(refusal, error):
+    with emulation(instance_quotas={} if refusal is None else {"ml.p5.48xlarge": 6}) as env:
+        until = _noted(env)
+        client = env.stack.deps().quotas.client
+        with aws_says_no(client, "ListServiceQuotas", refusal or (lambda params: None)):
+            # While its memory lasts: an error of the pass, the pool still planned at the quota
+            result = _reconcile(env)
+            assert [e["error"] for e in _quota_errors(result)] == [error]
+            assert env.store.noted_quota("p5")["until"] == until
+            # Once it is over, unread: forgotten (the next launch over it notes it again)
+            env.advance(QUOTA_MEMORY_S + 60)
+            result = _reconcile(env)
+            assert [(r["repair"], r["why"]) for r in _quota_repairs(result)] == [("quota-forgotten", "not read during its memory")]
+            assert env.store.noted_quota("p5") is None
+            # And a pool without a noted quota is not read at all
+            calls = len(env.stack.calls.calls)
+            _reconcile(env)
+            assert not [c for c in env.stack.calls.calls[calls:] if c.operation == "ListServiceQuotas"]
+
+
+def test_a_quota_noted_by_a_launch_while_reconcile_read_the_older_one_is_kept():
+    with emulation(instance_quotas={"ml.p5.48xlarge": 6}) as env:
+        older = _noted(env)
+        env.fleet.set_instance_quota("ml.p5.48xlarge", 8)
+        # Given a launch refused meanwhile noted the quota again (a newer word)
+        newer = {"gpus": 56, "until": older + 100, "quota": P5_QUOTA}
+        read = env.store.noted_quota("p5")
+        env.store.note_quota("p5", newer["gpus"], newer["until"], P5_QUOTA)
+        # When reconcile's forgetting of what it read lands: refused
+        assert env.store.forget_quota("p5", read) is False
+        assert env.store.noted_quota("p5") == newer
