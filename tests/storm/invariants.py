@@ -64,6 +64,19 @@ def _unpooled_gpus(scenario: Scenario, pool: str) -> float:
     return max([extra, *changed]) * (config.gpus_per_instance or 8)
 
 
+def _unpooled_gpus_at(scenario: Scenario, pool: str, at: float) -> float:
+    """`_unpooled_gpus` at `at` seconds into the story: the quota the last `quota_change`
+    before it set, else the story's own."""
+    config = scenario.pool(pool)
+    if config.service != "sagemaker" or config.fallback_instance_types:
+        return _unpooled_gpus(scenario, pool)
+    extra = scenario.unpooled.get(pool, 0)
+    for change in sorted((f for f in scenario.faults if isinstance(f, QuotaChange) and f.pool == pool), key=lambda f: f.at):
+        if change.at <= at:
+            extra = change.instances - config.instances
+    return extra * (config.gpus_per_instance or 8)
+
+
 def _holding_from(run: dict) -> float | None:
     """When a run took its GPUs: a training job at its creation, a Batch job at its start."""
     return run["started_at"] if run["service"] == "batch" else run["created_at"]
@@ -610,8 +623,8 @@ def gpus_never_idle_while_a_job_that_fits_waits(result: DemoResult, scenario: Sc
                 held -= size[job]
             if i + 1 < len(events) and events[i + 1]["at"] == e["at"]:
                 continue  # the moment's other lines first
-            # A quota below the pool (negative `unpooled`) leaves it fewer to be free.
-            at, free = e["at"], pool.capacity_gpus + min(0, _unpooled_gpus(scenario, pool.name)) - held
+            # A quota below the pool (negative `unpooled`, or changed so) leaves it fewer to be free.
+            at, free = e["at"], pool.capacity_gpus + min(0, _unpooled_gpus_at(scenario, pool.name, e["at"] - START)) - held
             fitting = sorted(
                 j for j, spans in waits.items()
                 if j in size and size[j] <= free and any(s <= at and (u is None or u > at) for s, u in spans)

@@ -4,10 +4,13 @@ its promise and passes what keeps it, so a sweep that reports nothing has checke
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from storm.invariants import (
     budget_never_exceeded,
     decision_log_tells_every_change,
     fleet_never_above_capacity,
+    gpus_never_idle_while_a_job_that_fits_waits,
     launches_fit_what_the_controller_counts,
     launches_never_overfill,
     no_stop_without_required_checkpoint,
@@ -22,6 +25,7 @@ from storm.random_story import random_story
 from preemptor_tools.local import demo
 from preemptor_tools.local.fleet import QuotaRefusal
 from preemptor_tools.local.hostile import StopAttempt
+from preemptor_tools.local.scenario import Scenario
 
 
 def _line(job: str, at: float, kind: str, reason: str = "", detail: str = "", **extra: str) -> dict:
@@ -277,3 +281,20 @@ def test_the_overfill_check_blames_the_controller_only_for_team_runs_it_had_coun
     assert fleet_never_above_capacity(demo.DemoResult(report=pools), scenario) == []
     pools["pools"][0]["max_gpus_in_use"] = 88
     assert fleet_never_above_capacity(demo.DemoResult(report=pools), scenario) == ["pool p5: 88 GPUs in use at once, capacity 64 and 16 unpooled"]
+
+
+def test_the_capacity_and_idle_checks_count_a_quota_as_the_story_changes_it() -> None:
+    # Given a pool of 8 x ml.p5.48xlarge whose account quota is 6 until a raise to 8 at 7200 s
+    # (quota-raised.yaml), a sweep holding 6 and a small job of 2 waiting
+    scenario = Scenario.load(Path(__file__).resolve().parents[2] / "examples" / "scenarios" / "quota-raised.yaml")
+    scenario.jobs.append(scenario.jobs[0].model_copy(update={"name": "small", "instances": 2}))
+    held = [_line("sweep", 0, "admitted"), _line("small", 100, "submitted", detail="priority 50")]
+    # While the quota leaves the pool 48 GPUs, all held: nothing idles
+    waited = held + [_line("small", 5000, "admitted")]
+    assert gpus_never_idle_while_a_job_that_fits_waits(demo.DemoResult(history=waited), scenario) == []
+    # Raised, the 16 GPUs are free: a small job waiting past the bound beside them is found
+    after = held + [_line("pretrain", 7300, "capacity-wait"), _line("small", 9000, "admitted")]
+    assert gpus_never_idle_while_a_job_that_fits_waits(demo.DemoResult(history=after), scenario) != []
+    # And the fleet may hold all 64 once the quota is raised (the largest quota the story grants)
+    pools = [{"name": "p5", "capacity_gpus": 64, "max_gpus_in_use": 64}]
+    assert fleet_never_above_capacity(demo.DemoResult(report={"pools": pools}), scenario) == []
