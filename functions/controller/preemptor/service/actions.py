@@ -977,10 +977,11 @@ def _learn_quota(store: JobsStore, pool: PoolConfig, message: str, now: float) -
     """A launch over the account's quota of the pool's own offering (SageMaker's
     ResourceLimitExceeded names the quota and its value) when that quota is below what the
     pool is configured for: the pool is planned at what the quota leaves it until reconcile
-    reads it raised, or reads nothing for QUOTA_MEMORY_S (`JobsStore.note_quota`). Otherwise its plans count GPUs the account
-    cannot have: a job admitted into them meets the quota at every launch, and nobody is
-    stopped for it, since it "fits"; a critical job behind a low one holding the rest
-    would wait until its capacity retries failed it. Operators are told by the
+    reads it raised, or reads nothing for QUOTA_MEMORY_S (`JobsStore.note_quota`).
+    Otherwise its plans count GPUs the account cannot have: a job admitted into them meets
+    the quota at every launch, and nobody is stopped for it, since it "fits"; a critical
+    job behind a low one holding the rest would wait until its capacity retries failed it.
+    Operators are told by the
     QuotaShortfallGpus alarm. A pool with several offerings is left as it is (another
     offering may have the room; the refused one is avoided a while).
 
