@@ -12,6 +12,8 @@ from preemptor.adapters.quotas import AccountQuotas
 from preemptor.core.errors import AccessDenied, Throttled
 from preemptor.service.actions import QUOTA_MEMORY_S
 from preemptor.service.reconcile import QUOTA_RENEW_WITHIN_S
+from preemptor_tools import ops
+from preemptor_tools.tables import Painter, render_pools
 
 P5_QUOTA = "ml.p5.48xlarge for training job usage"
 THROTTLED = error_response("TooManyRequestsException", "Rate exceeded", 400)
@@ -148,3 +150,21 @@ def test_a_quota_noted_by_a_launch_while_reconcile_read_the_older_one_is_kept():
         # When reconcile's forgetting of what it read lands: refused
         assert env.store.forget_quota("p5", read) is False
         assert env.store.noted_quota("p5") == newer
+
+
+def test_the_pools_view_counts_a_pool_at_what_the_quota_leaves_it_and_says_why():
+    with emulation(instance_quotas={"ml.p5.48xlarge": 6}) as env:
+        # Given a job holding 8 GPUs of a pool whose quota, learned from a refusal, leaves it 48
+        env.submit(name="first", team="a", priority=200, pool="p5", instances=1, duration=3600)
+        _noted(env)
+        [pool] = ops.pools(env.operator())["pools"]
+        # Then the operators see it planned at 48, and only what that leaves free
+        assert (pool["capacity_gpus"], pool["planned_gpus"], pool["used_gpus"], pool["free_gpus"]) == (64, 48, 8, 40)
+        assert pool["quota"]["name"] == P5_QUOTA
+        text = render_pools(ops.pools(env.operator()), Painter(False))
+        assert f"p5 planned at 48 of its 64 GPUs: the account's quota '{P5_QUOTA}' leaves it no more" in text
+        # And once the quota is raised and read, at its size again
+        env.fleet.set_instance_quota("ml.p5.48xlarge", 8)
+        _reconcile(env)
+        [pool] = ops.pools(env.operator())["pools"]
+        assert (pool["planned_gpus"], pool["free_gpus"], pool["quota"]) == (64, 56, None)

@@ -85,6 +85,8 @@ def random_story(service: str, seed: int, chaos: dict | None = None, jobs: int =
     # runs teams launch themselves may then fill the pool beyond its capacity.
     unpooled = random.Random(f"unpooled-{seed}")
     extra = unpooled.choice((1, 2)) * (1 if service == "sagemaker" else 8) if knobs and unpooled.random() < 0.3 else 0
+    if knobs and not extra:
+        extra = _quota_below(random.Random(f"quota-{seed}"), service, faults)
     pools = [pool]
     if knobs:
         _offerings(random.Random(f"offerings-{seed}"), service, pool, specs, faults)
@@ -95,6 +97,19 @@ def random_story(service: str, seed: int, chaos: dict | None = None, jobs: int =
             "chaos": {"seed": seed, **(chaos or {})}, "policy": policy, "unpooled": {"p5": extra} if extra else {},
         }
     )
+
+
+def _quota_below(rng: random.Random, service: str, faults: list[dict]) -> int:
+    """Now and then the account's SageMaker quota of the pool's type is below the pool (an
+    increase not granted yet): a launch over it is refused, the controller plans the pool at
+    what the quota leaves it, and reads it again from Service Quotas; half the time the
+    increase is granted during the story. Returns the pool's `unpooled` (negative, or 0)."""
+    if service != "sagemaker" or rng.random() >= 0.25:
+        return 0
+    short = rng.choice((1, 2))
+    if rng.random() < 0.5:
+        faults.append({"type": "quota_change", "at": 60 * rng.randrange(20, 150), "pool": "p5", "instances": INSTANCES})
+    return -short
 
 
 def _claims_not_granted(rng: random.Random, specs: list[dict]) -> None:

@@ -237,8 +237,9 @@ def history(target: Target, job: str | None = None, limit: int | None = None) ->
 
 
 def pools(target: Target) -> dict:
-    """Every pool: capacity, used (the pool's own count), the jobs holding it per team, and
-    what each team runs above its nominal quota (borrowed)."""
+    """Every pool: capacity (configured, and planned: what the account's quota leaves it,
+    once a launch met a quota below it), used (the pool's own count), free (of the planned),
+    the jobs holding it per team, and what each team runs above its nominal quota (borrowed)."""
     now = target.now()
     policy = target.settings.policy
     out = []
@@ -269,13 +270,18 @@ def pools(target: Target) -> dict:
                 team["nominal_gpus"] = None  # no quotas: the pool is shared by priority alone
                 team["borrowed_gpus"] = None
         used = int(item.get("used_gpus", 0))
+        # What the account's quota leaves the pool, as its plans count it (a launch met it).
+        planned = JobsStore.quota_capacity_gpus(item, cfg.capacity_gpus, now)
+        cap = item.get("quota_cap") or {}
         out.append(
             {
                 "pool": cfg.name,
                 "service": cfg.service,
                 "capacity_gpus": cfg.capacity_gpus,
+                "planned_gpus": planned,
+                "quota": {"name": cap["quota"], "until": float(cap["until"])} if planned < cfg.capacity_gpus else None,
                 "used_gpus": used,
-                "free_gpus": max(0, cfg.capacity_gpus - used),
+                "free_gpus": max(0, planned - used),
                 "borrowed_gpus": sum(t["borrowed_gpus"] for t in teams.values()) if quotas else None,
                 "running": sum(1 for r in active),
                 "pending": len(pending),

@@ -170,6 +170,11 @@ def render_pools(data: dict, painter: Painter) -> str:
     for p in data["pools"]:
         if p["drained"] and p.get("drained_note"):
             out.append(f"{p['pool']} drained since {clock_time(p['drained_at'])}: {p['drained_note']}")
+        if p.get("quota"):
+            out.append(
+                f"{p['pool']} planned at {p['planned_gpus']} of its {p['capacity_gpus']} GPUs: the account's quota "
+                f"'{p['quota']['name']}' leaves it no more (raise it in Service Quotas, or lower the pool)"
+            )
         if not p["teams"]:
             continue
         out.append("")

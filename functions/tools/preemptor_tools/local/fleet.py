@@ -497,8 +497,9 @@ class SimulatedFleet:
                 refusal = QuotaRefusal(now, name, _tags(SAGEMAKER, request), instance_type, requested, quota, holding, name, ACTOR.get())
                 self.quota_refusals.append(refusal)
                 self.history.append((now, name, f"refused: ResourceLimitExceeded ({used} + {requested} {instance_type} > {quota})"))
+                usage = "spot training job usage" if request.get("EnableManagedSpotTraining") else "training job usage"
                 return (
-                    f"The account-level service limit '{instance_type} for training job usage' is {quota} Instances, "
+                    f"The account-level service limit '{instance_type} for {usage}' is {quota} Instances, "
                     f"with current utilization of {used} Instances and a request delta of {requested} Instances. "
                     "Please use AWS Service Quotas to request an increase for this quota. If AWS Service Quotas "
                     "is not available, contact AWS support to request an increase for this quota."
