@@ -7,6 +7,8 @@ reconcile reads the quota again by that name to see it raised, or still short.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -18,8 +20,19 @@ _PAGE = 100  # the most ListServiceQuotas gives in a page
 
 
 class AccountQuotas:
-    def __init__(self, client: Any):
-        self.client = client
+    """`client`: a Service Quotas client, or what makes one at the first read (only reconcile
+    reads quotas: the other functions never build it)."""
+
+    def __init__(self, client: Any | Callable[[], Any]):
+        self._client = client
+        self._lock = threading.Lock()
+
+    @property
+    def client(self) -> Any:
+        with self._lock:
+            if callable(self._client) and not hasattr(self._client, "meta"):
+                self._client = self._client()
+            return self._client
 
     def applied(self, service_code: str, name: str) -> float | None:
         """The applied value of `service_code`'s quota named `name`, or None when Service

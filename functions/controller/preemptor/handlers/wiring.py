@@ -105,7 +105,7 @@ def deps() -> Deps:
         workflows=WorkflowStarter(client("stepfunctions"), settings.workflow_arns),
         instances=InstanceResolver(client("ecs")),
         alerts=Alerts(client("sns"), settings.alerts_topic_arn),
-        quotas=AccountQuotas(client("service-quotas")),
+        quotas=AccountQuotas(lambda: client("service-quotas")),
     )
 
 
