@@ -444,3 +444,36 @@ def test_draining_a_pool_calls_off_the_stops_its_victims_still_wait_for_and_undr
         env.stack.drain()
         env.advance(1800)
         assert "launched" in env.kinds("prod") and env.job("sweep").preemptions == 1
+
+
+def test_a_drain_that_lands_while_a_cycle_plans_the_pool_keeps_the_cycle_from_marking_its_victim():
+    with emulation(policy=CEILINGS) as env:
+        # Given research's sweep holding the pool, an hour in
+        env.submit(name="sweep", team="research", priority="medium", pool="p5", instances=8, duration=14400, checkpoint_every=7200)
+        env.advance(3600)
+        drained = []
+
+        def drain_first(params: dict, **_) -> None:
+            # The operator's drain lands after the cycle read the pool (undrained) and before
+            # its write marking the sweep as production's victim
+            puts = [i["Put"]["Item"] for i in params.get("TransactItems", []) if "Put" in i]
+            if not drained and any(item.get("kind", {}).get("S") == "preemption-started" for item in puts):
+                drained.append(ops.set_drained(env.operator(), "p5", True, "driver upgrade"))
+
+        env.store.client.meta.events.register("before-parameter-build.dynamodb.TransactWriteItems", drain_first)
+        try:
+            # When production's high job arrives and a cycle plans it
+            env.submit(name="prod", team="production", priority="high", pool="p5", instances=8, duration=1200)
+            env.advance(1800)
+        finally:
+            env.store.client.meta.events.unregister("before-parameter-build.dynamodb.TransactWriteItems", drain_first)
+        assert drained and drained[0]["victims_spared"] == []
+        # Then the drained pool preempted nothing: the sweep was never marked, never stopped,
+        # its run goes on; the cycle says why it marked nothing
+        swept = env.job("sweep")
+        assert (swept.status, swept.incarnation, swept.preemptions) == (JobState.RUNNING, 1, 0)
+        assert not {"preemption-started", "stop-requested"} & set(env.kinds("sweep"))
+        assert env.store.preemptions_since("p5", 0) == []
+        [skipped] = [e for e in env.store.history("sweep") if e["kind"] == "preemption-skipped"]
+        assert skipped["reason"] == "pool-drained"
+        assert env.job("prod").status is JobState.PENDING

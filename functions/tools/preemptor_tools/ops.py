@@ -450,7 +450,9 @@ def set_drained(target: Target, pool: str, drained: bool, note: str = "") -> dic
     """Drain (admit nothing new, preempt nothing) or undrain a pool; undraining starts a
     scheduling cycle of the pool at once rather than at the next event or reconcile.
     Draining calls off the preemptions whose victims were sent no stop yet
-    (`victims_spared`, `actions.drained_preemptions`)."""
+    (`victims_spared`, `actions.drained_preemptions`); a cycle planning the pool as the
+    drain lands marks and admits nothing after it (its writes are conditional on the pool
+    not drained: `PoolDrained`)."""
     if target.settings.pool(pool) is None:
         known = ", ".join(p.name for p in target.settings.pools) or "none"
         raise NotFound(f"{pool}: no such pool (pools: {known})")

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
-from ..core.errors import CapacityExhausted, ConflictError, EventInProgress, JobNotFound, LeaseLost, TransactionConflict
+from ..core.errors import CapacityExhausted, ConflictError, EventInProgress, JobNotFound, LeaseLost, PoolDrained, TransactionConflict
 from ..core.jobs import JobRecord
 from ..core.model import EndedRun, JobState, Notice, PastPreemption, TeamUsage
 from ..core.s3uri import S3Uri
@@ -878,9 +878,14 @@ class JobsStore:
                 return replace_version(new, record.version + 1)
             except ConflictError as e:
                 if len(e.reasons) > 1 and e.reasons[1] == "ConditionalCheckFailed" and (usage_delta or lease_owner):
-                    # The pool item's condition: the lease, or (admissions) the capacity.
-                    if lease_owner is not None and self.lease_holder(record.pool) != lease_owner:
-                        raise LeaseLost(f"the cycle {lease_owner} no longer holds pool {record.pool}'s lease") from e
+                    # The pool item's condition: the lease and the pool not drained, or
+                    # (admissions) the capacity.
+                    if lease_owner is not None:
+                        pool = self.pool(record.pool) or {}
+                        if pool.get("lease_owner") != lease_owner:
+                            raise LeaseLost(f"the cycle {lease_owner} no longer holds pool {record.pool}'s lease") from e
+                        if pool.get("drained"):
+                            raise PoolDrained(f"pool {record.pool} was drained while the cycle {lease_owner} planned it") from e
                     if usage_delta > 0 and pool_limit is not None:
                         raise CapacityExhausted(f"pool {record.pool} cannot take {usage_delta} more GPUs") from e
                 current = self.get(record.name)
@@ -918,7 +923,9 @@ class JobsStore:
                     "ConditionCheck": {
                         "TableName": self.table,
                         "Key": pool_key(record.pool),
-                        "ConditionExpression": "lease_owner = :lease",
+                        # A cycle writes only while it holds the lease, and the pool is not
+                        # drained (a drain that lands while it plans: `PoolDrained`).
+                        "ConditionExpression": "lease_owner = :lease AND attribute_not_exists(drained)",
                         "ExpressionAttributeValues": {":lease": {"S": lease_owner}},
                     }
                 }
@@ -940,7 +947,7 @@ class JobsStore:
             conditions.append("(attribute_not_exists(used_gpus) OR used_gpus <= :lim)")
             update["ExpressionAttributeValues"][":lim"] = _to_attr(limit - delta)
         if lease_owner is not None:
-            conditions.append("lease_owner = :lease")
+            conditions.append("lease_owner = :lease AND attribute_not_exists(drained)")
             update["ExpressionAttributeValues"][":lease"] = {"S": lease_owner}
         if conditions:
             update["ConditionExpression"] = " AND ".join(conditions)

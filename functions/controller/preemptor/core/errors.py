@@ -58,6 +58,11 @@ class LeaseLost(ConflictError):
     and released it, or it expired and another cycle took it): it may admit and mark nothing."""
 
 
+class PoolDrained(LeaseLost):
+    """The pool was drained after the scheduling cycle read it: the cycle may admit and mark
+    nothing more (`preemptor drain`)."""
+
+
 # -- not found ----------------------------------------------------------------------------
 class JobNotFound(PreemptorError):
     """No such job in the jobs table."""

@@ -32,7 +32,7 @@ from ..adapters.checkpoints import CheckpointStore
 from ..adapters.store import JobsStore, LogLine
 from ..adapters.workflows import execution_name
 from ..config import Mode, Settings
-from ..core.errors import ConflictError, LeaseLost, Retryable
+from ..core.errors import ConflictError, LeaseLost, PoolDrained, Retryable
 from ..core.jobs import JobRecord
 from ..core.model import Decision, JobState, PastPreemption, Pool, PreemptionRule, Reason, Snapshot, TeamUsage
 from ..core.policy import Policy, escalation_lead_s, history_window_s
@@ -635,8 +635,12 @@ def _mark_victims(
 
 
 def _log_lease_lost(store: JobsStore, job: str, kind: str, left: int, now: float, error: LeaseLost) -> None:
-    """The first write a cycle that lost its lease was refused (one line: a stale cycle may
-    be a step that outlived its time, with many writes left that would each be refused)."""
+    """The first write a cycle that lost its lease, or whose pool was drained meanwhile, was
+    refused (one line: a stale cycle may be a step that outlived its time, with many writes
+    left that would each be refused)."""
+    if isinstance(error, PoolDrained):
+        store.log(job, now, kind, POOL_DRAINED, f"{error}; {left} more left undone; nothing is planned there until it is undrained")
+        return
     store.log(job, now, kind, "lease-lost", f"{error}; {left} more left undone; the pool's next cycle plans them again")
 
 
