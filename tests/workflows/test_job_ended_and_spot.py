@@ -13,6 +13,7 @@ from eventfiles import load_raw
 from preemptor.config import PoolConfig
 from preemptor.core.model import JobState, run_usage
 from preemptor.service.reconcile import UNKNOWN_RUN_GRACE_S
+from preemptor_tools.local.scenario import ROLE_ARN
 
 
 def _end_reported(env, name: str, **end) -> str:
@@ -347,6 +348,8 @@ def test_a_teams_tagged_run_whose_events_never_came_is_adopted_by_reconcile_not_
         assert (adopted["run"], adopted["job"], adopted["pool"]) == ("research-own-run", "research-own-run", "p5")
         job = env.job("research-own-run")
         assert job.adopted and job.status is JobState.RUNNING and job.priority == 200 and job.gpus == 16
+        # (running since its creation, as SageMaker says, not since reconcile found it)
+        assert job.started_at == job.first_started_at == pytest.approx(START, abs=1)
         assert env.store.pool("p5")["used_gpus"] == 16 and env.kinds("research-own-run") == ["adopted"]
         status = env.stack.client("sagemaker").describe_training_job(TrainingJobName="research-own-run")["TrainingJobStatus"]
         assert status == "InProgress"
@@ -600,3 +603,53 @@ def test_a_managed_spot_restart_whose_event_never_came_is_read_by_reconcile_and_
         # And the event, delivered at last, changes nothing
         assert env.put(lost_event).results[0]["outcome"] == "duplicate"
         assert env.kinds("spotty").count("spot-restarting") == 1
+
+
+def test_a_teams_run_adopted_late_has_its_work_since_its_checkpoint_at_risk_not_since_its_adoption():
+    from emulation import START
+
+    with emulation(policy={"checkpoint_max_age_s": 300}) as env:
+        # Given research's own run of 16 GPUs, tagged to be adopted, checkpointing every 1200 s
+        # of work, whose state changes were all lost (its checkpoints' S3 events came):
+        # reconcile adopts it 25 minutes after its creation
+        lost = lambda event: event.get("source") == "aws.sagemaker" and "research-own-run" in json.dumps(event)  # noqa: E731
+        env.fleet._emit = lambda event: None if lost(event) else env.stack.emit(event)
+        bucket = env.stack.parameters["CheckpointBucketName"]
+        env.stack.client("sagemaker").create_training_job(
+            TrainingJobName="research-own-run",
+            AlgorithmSpecification={"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:1", "TrainingInputMode": "File"},
+            RoleArn=ROLE_ARN,
+            OutputDataConfig={"S3OutputPath": "s3://research-output/out"},
+            ResourceConfig={"InstanceType": "ml.p5.48xlarge", "InstanceCount": 2, "VolumeSizeInGB": 100},
+            StoppingCondition={"MaxRuntimeInSeconds": 86_400},
+            CheckpointConfig={"S3Uri": f"s3://{bucket}/research/research-own-run"},
+            Environment={"PREEMPTOR_SIM_DURATION_S": "20000", "PREEMPTOR_SIM_CHECKPOINT_EVERY_S": "1200"},
+            Tags=[{"Key": k, "Value": v} for k, v in {
+                "preemptor:team": "research", "preemptor:priority": "low", "preemptor:pool": "p5", "preemptor:managed": "true",
+            }.items()],
+        )
+        env.advance(1500)
+        _reconcile(env)
+        job = env.job("research-own-run")
+        assert job.adopted and job.started_at == pytest.approx(START, abs=1)
+        # When production's critical job needs the whole pool, after reconcile's next pass
+        # read the run's newest checkpoint
+        env.advance(200)
+        _reconcile(env)
+        assert env.job("research-own-run").last_checkpoint_at == pytest.approx(START + 1320, abs=5)
+        env.submit(name="prod", team="production", priority="critical", pool="p5", instances=8, duration=600)
+        # Then the run is judged by its work since its last checkpoint (written 1320 s in: 120 s
+        # of start-up, then 1200 s of work), as any run's: ~380 s old, not fresh (before: it
+        # was taken as running since its adoption, 200 s of work at risk, and stopped as
+        # "fresh-checkpoint", 380 s of 16 GPUs' work thrown away)
+        [started] = [e for e in env.store.history("research-own-run") if e["kind"] == "preemption-started"]
+        assert started["extra"]["checkpoint_age_s"] == pytest.approx(380, abs=30)
+        assert started["extra"]["lost_gpu_seconds"] == pytest.approx(16 * started["extra"]["checkpoint_age_s"], rel=0.01)
+        env.advance(900)
+        # And stopped as fresh only with a checkpoint confirmed for it
+        history = env.store.history("research-own-run")
+        stops = [e for e in history if e["kind"] == "stop-requested"]
+        assert stops
+        for stop in stops:
+            if stop["reason"] == "fresh-checkpoint":
+                assert any(e["kind"] == "checkpoint-confirmed" and e["at"] <= stop["at"] for e in history), history

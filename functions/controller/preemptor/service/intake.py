@@ -83,6 +83,23 @@ def controllers_job(store: JobsStore, tags: dict[str, str], run_name: str | None
     return record if may_be_own_run(tags, record, run_name) else None
 
 
+def _run_started(event, service: str, now: float) -> float:
+    """Since when an adopted run has held its GPUs and done its work, as the service's event
+    (or reconcile's description standing in for it) says: a training job since its creation,
+    as the controller counts its own; a Batch job since its container started (its start,
+    else its creation). Never after `now`; `now` when the event says neither.
+
+    Taken as the time the controller heard of it, a run adopted late (its events lost, found
+    by reconcile ten minutes on, or its event delayed) had none of its work before then at
+    risk: its stop was judged "fresh" with the work since its checkpoint thrown away, and it
+    was the cheapest victim of the pool."""
+    if service == "sagemaker":
+        at = event.creation_time if event.creation_time is not None else event.start_time
+    else:
+        at = event.started_at if event.started_at is not None else event.created_at
+    return now if at is None else min(at, now)
+
+
 def adoption_names(run_name: str, service: str, run_id: str) -> tuple[str, ...]:
     """The names an adopted run may be counted under, in order: the run's own, where it can
     name a job; then one of its own, the run's name made a job's (letters, digits and
@@ -504,6 +521,7 @@ class Intake:
         # IAM keeps the controller off any run tagged with another stack's name (its stop
         # would be refused): one claiming a stack not listed is counted, never a victim.
         stoppable = claims.managed and other is None
+        started = _run_started(event, service, now)
         record = JobRecord(
             name=name,
             team=claims.team or UNATTRIBUTED,
@@ -518,8 +536,8 @@ class Intake:
             status=JobState.RUNNING,
             run_id=run_id,
             run_name=run_name,
-            started_at=now,
-            first_started_at=now,
+            started_at=started,
+            first_started_at=started,
             adopted=True,
             # IAM lets the controller stop only runs tagged preemptor:managed=true.
             stoppable=stoppable,
