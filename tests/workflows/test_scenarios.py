@@ -482,6 +482,9 @@ def test_a_teams_own_run_claiming_more_than_its_ceiling_is_counted_at_it_and_one
     assert "at priority 50" in adopted["detail"] and "its priority tag claims 1000 (above-team-ceiling" in adopted["detail"]
     # And, at low, it is the one the medium fine-tune preempted (not the high evaluation)
     assert jobs["tagged-critical"]["preemptions"] == 1 and jobs["nightly-eval"]["preemptions"] == 0
+    # (running since SageMaker created it, it never waited for the controller, nor was it
+    # requeued: it ran from its adoption to its stop; before, its whole run was "requeued")
+    assert (jobs["tagged-critical"]["wait_s"], jobs["tagged-critical"]["requeued_s"]) == (0, 0)
     assert jobs["prod-finetune"]["state"] == jobs["nightly-eval"]["state"] == "Completed"
     # And applied's own run into the full pool never existed: SageMaker refused it
     assert jobs["applied-own-run"]["state"] == "Refused by AWS"

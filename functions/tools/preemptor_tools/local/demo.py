@@ -449,7 +449,9 @@ def build_report(store, scenario: Scenario, refused: set[str] = frozenset()) -> 
                 {"name": spec.name, "state": "Refused by AWS" if spec.name in refused else "Rejected", "wait_s": None, "preemptions": 0, "interruptions": 0, "lost_gpu_seconds": 0.0}
             )
             continue
-        wait = None if r.first_started_at is None else round(r.first_started_at - r.submitted_at, 3)
+        # An adopted run started before the controller heard of it (`submitted_at`): it never
+        # waited for the controller.
+        wait = None if r.first_started_at is None else round(max(0.0, r.first_started_at - r.submitted_at), 3)
         mine = [e for e in requeues if e["job"] == r.name]
         own = [e for e in history if e["job"] == r.name]
         kinds = [e["kind"] for e in own]
@@ -531,7 +533,7 @@ def build_report(store, scenario: Scenario, refused: set[str] = frozenset()) -> 
     }
 
 
-_RUN_STARTS = ("launched", "relaunched")
+_RUN_STARTS = ("launched", "relaunched", "adopted")
 _RUN_ENDS = (*STOPPED_RUN_KINDS, "capacity-wait", "completed", "failed", "cancelled")
 
 
@@ -556,7 +558,9 @@ def _requeued_s(own: list[dict], record) -> float | None:
     that never started or has not ended)."""
     if record.first_started_at is None or record.ended_at is None:
         return None
-    return round(max(0.0, record.ended_at - record.first_started_at - _runtime_s(own, record)), 3)
+    # The log tells an adopted run's time from its adoption on (its run began before).
+    first = max(record.first_started_at, record.submitted_at) if record.adopted else record.first_started_at
+    return round(max(0.0, record.ended_at - first - _runtime_s(own, record)), 3)
 
 
 def _last_reason(record, history: list[dict]) -> str | None:
