@@ -11,8 +11,9 @@ lowering and cancelling, runs stopped by hand, stops denied) instead of the two-
 `--knobs` too, under the seed's random policy, team launches and capacity outages.
 `--calm` replays the random story without chaos: the faults the sweep injects retry, delay
 and reorder the controller's work, and so hide what it would do with none (knobs seed
-sagemaker 1: two jobs preempting each other in turn, found calm). `--only 9 13` replays
-those seeds of the range alone.
+sagemaker 1: two jobs preempting each other in turn, found calm). `--drains` adds, now and
+then, an operator's drain of the pool for a while (`drained_pools_start_nothing`). `--only 9 13`
+replays those seeds of the range alone.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def main() -> int:
     parser.add_argument("--random", action="store_true", help="each seed's random story (storm/random_story.py)")
     parser.add_argument("--knobs", action="store_true", help="with --random: under the seed's random policy and faults")
     parser.add_argument("--calm", action="store_true", help="with --random: without the chaos rates")
+    parser.add_argument("--drains", action="store_true", help="with --random: now and then the operator drains the pool a while")
     parser.add_argument("--only", type=int, nargs="+", metavar="SEED", help="these seeds of the range only (those a violation named)")
     args = parser.parse_args()
     if args.calm and not args.random:
@@ -46,7 +48,7 @@ def main() -> int:
     bad = 0
     seeds = [s for s in range(args.first, args.end) if args.only is None or s in args.only]
     for seed in seeds:
-        scenario = random_story(args.service, seed, chaos, knobs=args.knobs) if args.random else story(args.service, chaos={"seed": seed, **CHAOS})
+        scenario = random_story(args.service, seed, chaos, knobs=args.knobs, drains=args.drains) if args.random else story(args.service, chaos={"seed": seed, **CHAOS})
         started = time.monotonic()
         result = demo.run(scenario, tick_s=60)
         found = violations(result, scenario)

@@ -638,6 +638,32 @@ def gpus_never_idle_while_a_job_that_fits_waits(result: DemoResult, scenario: Sc
     return out
 
 
+# What a drained pool never does (`preemptor drain`): nothing is admitted, nothing preempted.
+_DRAIN_FORBIDS = frozenset({"admitted", "preemption-started"})
+
+
+def drained_pools_start_nothing(result: DemoResult, scenario: Scenario) -> list[str]:
+    """While a pool is drained (`drain` faults, as they landed: `DemoResult.drains`), no job
+    of it is admitted and none is marked a victim. A cycle that began before the drain
+    stamps its lines with its start: only lines stamped after the drain landed are its
+    breaches (a cycle in flight then must write nothing more: `PoolDrained`)."""
+    if not result.drains:
+        return []
+    pool_of = {name: job.pool for name, job in _story_jobs(result, scenario).items()}
+    out = []
+    for e in result.history:
+        if e["kind"] not in _DRAIN_FORBIDS:
+            continue
+        pool = pool_of.get(e["job"]) or pool_of.get(re.sub(r"-r\d+$", "", e["job"]))
+        for drained, since, until in result.drains:
+            if drained == pool and since < e["at"] and (until is None or e["at"] < until):
+                out.append(
+                    f"{e['job']} {e['kind']} at {e['at'] - START:.0f} s in pool {pool}, drained from {since - START:.0f} s"
+                    + (f" to {until - START:.0f} s" if until is not None else "")
+                )
+    return out
+
+
 INVARIANTS = (
     decision_log_tells_every_change,
     fleet_never_above_capacity,
@@ -655,6 +681,7 @@ INVARIANTS = (
     protections_hold,
     budget_never_exceeded,
     priorities_within_team_ceilings,
+    drained_pools_start_nothing,
 )
 
 

@@ -30,9 +30,10 @@ TEAMS = ("research", "applied", "production")
 INSTANCES = 8  # the pool: 8 instances of 8 GPUs (SageMaker), or 64 GPUs (Batch)
 
 
-def random_story(service: str, seed: int, chaos: dict | None = None, jobs: int = 8, knobs: bool = False) -> Scenario:
+def random_story(service: str, seed: int, chaos: dict | None = None, jobs: int = 8, knobs: bool = False, drains: bool = False) -> Scenario:
     """The story of `seed` on a `service` pool ("sagemaker" or "batch"), under `chaos`; with
-    `knobs`, under a random policy and more of the world's faults (`_knobs`)."""
+    `knobs`, under a random policy and more of the world's faults (`_knobs`); with `drains`,
+    now and then an operator's drain of the pool (`_drain`: the sweep's `--drains`)."""
     rng = random.Random(seed)
     if service == "sagemaker":
         pool = {"name": "p5", "service": "sagemaker", "instance_type": "ml.p5.48xlarge", "instances": INSTANCES, "gpus_per_instance": 8}
@@ -87,6 +88,8 @@ def random_story(service: str, seed: int, chaos: dict | None = None, jobs: int =
     extra = unpooled.choice((1, 2)) * (1 if service == "sagemaker" else 8) if knobs and unpooled.random() < 0.3 else 0
     if knobs and not extra:
         extra = _quota_below(random.Random(f"quota-{seed}"), service, faults)
+    if drains:
+        _drain(random.Random(f"drain-{seed}"), faults)
     pools = [pool]
     if knobs:
         _offerings(random.Random(f"offerings-{seed}"), service, pool, specs, faults)
@@ -110,6 +113,14 @@ def _quota_below(rng: random.Random, service: str, faults: list[dict]) -> int:
     if rng.random() < 0.5:
         faults.append({"type": "quota_change", "at": 60 * rng.randrange(20, 150), "pool": "p5", "instances": INSTANCES})
     return -short
+
+
+def _drain(rng: random.Random, faults: list[dict]) -> None:
+    """Now and then the operator drains the pool for a while, as work arrives and
+    preemptions are under way: nothing may be admitted or marked meanwhile (a cycle planning
+    it as the drain lands included), and it is planned again once undrained."""
+    if rng.random() < 0.2:
+        faults.append({"type": "drain", "at": 60 * rng.randrange(5, 60), "pool": "p5", "duration": 60 * rng.randrange(5, 30)})
 
 
 def _claims_not_granted(rng: random.Random, specs: list[dict]) -> None:

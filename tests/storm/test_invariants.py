@@ -9,6 +9,7 @@ from pathlib import Path
 from storm.invariants import (
     budget_never_exceeded,
     decision_log_tells_every_change,
+    drained_pools_start_nothing,
     fleet_never_above_capacity,
     gpus_never_idle_while_a_job_that_fits_waits,
     launches_fit_what_the_controller_counts,
@@ -298,3 +299,18 @@ def test_the_capacity_and_idle_checks_count_a_quota_as_the_story_changes_it() ->
     # And the fleet may hold all 64 once the quota is raised (the largest quota the story grants)
     pools = [{"name": "p5", "capacity_gpus": 64, "max_gpus_in_use": 64}]
     assert fleet_never_above_capacity(demo.DemoResult(report={"pools": pools}), scenario) == []
+
+
+def test_the_drain_check_finds_an_admission_or_a_mark_stamped_while_the_pool_is_drained() -> None:
+    scenario = _story()
+    a, b, _ = (j.name for j in scenario.jobs)
+    drains = [("p5", demo.START + 1000, demo.START + 1600)]
+    # Stamped before the drain landed (a cycle begun before it) or after the undrain: kept
+    kept = [_line(a, 1000, "admitted"), _line(b, 1000, "preemption-started"), _line(a, 1600, "admitted")]
+    assert drained_pools_start_nothing(demo.DemoResult(history=kept, drains=drains), scenario) == []
+    # Stamped while it was drained: found, each
+    found = [_line(a, 1001, "admitted"), _line(b, 1500, "preemption-started"), _line(b, 1200, "stop-requested")]
+    assert drained_pools_start_nothing(demo.DemoResult(history=found, drains=drains), scenario) == [
+        f"{a} admitted at 1001 s in pool p5, drained from 1000 s to 1600 s",
+        f"{b} preemption-started at 1500 s in pool p5, drained from 1000 s to 1600 s",
+    ]

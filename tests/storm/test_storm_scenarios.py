@@ -80,6 +80,27 @@ def test_invariants_hold_under(case: str) -> None:
     assert violations(result, scenario) == []
 
 
+def test_a_drain_as_the_critical_job_arrives_holds_its_preemption_until_the_pool_is_undrained() -> None:
+    # Given the operator draining the pool the moment the critical job arrives, for 15
+    # minutes, while events come twice and late and calls are throttled
+    scenario = story(
+        chaos={"seed": 20, "throttle_rate": 0.3, "duplicate_rate": 0.3, "reorder_rate": 0.3},
+        faults=[{"type": "drain", "at": 600, "pool": "p5", "duration": 900}],
+    )
+
+    # When it is replayed
+    result = demo.run(scenario, tick_s=60)
+
+    # Then nothing was preempted or admitted while the pool was drained; undrained, the
+    # critical job preempted the sweep, and both completed
+    [(pool, since, until)] = result.drains
+    assert (pool, since - demo.START, until - demo.START) == ("p5", 600, 1500)
+    marks = [e["at"] - demo.START for e in result.history if e["job"] == "sweep" and e["kind"] == "preemption-started"]
+    assert marks and min(marks) >= 1500
+    assert {j["name"]: j["state"] for j in result.report["jobs"]} == {"sweep": "Completed", "incident-fix": "Completed"}
+    assert violations(result, scenario) == []
+
+
 def test_hostile_world_example_every_job_completes_within_capacity() -> None:
     # Given the example scenario with every chaos rate and two faults
     scenario = Scenario.load(SCENARIOS / "hostile-world.yaml")

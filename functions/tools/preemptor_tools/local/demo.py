@@ -25,7 +25,8 @@ from .clock import SimClock
 from .fleet import FleetStop, QuotaRefusal, SimulatedFleet
 from .hostile import HostileWorld, StopAttempt
 from .scenario import (
-    DEFAULT_SCENARIO, MANAGED_SPOT_OUTAGE_S, ROLE_ARN, CapacityError, Chaos, QuotaChange, Scenario, StoppedByHand, cancellation_event, local_pool,
+    DEFAULT_SCENARIO, MANAGED_SPOT_OUTAGE_S, ROLE_ARN, CapacityError, Chaos, Drain, QuotaChange, Scenario, StoppedByHand, cancellation_event,
+    local_pool,
     lowering_event, submission_event, team_launch_request,
 )
 from preemptor.service.scheduling import explain as explaining
@@ -80,6 +81,9 @@ class DemoResult:
     team_runs: dict[str, str] = field(default_factory=dict)
     # Each run the controller adopted (a team's own), by its id: the job it is counted as, and since when.
     adopted_runs: dict[str, tuple[str, float]] = field(default_factory=dict)
+    # Each operator's drain of a pool (`drain` faults) as it landed: (pool, from, until; None
+    # while still drained at the end).
+    drains: list[tuple[str, float, float | None]] = field(default_factory=list)
 
 
 def run(
@@ -193,6 +197,11 @@ def _replay(
     pool_of = {j.name: j.pool for j in scenario.jobs}
     by_hand = sorted((f for f in scenario.faults if isinstance(f, StoppedByHand)), key=lambda f: (f.at, f.job))
     quota_changes = sorted((f for f in scenario.faults if isinstance(f, QuotaChange)), key=lambda f: (f.at, f.pool))
+    # The operator's drains and undrains (`preemptor drain`), as (at, pool, drained).
+    drains = sorted(
+        [(f.at, f.pool, True) for f in scenario.faults if isinstance(f, Drain)]
+        + [(f.at + f.duration, f.pool, False) for f in scenario.faults if isinstance(f, Drain)]
+    )
     horizon = scenario.horizon or (
         max(j.submit_at for j in scenario.jobs) + 3 * sum(j.duration for j in scenario.jobs) + 3600
     )
@@ -208,6 +217,19 @@ def _replay(
     changed = True
     while True:
         elapsed = clock.now() - START
+        # First, before what arrives at the same moment is routed (its workflows move time).
+        while drains and drains[0][0] <= elapsed:
+            _, pool_name, drained = drains.pop(0)
+            spared = _drain(stack, clock, pool_name, drained)
+            now = clock.now()
+            if drained:
+                result.drains.append((pool_name, now, None))
+            else:
+                result.drains = [(p, at, now if p == pool_name and until is None else until) for p, at, until in result.drains]
+            why = f"preemptor {'drain' if drained else 'undrain'} {pool_name}" + (f"; spared {', '.join(spared)}" if spared else "")
+            result.timeline.append(TimelineEntry(now - START, "workload", pool_name, "drained" if drained else "undrained", why))
+            stack.pump(on_event)
+            changed = True
         while submissions and submissions[0].submit_at <= elapsed:
             job = submissions.pop(0)
             if job.launched_by == "team":
@@ -295,6 +317,8 @@ def _replay(
         for upcoming in (submissions[:1], interruptions[:1], by_hand[:1], quota_changes[:1], lowerings[:1], cancellations[:1]):
             if upcoming:
                 target = min(target, START + getattr(upcoming[0], "submit_at", getattr(upcoming[0], "at", 0)))
+        if drains:
+            target = min(target, START + drains[0][0])
         clock.advance_to(target)
         changed = stack.pump(on_event) > 0
         changed = alarm.tick(on_event) > 0 or changed
@@ -302,6 +326,18 @@ def _replay(
             # The level-triggered safety net (reconcile every few minutes) is what repairs
             # what a hostile world breaks; a calm demo reads better without its noise.
             changed = stack.fire_schedules(on_event) > 0 or changed
+
+
+def _drain(stack: EmulatedStack, clock: SimClock, pool: str, drained: bool) -> list[str]:
+    """The operator drains (or undrains) `pool` as `preemptor drain` does; returns the
+    victims the drain spared."""
+    from preemptor_tools import ops
+
+    from .server import stack_outputs
+
+    target = ops.Target(stack.stack_name, stack_outputs(stack), dict(stack.parameters), stack.session, clock=clock.now)
+    with stack.calls.unattributed():
+        return ops.set_drained(target, pool, drained, "scenario drain")["victims_spared"]
 
 
 def _stop_by_hand(stack: EmulatedStack, record) -> str | None:

@@ -21,7 +21,7 @@ A hostile world (see `hostile.py`): `chaos: {seed, throttle_rate, duplicate_rate
 transaction_conflict_rate, crash_rate}` and `faults: [{type: stop_denied, at, job, duration},
 {type: stopped_by_hand, at, job}, {type: workflow_crash, at}, {type: capacity_error, at, pool,
 duration, instance_type?, capacity_type?}, {type: spot_interruption, at, job, duration?, until?},
-{type: quota_change, at, pool, instances}]`. Batch pools
+{type: quota_change, at, pool, instances}, {type: drain, at, pool, duration}]`. Batch pools
 described by instances (`instance_type`, `instances`, `gpus_per_instance`) take `instances` on
 jobs. Pools take `capacity_type: spot | on-demand` (and `on_demand_fallback: true` for a spot
 pool that may fall back to on-demand), as the controller's pool configuration does.
@@ -223,8 +223,20 @@ class QuotaChange(BaseModel):
     instances: int = Field(ge=0)
 
 
+class Drain(BaseModel):
+    """At `at`, the operator drains `pool` (`preemptor drain`: it admits nothing new and
+    preempts nothing) for `duration` seconds, then undrains it."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    type: Literal["drain"]
+    at: float = Field(ge=0)
+    pool: str
+    duration: float = Field(gt=0)
+
+
 Fault = Annotated[
-    StopDenied | StoppedByHand | WorkflowCrash | CapacityError | SpotInterruptionFault | QuotaChange, Field(discriminator="type")
+    StopDenied | StoppedByHand | WorkflowCrash | CapacityError | SpotInterruptionFault | QuotaChange | Drain, Field(discriminator="type")
 ]
 
 
@@ -323,6 +335,8 @@ class Scenario(BaseModel):
             job_name = getattr(fault, "job", None)
             if job_name is not None and job_name not in by_name:
                 raise ValueError(f"{fault.type} at {fault.at}: unknown job {job_name!r}")
+            if isinstance(fault, Drain) and fault.pool not in pools:
+                raise ValueError(f"drain at {fault.at}: unknown pool {fault.pool!r}")
             if isinstance(fault, QuotaChange) and (
                 fault.pool not in pools or pools[fault.pool].service != "sagemaker" or not pools[fault.pool].instance_type
             ):
