@@ -653,3 +653,31 @@ def test_a_teams_run_adopted_late_has_its_work_since_its_checkpoint_at_risk_not_
         for stop in stops:
             if stop["reason"] == "fresh-checkpoint":
                 assert any(e["kind"] == "checkpoint-confirmed" and e["at"] <= stop["at"] for e in history), history
+
+
+def test_a_queue_whose_listing_is_refused_leaves_reconcile_scanning_the_others():
+    from aws_faults import THROTTLING
+    from preemptor_tools.local import moto_patches
+
+    pool = PoolConfig(name="g5", service="batch", gpus=32, job_queue="g5-queue", fallback_job_queues=("g5-fallback",))
+    with emulation(pools=[pool]) as env:
+        # Given a team's own Batch job on the pool's fallback queue, running, whose events
+        # never came (no fleet to tell)
+        batch_queues(env, "g5-queue", "g5-fallback")
+        env.fleet.close()
+        tags = {"preemptor:team": "research", "preemptor:priority": "high", "preemptor:pool": "g5", "preemptor:gpus": "8"}
+        job_id = env.stack.client("batch").submit_job(jobName="team-eval", jobQueue="g5-fallback", jobDefinition="g5-training", tags=tags)["jobId"]
+        moto_patches.set_batch_job_status(job_id, "RUNNING")
+        env.advance(UNKNOWN_RUN_GRACE_S + 60)
+        # When reconcile runs while Batch throttles every listing of the pool's own queue
+        own_queue = lambda params: THROTTLING["batch"] if params.get("jobQueue") == "g5-queue" else None  # noqa: E731
+        with aws_says_no(env.stack.deps().runners["batch"].client, "ListJobs", own_queue) as refused:
+            result = _reconcile(env)
+        # Then that queue's refusal is the pass's error, and the other queue is scanned: the
+        # team's job is adopted, its GPUs counted (before: the refusal ended the whole scan)
+        assert refused
+        assert [(e["part"], e["queue"], e["error"]) for e in result["errors"] if e.get("part") == "unknown-runs"] == [
+            ("unknown-runs", "g5-queue", "Throttled")
+        ]
+        assert [r["job"] for r in result["repairs"] if r["repair"] == "run-adopted"] == ["team-eval"]
+        assert env.store.pool("g5")["used_gpus"] == 8
