@@ -25,9 +25,8 @@ from .clock import SimClock
 from .fleet import FleetStop, QuotaRefusal, SimulatedFleet
 from .hostile import HostileWorld, StopAttempt
 from .scenario import (
-    DEFAULT_SCENARIO, MANAGED_SPOT_OUTAGE_S, ROLE_ARN, CapacityError, Chaos, Drain, QuotaChange, Scenario, StoppedByHand, cancellation_event,
-    local_pool,
-    lowering_event, submission_event, team_launch_request,
+    DEFAULT_SCENARIO, MANAGED_SPOT_OUTAGE_S, ROLE_ARN, CapacityError, Chaos, Drain, QuotaChange, Scenario, StoppedByHand,
+    cancellation_event, local_pool, lowering_event, submission_event, team_launch_request,
 )
 from preemptor.service.scheduling import explain as explaining
 from .stack import EmulatedStack, RoutedEvent
