@@ -37,7 +37,7 @@ def _quota_errors(result: dict) -> list[dict]:
 def test_a_quota_is_read_by_its_name_through_every_page_service_quotas_lists():
     with emulation(instance_quotas={"ml.p5.48xlarge": 6, "ml.p4d.24xlarge": 3}) as env:
         client = env.stack.client("service-quotas")
-        quotas = AccountQuotas(client)
+        quotas = AccountQuotas(lambda: client)
         pages = []
         client.meta.events.register("after-call.service-quotas.ListServiceQuotas", lambda parsed, **_: pages.append(len(parsed.get("Quotas", []))))
         # The listing is longer than a page (the quotas of SageMaker's other types and usages)
@@ -52,6 +52,11 @@ def test_a_quota_is_read_by_its_name_through_every_page_service_quotas_lists():
                         "ErrorReason": {"ErrorCode": "DEPENDENCY_THROTTLING_ERROR", "ErrorMessage": "throttled"}}],
             "ResponseMetadata": {"HTTPStatusCode": 200},
         }
+        with aws_says_no(client, "ListServiceQuotas", unreadable):
+            assert quotas.applied("sagemaker", P5_QUOTA) is None
+        # And one whose value is no count of instances
+        del unreadable["Quotas"][0]["ErrorReason"]
+        unreadable["Quotas"][0]["Value"] = -3.0
         with aws_says_no(client, "ListServiceQuotas", unreadable):
             assert quotas.applied("sagemaker", P5_QUOTA) is None
         # Refusals in the domain's terms

@@ -7,8 +7,8 @@ reconcile reads the quota again by that name to see it raised, or still short.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
+from functools import cached_property
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -20,24 +20,21 @@ _PAGE = 100  # the most ListServiceQuotas gives in a page
 
 
 class AccountQuotas:
-    """`client`: a Service Quotas client, or what makes one at the first read (only reconcile
-    reads quotas: the other functions never build it)."""
+    """`make_client` makes the Service Quotas client at the first read (only reconcile reads
+    quotas: the other functions never build it)."""
 
-    def __init__(self, client: Any | Callable[[], Any]):
-        self._client = client
-        self._lock = threading.Lock()
+    def __init__(self, make_client: Callable[[], Any]):
+        self._make_client = make_client
 
-    @property
+    @cached_property
     def client(self) -> Any:
-        with self._lock:
-            if callable(self._client) and not hasattr(self._client, "meta"):
-                self._client = self._client()
-            return self._client
+        return self._make_client()
 
     def applied(self, service_code: str, name: str) -> float | None:
         """The applied value of `service_code`'s quota named `name`, or None when Service
         Quotas does not list one: it lists a quota only where the applied value is available,
-        and a listed quota it could not read carries an `ErrorReason` instead. Never the
+        and a listed quota it could not read carries an `ErrorReason` instead (a value that is
+        no count of instances, negative say, is taken as unread too). Never the
         default value (ListAWSDefaultServiceQuotas): it does not reflect an increase, and a
         pool planned at it could be planned at nothing."""
         try:
@@ -46,7 +43,9 @@ class AccountQuotas:
             ):
                 for quota in page.get("Quotas", []):
                     if quota.get("QuotaName") == name:
-                        return None if quota.get("ErrorReason") or quota.get("Value") is None else float(quota["Value"])
+                        value = quota.get("Value")
+                        unreadable = quota.get("ErrorReason") or not isinstance(value, (int, float)) or not 0 <= value < float("inf")
+                        return None if unreadable else float(value)
         except ClientError as e:
             raise translate(e, "ListServiceQuotas") from e
         except NO_ANSWER as e:

@@ -216,17 +216,18 @@ def _reread_quota(store: JobsStore, quotas: AccountQuotas, pool, now: float) -> 
             # over the quota notes it again.
             return {**repair, "repair": Repair.QUOTA_FORGOTTEN.value, "gpus": pool.capacity_gpus, "why": "not read during its memory"}
         raise
-    gpus = int(value) * pool.gpus_per_instance
+    instances = int(value)
+    gpus = instances * pool.gpus_per_instance
     if gpus >= pool.capacity_gpus:
         if not store.forget_quota(pool.name, noted):
             return None  # a launch noted it again meanwhile: the newer word stands
-        return {**repair, "repair": Repair.QUOTA_RAISED.value, "gpus": pool.capacity_gpus, "instances": int(value)}
+        return {**repair, "repair": Repair.QUOTA_RAISED.value, "gpus": pool.capacity_gpus, "instances": instances}
     if gpus == was and noted["until"] - now > QUOTA_RENEW_WITHIN_S:
         return None
     store.note_quota(pool.name, gpus, now + actions.QUOTA_MEMORY_S, name)
     if gpus == was:
         return None  # the same quota, remembered longer: nothing repaired
-    return {**repair, "repair": Repair.QUOTA_CHANGED.value, "gpus": gpus, "instances": int(value)}
+    return {**repair, "repair": Repair.QUOTA_CHANGED.value, "gpus": gpus, "instances": instances}
 
 
 def _stop_unknown_runs(
