@@ -269,11 +269,14 @@ def test_the_stop_step_of_a_called_off_preemption_sends_nothing_though_another_p
             monkeypatch.setattr(actions, "_current", real)
             sweep = env.job("sweep")
             run = env.stack.client("sagemaker").describe_training_job(TrainingJobName=sweep.run_name)
-            answers.append((sweep.status, sweep.preempted_by, sweep.stop_signal_at, run["TrainingJobStatus"]))
+            answers.append((sweep.stop_signal_at, run["TrainingJobStatus"], "stop-requested" in env.kinds("sweep")))
 
         _sweep_then_eval(env, "Ask for a checkpoint", released_then_chosen_again_under_a_stop_step)
-        # Then it sends nothing and records nothing: the stop is the other preemption's to send
-        assert answers == [{"stopping": False, "reason": "released"}, (JobState.PREEMPTING, "other", None, "InProgress")]
+        # Then it sends nothing and records nothing: the stop is the other preemption's to send.
+        # (Whether the other preemption still stands is not this step's: the cycle the
+        # priority change starts runs meanwhile, and may call it off, as no job named "other"
+        # waits; asserting it stands made this test fail in about half of its runs.)
+        assert answers == [{"stopping": False, "reason": "released"}, (None, "InProgress", False)]
 
 
 def test_a_called_off_preemption_ends_at_its_next_check_and_never_acts_for_the_preemption_that_chose_the_job_since():
