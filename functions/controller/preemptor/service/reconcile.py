@@ -264,31 +264,57 @@ def _stop_unknown_runs(
             queues.setdefault(pool.service, set()).add(None)
     if "batch" in queues and adopt is not None:
         queues["batch"] |= _sharing_queues(runners["batch"], queues["batch"], errors)
-    repairs = []
-    for service, service_queues in sorted(queues.items()):
-        runner = runners[service]
-        for queue in sorted(service_queues, key=str):
+    # A queue's listing or a run's check that fails is tried once more at the end of the
+    # pass, after the others: a throttled or unanswered call is most often answered a
+    # moment later, and what is left to the next pass goes uncounted 5 minutes more. Under
+    # the sweep's chaos a team's lost Batch run took up to 7 passes to adopt, and once 14
+    # (batch knobs seed 1165): a pass's look at it is ~6 calls for its queue and ~8 for the
+    # run, any of which may fail. One queue refused never ends the scan of the others (it
+    # did: knobs seed batch 1478).
+    repairs: list[dict] = []
+    listing = [(service, queue) for service, service_queues in sorted(queues.items()) for queue in sorted(service_queues, key=str)]
+    checking: list[tuple[str, Any]] = []
+    for last in (False, True):
+        unlisted = []
+        for service, queue in listing:
             try:
-                # A queue whose listing is refused is left to the next pass; the others are
-                # scanned all the same (before, one queue's throttled ListJobs ended the
-                # pass's whole scan: under heavy throttling a team's run whose events were
-                # lost went unadopted, its GPUs uncounted, for over an hour; knobs seed
-                # batch 1478).
-                runs = runner.live_runs(queue)
+                runs = runners[service].live_runs(queue)
             except Exception as error:  # noqa: BLE001 - one queue's listing never stops the scan
-                errors.append({"pool": "*", "part": "unknown-runs", "queue": queue or service, "error": type(error).__name__, "detail": str(error)[:500]})
+                unlisted.append((service, queue))
+                if last:
+                    errors.append({"pool": "*", "part": "unknown-runs", "queue": queue or service, "error": type(error).__name__, "detail": str(error)[:500]})
                 continue
-            for run in runs:
-                if now - run.created_at < UNKNOWN_RUN_GRACE_S or run.run_id in stopped:
-                    continue
-                try:
-                    repair = _check_live_run(store, runner, service, run, now, settings.controller, adopt, settings.other_controllers)
-                except Exception as error:  # noqa: BLE001 - one run's failure never stops the scan
-                    errors.append({"run": run.run_id, "error": type(error).__name__, "detail": str(error)[:500]})
-                    continue
-                if repair:
-                    repairs.append(repair)
+            checking += [(service, run) for run in runs if now - run.created_at >= UNKNOWN_RUN_GRACE_S and run.run_id not in stopped]
+        checking = _check_live_runs(store, runners, settings, now, errors if last else None, checking, adopt, repairs)
+        listing = unlisted
     return repairs
+
+
+def _check_live_runs(
+    store: JobsStore,
+    runners: dict[str, Runner],
+    settings: Settings,
+    now: float,
+    errors: list[dict] | None,
+    runs: list[tuple[str, Any]],
+    adopt: Callable[[str, Any], dict | None] | None,
+    repairs: list[dict],
+) -> list[tuple[str, Any]]:
+    """`_check_live_run` each of `runs` ((service, run) pairs), adding its repair to
+    `repairs`; returns the runs whose check failed, each said in `errors` when given (None:
+    they are tried again)."""
+    failed = []
+    for service, run in runs:
+        try:
+            repair = _check_live_run(store, runners[service], service, run, now, settings.controller, adopt, settings.other_controllers)
+        except Exception as error:  # noqa: BLE001 - one run's failure never stops the scan
+            failed.append((service, run))
+            if errors is not None:
+                errors.append({"run": run.run_id, "error": type(error).__name__, "detail": str(error)[:500]})
+            continue
+        if repair:
+            repairs.append(repair)
+    return failed
 
 
 def _sharing_queues(runner: BatchRunner, own: set[str | None], errors: list[dict]) -> set[str]:
