@@ -37,15 +37,18 @@ def _quota_errors(result: dict) -> list[dict]:
 def test_a_quota_is_read_by_its_name_through_every_page_service_quotas_lists():
     with emulation(instance_quotas={"ml.p5.48xlarge": 6, "ml.p4d.24xlarge": 3}) as env:
         client = env.stack.client("service-quotas")
-        quotas = AccountQuotas(lambda: client)
         pages = []
         client.meta.events.register("after-call.service-quotas.ListServiceQuotas", lambda parsed, **_: pages.append(len(parsed.get("Quotas", []))))
+
+        def quotas() -> AccountQuotas:  # a reader with no code found yet: it lists
+            return AccountQuotas(lambda: client)
+
         # The listing is longer than a page (the quotas of SageMaker's other types and usages)
-        assert quotas.applied("sagemaker", P5_QUOTA) == 6.0
-        assert quotas.applied("sagemaker", "ml.p4d.24xlarge for spot training job usage") == 3.0
+        assert quotas().applied("sagemaker", P5_QUOTA) == 6.0
+        assert quotas().applied("sagemaker", "ml.p4d.24xlarge for spot training job usage") == 3.0
         assert len(pages) >= 2 and max(pages) == 100
         # A quota it does not list: nothing known (never its default)
-        assert quotas.applied("sagemaker", "ml.p5e.48xlarge for training job usage") is None
+        assert quotas().applied("sagemaker", "ml.p5e.48xlarge for training job usage") is None
         # One listed with the reason its value could not be read: nothing known either
         unreadable = {
             "Quotas": [{"ServiceCode": "sagemaker", "QuotaCode": "L-1", "QuotaName": P5_QUOTA, "Value": 0.0,
@@ -53,17 +56,62 @@ def test_a_quota_is_read_by_its_name_through_every_page_service_quotas_lists():
             "ResponseMetadata": {"HTTPStatusCode": 200},
         }
         with aws_says_no(client, "ListServiceQuotas", unreadable):
-            assert quotas.applied("sagemaker", P5_QUOTA) is None
+            assert quotas().applied("sagemaker", P5_QUOTA) is None
         # And one whose value is no count of instances
         del unreadable["Quotas"][0]["ErrorReason"]
         unreadable["Quotas"][0]["Value"] = -3.0
         with aws_says_no(client, "ListServiceQuotas", unreadable):
-            assert quotas.applied("sagemaker", P5_QUOTA) is None
+            assert quotas().applied("sagemaker", P5_QUOTA) is None
         # Refusals in the domain's terms
         with aws_says_no(client, "ListServiceQuotas", THROTTLED), pytest.raises(Throttled):
-            quotas.applied("sagemaker", P5_QUOTA)
+            quotas().applied("sagemaker", P5_QUOTA)
         with aws_says_no(client, "ListServiceQuotas", DENIED), pytest.raises(AccessDenied):
+            quotas().applied("sagemaker", P5_QUOTA)
+
+
+def test_a_quota_once_found_in_the_listing_is_read_by_its_code_in_one_call():
+    with emulation(instance_quotas={"ml.p5.48xlarge": 6}) as env:
+        client = env.stack.client("service-quotas")
+        calls = []
+        client.meta.events.register("after-call.service-quotas.*", lambda model, **_: calls.append(model.name))
+        quotas = AccountQuotas(lambda: client)
+        assert quotas.applied("sagemaker", P5_QUOTA) == 6.0
+        assert calls and set(calls) == {"ListServiceQuotas"}
+        # The next reads ask for it by the code the listing gave (one call, not a page each
+        # of SageMaker's quotas), and see a raise as the listing would
+        calls.clear()
+        env.fleet.set_instance_quota("ml.p5.48xlarge", 8)
+        assert quotas.applied("sagemaker", P5_QUOTA) == 8.0
+        assert calls == ["GetServiceQuota"]
+        # Read by code with the reason its value could not be read: nothing known
+        listing = client.get_paginator("list_service_quotas").paginate(ServiceCode="sagemaker")
+        [code] = [q["QuotaCode"] for page in listing for q in page["Quotas"] if q["QuotaName"] == P5_QUOTA]
+        unreadable = {
+            "Quota": {"ServiceCode": "sagemaker", "QuotaCode": code, "QuotaName": P5_QUOTA, "Value": 0.0,
+                      "ErrorReason": {"ErrorCode": "SERVICE_QUOTA_NOT_AVAILABLE_ERROR", "ErrorMessage": "not available"}},
+            "ResponseMetadata": {"HTTPStatusCode": 200},
+        }
+        with aws_says_no(client, "GetServiceQuota", unreadable):
+            assert quotas.applied("sagemaker", P5_QUOTA) is None
+        # Refusals in the domain's terms, the code kept for the next read
+        with aws_says_no(client, "GetServiceQuota", THROTTLED), pytest.raises(Throttled):
             quotas.applied("sagemaker", P5_QUOTA)
+        with aws_says_no(client, "GetServiceQuota", DENIED), pytest.raises(AccessDenied):
+            quotas.applied("sagemaker", P5_QUOTA)
+        calls.clear()
+        assert quotas.applied("sagemaker", P5_QUOTA) == 8.0 and calls == ["GetServiceQuota"]
+        # A code the service no longer knows, or that names another quota now: listed again
+        # by name, and the code it gives kept
+        gone = error_response("NoSuchResourceException", "The request failed because the specified service quota does not exist.", 400)
+        other = {"Quota": {**unreadable["Quota"], "QuotaName": "ml.p5.48xlarge for endpoint usage", "Value": 2.0}, "ResponseMetadata": {"HTTPStatusCode": 200}}
+        del other["Quota"]["ErrorReason"]
+        for answer in (gone, other):
+            calls.clear()
+            with aws_says_no(client, "GetServiceQuota", answer, times=1):
+                assert quotas.applied("sagemaker", P5_QUOTA) == 8.0
+            assert calls[0] == "GetServiceQuota" and "ListServiceQuotas" in calls[1:]
+            calls.clear()
+            assert quotas.applied("sagemaker", P5_QUOTA) == 8.0 and calls == ["GetServiceQuota"]
 
 
 def _noted(env, gpus: int = 48, left_s: float = QUOTA_MEMORY_S, quota: str = P5_QUOTA) -> float:

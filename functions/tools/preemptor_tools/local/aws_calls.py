@@ -536,3 +536,9 @@ def _describe_container_instances(scope: _Scope, op: str, p: dict) -> list[Autho
 @_translates("service-quotas", "ListServiceQuotas")
 def _service_quotas_listed(scope: _Scope, op: str, p: dict) -> list[AuthorizationRequest]:
     return [AuthorizationRequest(f"servicequotas:{op}", "*")]  # no resource-level permissions
+
+
+@_translates("service-quotas", "GetServiceQuota")
+def _service_quota_read(scope: _Scope, op: str, p: dict) -> list[AuthorizationRequest]:
+    service = p.get("ServiceCode", "")
+    return [AuthorizationRequest(f"servicequotas:{op}", scope.arn("servicequotas", f"{service}/{p.get('QuotaCode', '')}"), {"servicequotas:service": (service,)})]

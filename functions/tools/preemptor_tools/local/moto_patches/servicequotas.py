@@ -1,12 +1,13 @@
-"""Service Quotas: ListServiceQuotas for SageMaker, which moto lacks (it lists the default
-quotas of VPC only).
+"""Service Quotas: ListServiceQuotas and GetServiceQuota for SageMaker, which moto lacks (it
+knows the default quotas of VPC only).
 
 The applied values come from the listeners of `quotas_listed` (the simulated fleet: the
 quotas it enforces at CreateTrainingJob), among the other quotas SageMaker lists (other
 instance types and usages, their values fixed), so that a reader pages through a listing as
 long as the service's (100 quotas a page at most, a NextToken between pages). Each quota
 has the code, ARN and fields the service gives it; a code is derived from the quota's name,
-so the same quota has the same code in every listing.
+so the same quota has the same code in every listing. GetServiceQuota gives a quota by that
+code, or NoSuchResourceException for a code SageMaker has no applied value of.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ _OTHER_USAGES = ("training job usage", "spot training job usage", "endpoint usag
 
 def patch() -> None:
     replace(ServiceQuotasResponse, "list_service_quotas", _list_service_quotas)
+    replace(ServiceQuotasResponse, "get_service_quota", _get_service_quota)
 
 
 def quotas_listed(source: QuotasListed) -> Callable[[], None]:
@@ -84,3 +86,14 @@ def _list_service_quotas(self: ServiceQuotasResponse) -> str:
     if start + size < len(quotas):
         out["NextToken"] = f"page-{start + size}"
     return json.dumps(out)
+
+
+def _get_service_quota(self: ServiceQuotasResponse) -> str:
+    params = json.loads(self.body or "{}")
+    if params.get("ServiceCode") != "sagemaker":
+        quota = self.backend.get_service_quota(service_code=str(params.get("ServiceCode")), quota_code=str(params.get("QuotaCode")))
+        return json.dumps({"Quota": quota})
+    for quota in _sagemaker_quotas(self.region, self.current_account):
+        if quota["QuotaCode"] == params.get("QuotaCode"):
+            return json.dumps({"Quota": quota})
+    raise NoSuchResource()
