@@ -683,34 +683,40 @@ def test_a_queue_whose_listing_is_refused_leaves_reconcile_scanning_the_others()
         assert env.store.pool("g5")["used_gpus"] == 8
 
 
-@pytest.mark.parametrize("service", ["sagemaker", "batch"])
-def test_a_listing_or_a_run_check_refused_once_is_tried_again_in_the_same_pass(service):
+@pytest.mark.parametrize(
+    "refused",
+    [("sagemaker", "ListTags"), ("batch", "ListJobs"), ("batch", "DescribeJobQueues")],
+    ids=["a-run-check", "a-queue-listing", "the-sharing-queues-look-up"],
+)
+def test_a_listing_or_a_run_check_refused_once_is_tried_again_in_the_same_pass(refused):
     from preemptor_tools.local import moto_patches
 
+    service, operation = refused
     pools = [PoolConfig(name="g5", service="batch", gpus=32, job_queue="g5-queue")] if service == "batch" else [P5]
     with emulation(pools=pools) as env:
-        # Given a team's own run on the pool, running, whose events never came (no fleet to tell)
+        # Given a team's own run on the pool, running, whose events never came (no fleet to
+        # tell): on SageMaker, on the pool's Batch queue, or on a queue sharing its compute
+        # environment (found by DescribeJobQueues)
         env.fleet.close()
         tags = {"preemptor:team": "research", "preemptor:priority": "high", "preemptor:gpus": "8"}
         if service == "batch":
-            batch_queues(env, "g5-queue")
+            batch_queues(env, "g5-queue", "research-queue")
+            queue = "research-queue" if operation == "DescribeJobQueues" else "g5-queue"
             batch = env.stack.client("batch")
-            job_id = batch.submit_job(jobName="team-eval", jobQueue="g5-queue", jobDefinition="g5-training", tags={**tags, "preemptor:pool": "g5"})["jobId"]
+            job_id = batch.submit_job(jobName="team-eval", jobQueue=queue, jobDefinition="g5-training", tags={**tags, "preemptor:pool": "g5"})["jobId"]
             moto_patches.set_batch_job_status(job_id, "RUNNING")
-            # (Batch refuses the first listing of the queue)
-            client, operation = env.stack.deps().runners["batch"].client, "ListJobs"
         else:
             team_training_job(env, "team-eval", {**tags, "preemptor:pool": "p5"})
-            # (SageMaker refuses the first read of its tags)
-            client, operation = env.stack.deps().runners["sagemaker"].client, "ListTags"
         env.advance(UNKNOWN_RUN_GRACE_S + 60)
-        # When reconcile runs and the first such call is refused (throttled, as after every retry)
-        with aws_says_no(client, operation, THROTTLING[service], times=1) as refused:
+        # When reconcile runs and the first such call (the run's tags, the queue's listing,
+        # the look-up of the queues) is refused, throttled as after every retry
+        client = env.stack.deps().runners[service].client
+        with aws_says_no(client, operation, THROTTLING[service], times=1) as said_no:
             result = _reconcile(env)
         # Then what failed is tried again at the end of the pass, answered: the team's run is
         # adopted and counted in this pass (before: left to the next, 5 minutes later), and
         # the pass reports no error
-        assert len(refused) == 1
+        assert len(said_no) == 1
         assert [r["job"] for r in result["repairs"] if r["repair"] == "run-adopted"] == ["team-eval"]
         assert result["errors"] == []
         assert env.store.pool(pools[0].name)["used_gpus"] == (8 if service == "batch" else 16)

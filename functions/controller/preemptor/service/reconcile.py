@@ -262,19 +262,23 @@ def _stop_unknown_runs(
             queues.setdefault(pool.service, set()).update([pool.job_queue, *pool.fallback_job_queues])
         else:
             queues.setdefault(pool.service, set()).add(None)
-    if "batch" in queues and adopt is not None:
-        queues["batch"] |= _sharing_queues(runners["batch"], queues["batch"], errors)
-    # A queue's listing or a run's check that fails is tried once more at the end of the
-    # pass, after the others: a throttled or unanswered call is most often answered a
-    # moment later, and what is left to the next pass goes uncounted 5 minutes more. Under
-    # the sweep's chaos a team's lost Batch run took up to 7 passes to adopt, and once 14
-    # (batch knobs seed 1165): a pass's look at it is ~6 calls for its queue and ~8 for the
-    # run, any of which may fail. One queue refused never ends the scan of the others (it
-    # did: knobs seed batch 1478).
+    # A look-up, a queue's listing or a run's check that fails is tried once more at the
+    # end of the pass, after the others: a throttled or unanswered call is most often
+    # answered a moment later, and what is left to the next pass goes uncounted 5 minutes
+    # more. Under the sweep's chaos a team's lost Batch run took up to 7 passes to adopt,
+    # and once 14 (batch knobs seed 1165): a pass's look at it is ~6 calls for its queue and
+    # ~8 for the run, any of which may fail. One queue refused never ends the scan of the
+    # others (it did: knobs seed batch 1478).
+    own_batch = frozenset(queues.get("batch", ()))
+    sharing = "batch" in queues and adopt is not None  # the queues sharing the pools' compute environments are still to find
     repairs: list[dict] = []
     listing = [(service, queue) for service, service_queues in sorted(queues.items()) for queue in sorted(service_queues, key=str)]
     checking: list[tuple[str, Any]] = []
     for last in (False, True):
+        if sharing:
+            shared = _sharing_queues(runners["batch"], own_batch, errors if last else None)
+            sharing = shared is None
+            listing += [("batch", queue) for queue in sorted(shared or ())]
         unlisted = []
         for service, queue in listing:
             try:
@@ -317,15 +321,16 @@ def _check_live_runs(
     return failed
 
 
-def _sharing_queues(runner: BatchRunner, own: set[str | None], errors: list[dict]) -> set[str]:
+def _sharing_queues(runner: BatchRunner, own: frozenset[str | None], errors: list[dict] | None) -> set[str] | None:
     """The job queues of the account, other than the pools' (`own`), that share a compute
-    environment with one of them; none when Batch refuses the look-up (said in `errors`:
-    the pools' own queues are scanned all the same)."""
+    environment with one of them; None when Batch refuses the look-up (said in `errors`,
+    when given: the pools' own queues are scanned all the same)."""
     try:
         environments = runner.compute_environments()
     except PreemptorError as error:
-        errors.append({"run": "", "error": type(error).__name__, "detail": f"job queues sharing the pools' compute environments: {error}"[:500]})
-        return set()
+        if errors is not None:
+            errors.append({"run": "", "error": type(error).__name__, "detail": f"job queues sharing the pools' compute environments: {error}"[:500]})
+        return None
     names = {queue_name(q) for q in own if q}
     shared = frozenset().union(*(environments.get(q, frozenset()) for q in names))
     return {q for q, ces in environments.items() if q not in names and ces & shared}
