@@ -274,6 +274,7 @@ def test_every_client_of_the_functions_gives_a_hung_call_up_within_the_functions
     # still act on the failure: under botocore's default timeouts (60 s to connect, 60 s to
     # read) Lambda kills the function during the first attempt, what it held left to expire
     from preemptor.handlers.wiring import attempts_end_within
+    from preemptor.service.reconcile import SECOND_LOOK_WITHIN_S
 
     template = load_template()
     default = template["Globals"]["Function"]["Timeout"]
@@ -282,7 +283,7 @@ def test_every_client_of_the_functions_gives_a_hung_call_up_within_the_functions
     )
     with emulation() as env:
         deps = env.stack.deps()
-        clients = [deps.store.client, deps.checkpoints.client, deps.workflows.client, deps.instances.ecs, deps.alerts.client]
+        clients = [deps.store.client, deps.checkpoints.client, deps.workflows.client, deps.instances.ecs, deps.alerts.client, deps.quotas.client]
         for runner in deps.runners.values():
             clients += [runner.client, getattr(runner, "submit_client", runner.client)]
         # Then each attempt has its own short timeouts, and every attempt with its backoff
@@ -291,6 +292,8 @@ def test_every_client_of_the_functions_gives_a_hung_call_up_within_the_functions
             config = client.meta.config
             assert config.connect_timeout <= 5 and config.read_timeout <= 15, client.meta.service_model.service_name
             assert attempts_end_within(config) <= 0.75 * shortest, (client.meta.service_model.service_name, attempts_end_within(config))
+            # (and reconcile takes its second look at what failed only with that much time left)
+            assert attempts_end_within(config) <= SECOND_LOOK_WITHIN_S
 
 
 def test_a_run_name_someone_else_took_is_skipped_by_the_next_attempt(world):

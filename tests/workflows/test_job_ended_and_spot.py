@@ -720,3 +720,32 @@ def test_a_listing_or_a_run_check_refused_once_is_tried_again_in_the_same_pass(r
         assert [r["job"] for r in result["repairs"] if r["repair"] == "run-adopted"] == ["team-eval"]
         assert result["errors"] == []
         assert env.store.pool(pools[0].name)["used_gpus"] == (8 if service == "batch" else 16)
+
+
+def test_reconcile_takes_no_second_look_with_too_little_of_its_invocation_left():
+    from preemptor.service.reconcile import SECOND_LOOK_WITHIN_S, reconcile
+    from preemptor_tools.local import moto_patches
+
+    pool = PoolConfig(name="g5", service="batch", gpus=32, job_queue="g5-queue")
+    with emulation(pools=[pool]) as env:
+        # Given a team's own Batch run on the pool's queue whose events never came
+        batch_queues(env, "g5-queue")
+        env.fleet.close()
+        tags = {"preemptor:team": "research", "preemptor:priority": "high", "preemptor:gpus": "8", "preemptor:pool": "g5"}
+        job_id = env.stack.client("batch").submit_job(jobName="team-eval", jobQueue="g5-queue", jobDefinition="g5-training", tags=tags)["jobId"]
+        moto_patches.set_batch_job_status(job_id, "RUNNING")
+        env.advance(UNKNOWN_RUN_GRACE_S + 60)
+        d = env.stack.deps()
+        # When the queue's first listing is refused, and the invocation has less time left
+        # than a call may take through its retries
+        with aws_says_no(d.runners["batch"].client, "ListJobs", THROTTLING["batch"], times=1) as said_no:
+            result = reconcile(
+                store=d.store, runners=d.runners, workflows=d.workflows, checkpoints=d.checkpoints, settings=d.settings,
+                now=env.clock.now(), time_left=lambda: SECOND_LOOK_WITHIN_S - 1,
+            )
+        # Then the pass ends without its second look (Lambda would kill it mid-call), says the
+        # refusal, and leaves the run to the next pass
+        assert len(said_no) == 1
+        assert [(e["queue"], e["error"]) for e in result["errors"] if e.get("part") == "unknown-runs"] == [("g5-queue", "Throttled")]
+        assert not [r for r in result["repairs"] if r["repair"] == "run-adopted"] and env.store.get("team-eval") is None
+        assert [r["job"] for r in _reconcile(env)["repairs"] if r["repair"] == "run-adopted"] == ["team-eval"]

@@ -26,6 +26,7 @@ def handler(event: dict, context: LambdaContext) -> dict:
         now=clock.CLOCK.now(),
         alerts=d.alerts,
         quotas=d.quotas,
+        time_left=lambda: context.get_remaining_time_in_millis() / 1000,
     )
     emit_oldest_waits(result["oldest_wait_s"])
     metrics.add_metric(name="ReconcileRepairs", unit=MetricUnit.Count, value=len(result["repairs"]))

@@ -37,6 +37,9 @@ PREEMPT_START_GRACE_S = 5 * 60
 PREEMPT_WORKFLOW_ATTEMPTS = 3  # a victim's preempt workflow, started again after it failed
 STOP_TIMED_OUT = "StopTimedOut"  # the preempt workflow's error when the run outlived its stop wait
 UNKNOWN_RUN_GRACE_S = 10 * 60  # a run younger than this may be a launch still being recorded
+# The scan for unknown runs takes its second look at what failed only with this much of the
+# invocation left: the longest one call may take through its retries (`wiring.attempts_end_within`).
+SECOND_LOOK_WITHIN_S = 45.0
 # Beyond the policy's checkpoint and stop waits, what a preemption may take in retries with
 # backoff (six attempts of at most 60 s per step) before it counts as stuck.
 PREEMPTION_SLACK_S = 15 * 60
@@ -92,10 +95,12 @@ def reconcile(
     now: float,
     alerts: Alerts | None = None,
     quotas: AccountQuotas | None = None,
+    time_left: Callable[[], float] = lambda: float("inf"),
 ) -> dict:
     """Repair every configured pool, then the jobs of pools that left the configuration.
     `alerts`: the topic the notices their writers did not publish go to; `quotas`: where the
-    quotas a launch met are read again (`_reread_quota`).
+    quotas a launch met are read again (`_reread_quota`); `time_left`: the seconds left to
+    the invocation (the Lambda context's).
 
     Returns {"repairs": [...], "errors": [...], "oldest_wait_s": {tier: s}}: each repair
     with its `repair` kind, each error with the job and the error's type.
@@ -112,7 +117,7 @@ def reconcile(
         # A run this pass has just stopped is still live for a while (its grace): not unknown.
         stopped = {r["run_id"] for r in repairs if r.get("repair") == Repair.STUCK_RUNNABLE_REQUEUED.value and r.get("run_id")}
         adopt = _adopter(store, runners, workflows, checkpoints, settings, alerts, now)
-        repairs += _stop_unknown_runs(store, runners, settings, now, errors, stopped, adopt)
+        repairs += _stop_unknown_runs(store, runners, settings, now, errors, stopped, adopt, time_left)
     except Exception as error:  # noqa: BLE001 - retried at the next run
         errors.append({"pool": "*", "part": "unknown-runs", "error": type(error).__name__, "detail": str(error)[:500]})
     configured = {p.name for p in settings.pools}
@@ -238,6 +243,7 @@ def _stop_unknown_runs(
     errors: list[dict],
     stopped: set[str] = frozenset(),
     adopt: Callable[[str, Any], dict | None] | None = None,
+    time_left: Callable[[], float] = lambda: float("inf"),
 ) -> list[dict]:
     """Stop every live run the controller launched that no job accounts for; adopt (with
     `adopt`) every run a team launched and tagged whose events never reached the intake.
@@ -274,9 +280,14 @@ def _stop_unknown_runs(
     repairs: list[dict] = []
     listing = [(service, queue) for service, service_queues in sorted(queues.items()) for queue in sorted(service_queues, key=str)]
     checking: list[tuple[str, Any]] = []
+    failed: list[dict] = []  # the first round's errors: the pass's own unless tried again
     for last in (False, True):
+        if last and (listing or checking or sharing) and time_left() < SECOND_LOOK_WITHIN_S:
+            errors += failed  # too little time left for a second look: the next pass's
+            break
+        said = errors if last else failed
         if sharing:
-            shared = _sharing_queues(runners["batch"], own_batch, errors if last else None)
+            shared = _sharing_queues(runners["batch"], own_batch, said)
             sharing = shared is None
             listing += [("batch", queue) for queue in sorted(shared or ())]
         unlisted = []
@@ -285,11 +296,10 @@ def _stop_unknown_runs(
                 runs = runners[service].live_runs(queue)
             except Exception as error:  # noqa: BLE001 - one queue's listing never stops the scan
                 unlisted.append((service, queue))
-                if last:
-                    errors.append({"pool": "*", "part": "unknown-runs", "queue": queue or service, "error": type(error).__name__, "detail": str(error)[:500]})
+                said.append({"pool": "*", "part": "unknown-runs", "queue": queue or service, "error": type(error).__name__, "detail": str(error)[:500]})
                 continue
             checking += [(service, run) for run in runs if now - run.created_at >= UNKNOWN_RUN_GRACE_S and run.run_id not in stopped]
-        checking = _check_live_runs(store, runners, settings, now, errors if last else None, checking, adopt, repairs)
+        checking = _check_live_runs(store, runners, settings, now, said, checking, adopt, repairs)
         listing = unlisted
     return repairs
 
@@ -299,37 +309,34 @@ def _check_live_runs(
     runners: dict[str, Runner],
     settings: Settings,
     now: float,
-    errors: list[dict] | None,
+    errors: list[dict],
     runs: list[tuple[str, Any]],
     adopt: Callable[[str, Any], dict | None] | None,
     repairs: list[dict],
 ) -> list[tuple[str, Any]]:
     """`_check_live_run` each of `runs` ((service, run) pairs), adding its repair to
-    `repairs`; returns the runs whose check failed, each said in `errors` when given (None:
-    they are tried again)."""
+    `repairs`; returns the runs whose check failed, each said in `errors`."""
     failed = []
     for service, run in runs:
         try:
             repair = _check_live_run(store, runners[service], service, run, now, settings.controller, adopt, settings.other_controllers)
         except Exception as error:  # noqa: BLE001 - one run's failure never stops the scan
             failed.append((service, run))
-            if errors is not None:
-                errors.append({"run": run.run_id, "error": type(error).__name__, "detail": str(error)[:500]})
+            errors.append({"run": run.run_id, "error": type(error).__name__, "detail": str(error)[:500]})
             continue
         if repair:
             repairs.append(repair)
     return failed
 
 
-def _sharing_queues(runner: BatchRunner, own: frozenset[str | None], errors: list[dict] | None) -> set[str] | None:
+def _sharing_queues(runner: BatchRunner, own: frozenset[str | None], errors: list[dict]) -> set[str] | None:
     """The job queues of the account, other than the pools' (`own`), that share a compute
-    environment with one of them; None when Batch refuses the look-up (said in `errors`,
-    when given: the pools' own queues are scanned all the same)."""
+    environment with one of them; None when Batch refuses the look-up (said in `errors`:
+    the pools' own queues are scanned all the same)."""
     try:
         environments = runner.compute_environments()
     except PreemptorError as error:
-        if errors is not None:
-            errors.append({"run": "", "error": type(error).__name__, "detail": f"job queues sharing the pools' compute environments: {error}"[:500]})
+        errors.append({"run": "", "error": type(error).__name__, "detail": f"job queues sharing the pools' compute environments: {error}"[:500]})
         return None
     names = {queue_name(q) for q in own if q}
     shared = frozenset().union(*(environments.get(q, frozenset()) for q in names))
