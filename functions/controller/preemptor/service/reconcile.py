@@ -563,6 +563,13 @@ def _adopter(store, runners, workflows, checkpoints, settings, alerts, now: floa
         if result.reason != "adopted":
             return None  # not running yet, refused (its tags unreadable) or adopted meanwhile
         found = store.get(result.job) if result.job else None
+        if found is not None and found.status is JobState.RUNNING and found.checkpoint_s3_uri:
+            # Adopted late, it has run a while: its newest checkpoint is read now, not at the
+            # next pass (until then its plan counted all its work since its start at risk)
+            try:
+                _refresh_checkpoint(store, checkpoints, found)
+            except PreemptorError:
+                pass  # the next pass's refresh reads it
         return {
             "pool": found.pool if found else "", "repair": Repair.RUN_ADOPTED.value, "run": run.run_id, "job": result.job,
             **({"refused": result.refused} if result.refused else {}),
