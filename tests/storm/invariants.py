@@ -664,6 +664,17 @@ def drained_pools_start_nothing(result: DemoResult, scenario: Scenario) -> list[
     return out
 
 
+def no_job_failed_by_the_controllers_own_stop(result: DemoResult, scenario: Scenario) -> list[str]:
+    """No job fails for good because of a stop the controller sent itself (its reasons begin
+    "preemptor:"): a run it terminated for want of capacity waits and relaunches, a victim is
+    requeued, whatever write of the controller's the hostile world refused in between."""
+    return [
+        f"{e['job']} failed at {e['at'] - START:.0f} s: {e['reason']}"
+        for e in result.history
+        if e["kind"] == "failed" and str(e.get("reason", "")).startswith("preemptor:")
+    ]
+
+
 INVARIANTS = (
     decision_log_tells_every_change,
     fleet_never_above_capacity,
@@ -682,6 +693,7 @@ INVARIANTS = (
     budget_never_exceeded,
     priorities_within_team_ceilings,
     drained_pools_start_nothing,
+    no_job_failed_by_the_controllers_own_stop,
 )
 
 

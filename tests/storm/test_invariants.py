@@ -14,6 +14,7 @@ from storm.invariants import (
     gpus_never_idle_while_a_job_that_fits_waits,
     launches_fit_what_the_controller_counts,
     launches_never_overfill,
+    no_job_failed_by_the_controllers_own_stop,
     no_stop_without_required_checkpoint,
     priorities_within_team_ceilings,
     protections_hold,
@@ -299,6 +300,19 @@ def test_the_capacity_and_idle_checks_count_a_quota_as_the_story_changes_it() ->
     # And the fleet may hold all 64 once the quota is raised (the largest quota the story grants)
     pools = [{"name": "p5", "capacity_gpus": 64, "max_gpus_in_use": 64}]
     assert fleet_never_above_capacity(demo.DemoResult(report={"pools": pools}), scenario) == []
+
+
+def test_the_failure_check_finds_a_job_failed_by_a_stop_the_controller_sent_itself() -> None:
+    scenario = _story()
+    a, b, c = (j.name for j in scenario.jobs)
+    history = [
+        _line(a, 1394, "failed", "preemptor: no capacity (RUNNABLE for 1200 s in g5-queue)"),
+        _line(b, 900, "failed", "Essential container in task exited"),  # its own failure
+        _line(c, 7000, "failed", "no-capacity", "no capacity after 24 launches; last: preemptor: no capacity (...)"),
+    ]
+    assert no_job_failed_by_the_controllers_own_stop(demo.DemoResult(history=history), scenario) == [
+        f"{a} failed at 1394 s: preemptor: no capacity (RUNNABLE for 1200 s in g5-queue)"
+    ]
 
 
 def test_the_drain_check_finds_an_admission_or_a_mark_stamped_while_the_pool_is_drained() -> None:

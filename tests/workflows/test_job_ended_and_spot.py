@@ -280,6 +280,33 @@ def test_a_batch_job_stuck_runnable_is_a_capacity_wait_and_relaunches_on_the_fal
         assert kinds.index("stuck-runnable") < kinds.index("capacity-wait") < kinds.index("relaunched")
 
 
+def test_a_batch_job_terminated_stuck_runnable_whose_wait_was_not_written_waits_when_its_end_is_told():
+    pool = PoolConfig(
+        name="g5", service="batch", gpus=32, job_queue="g5-queue", fallback_job_queues=("g5-ondemand",), runnable_timeout_s=600
+    )
+    with emulation(pools=[pool], classify=lambda service, request: ("g5", 16)) as env:
+        # Given a Batch job RUNNABLE in a queue that finds no instances, past the pool's limit
+        batch_queues(env, "g5-queue", "g5-ondemand")
+        env.fleet.capacity_outage("g5", env.clock.now(), env.clock.now() + 7200, "g5-queue")
+        env.submit(name="hotfix", team="a", priority=1000, pool="g5", gpus=16, duration=1200)
+        env.advance(700)
+        # When reconcile terminates the run and DynamoDB then refuses its capacity wait's
+        # write (every transaction of the pass throttled through its retries)
+        with aws_says_no(env.store.client, "TransactWriteItems", THROTTLING["dynamodb"]):
+            result = env.stack.invoke_lambda("preemptor-ReconcileFunction", {})
+        assert [c for c in env.stack.calls.calls if c.api_action == "batch:TerminateJob"]
+        assert any(e.get("job") == "hotfix" for e in result["errors"]) and env.job("hotfix").status is JobState.RUNNING
+        env.stack.drain()
+        # Then the run's end (Batch: FAILED, the controller's own reason) is a capacity wait,
+        # not the job's failure (before: Failed for good, a critical job lost to a throttle),
+        # and the job relaunches on the fallback queue
+        env.advance(300)
+        job = env.job("hotfix")
+        assert (job.status, job.incarnation, job.launched_instance_type) == (JobState.RUNNING, 2, "g5-ondemand"), env.kinds("hotfix")
+        kinds = env.kinds("hotfix")
+        assert "failed" not in kinds and kinds.index("stuck-runnable") < kinds.index("capacity-wait") < kinds.index("relaunched")
+
+
 def test_a_batch_job_a_queue_time_limit_cancelled_for_capacity_waits_instead_of_failing():
     with emulation(pools=[G5]) as env:
         # Given a Batch job in the pool

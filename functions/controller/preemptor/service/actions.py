@@ -1008,7 +1008,7 @@ def no_capacity_in_queue(*, store: JobsStore, runners: dict[str, Runner], record
     """A Batch run that never found instances (RUNNABLE past the pool's limit) is terminated
     and its job waits for capacity like a SageMaker launch that met none."""
     try:
-        runners[record.service].stop(record.run_id, f"preemptor: no capacity ({reason})"[:255])
+        runners[record.service].stop(record.run_id, f"{NO_CAPACITY_STOP_PREFIX} ({reason})"[:255])
     except ServiceJobNotFound:
         pass  # it ended meanwhile: the capacity wait below still holds
     # Reconcile has no alerts topic: the 24th wait fails the job with its reason, unannounced.
@@ -1138,6 +1138,9 @@ SPOT_RECLAIM_PREFIX = "Host EC2"  # Batch statusReason when the instance went aw
 # Batch statusReason of a job a queue's state time limit action cancelled in RUNNABLE, by the
 # reason the queue was configured with ("CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY", ...).
 BATCH_CAPACITY_PREFIX = "CAPACITY:"
+# The reason the controller terminates a Batch run that found no instances with
+# (`no_capacity_in_queue`): Batch ends it FAILED with it as its statusReason.
+NO_CAPACITY_STOP_PREFIX = "preemptor: no capacity"
 
 
 def ended_outcome(service: str, outcome: str, reason: str, secondary: str | None = None, cancel_requested: bool = False) -> tuple[str, str]:
@@ -1151,6 +1154,12 @@ def ended_outcome(service: str, outcome: str, reason: str, secondary: str | None
         return "interrupted", f"spot reclaim: {reason}"
     if outcome == "failed" and service == "batch" and reason.startswith(BATCH_CAPACITY_PREFIX):
         return "capacity-error", reason  # a job queue's state time limit cancelled it in RUNNABLE
+    if outcome == "failed" and service == "batch" and reason.startswith(NO_CAPACITY_STOP_PREFIX) and not cancel_requested:
+        # The controller terminated it, RUNNABLE past its pool's limit (reconcile): a capacity
+        # wait, whether reconcile recorded the wait before this end was told or its write was
+        # refused after the terminate (before, the end failed the job for good: chaos seed 2 of
+        # batch-queue-fallback.yaml, the critical hotfix Failed 20 minutes in)
+        return "capacity-error", reason
     if outcome == "failed" and service == "sagemaker" and secondary == "MaxWaitTimeExceeded":
         # Managed spot found no spot capacity within MaxWaitTimeInSeconds: wait and relaunch.
         return "capacity-error", f"MaxWaitTimeExceeded: {reason}"
