@@ -644,6 +644,25 @@ def test_one_bad_checkpoint_location_never_stops_the_reconcile_run():
         assert env.job("a").status is JobState.RUNNING
 
 
+def test_a_jobs_check_refused_once_gets_a_second_look_in_the_same_pass():
+    from preemptor_tools.local.moto_patches.sagemaker import set_training_job_status
+
+    with emulation() as env:
+        # Given a job whose run completed without the end event reaching the controller
+        env.submit(name="b", team="research", priority=50, pool="p5", instances=2, duration=30000)
+        set_training_job_status("b", "Completed", "Completed")
+        # When reconcile runs and SageMaker throttles its first look at the run (through
+        # every retry)
+        sagemaker = env.stack.deps().runners["sagemaker"].client
+        with aws_says_no(sagemaker, "DescribeTrainingJob", THROTTLING["sagemaker"], times=1) as said_no:
+            result = _reconcile(env)
+        # Then the job is read again and looked at once more at the end of the pool's jobs:
+        # its end is recorded in this pass (before: 5 minutes later at best), with no error
+        assert len(said_no) == 1
+        assert any(r.get("job") == "b" and r["repair"] == "missed-end" for r in result["repairs"])
+        assert result["errors"] == [] and env.job("b").status is JobState.COMPLETED
+
+
 def test_reconcile_recounts_usage_that_drifted_under_the_lease():
     with emulation(pools=[P5]) as env:
         env.submit(name="a", team="research", priority=50, pool="p5", instances=2, duration=30000)

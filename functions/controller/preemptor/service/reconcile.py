@@ -110,7 +110,7 @@ def reconcile(
     oldest: dict[str, float] = {}
     for pool in settings.pools:
         try:
-            _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now, repairs, errors, oldest, alerts, quotas)
+            _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now, repairs, errors, oldest, alerts, quotas, time_left)
         except Exception as error:  # noqa: BLE001 - one pool's failure (throttled, say) never stops the others
             errors.append({"pool": pool.name, "error": type(error).__name__, "detail": str(error)[:500]})
     try:
@@ -133,7 +133,9 @@ def reconcile(
     return {"repairs": repairs, "errors": errors, "oldest_wait_s": oldest}
 
 
-def _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now, repairs, errors, oldest, alerts, quotas=None) -> None:
+def _reconcile_pool(
+    store, runners, workflows, checkpoints, settings, pool, now, repairs, errors, oldest, alerts, quotas=None, time_left=lambda: float("inf")
+) -> None:
     """One pool: its registration, an orphaned lease, the quota a launch met, every active
     job's run, the fold of ended runs into the teams' usage, the notices their writers did
     not publish, the usage recount, and a schedule when anything changed or work waits.
@@ -160,14 +162,17 @@ def _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now,
         if quota:
             repairs.append(quota)
             schedule = quota["repair"] != Repair.QUOTA_CHANGED.value or quota["gpus"] > quota["was_gpus"]
-    for record in part("jobs", lambda: store.active(pool.name)) or ():
+    def check(record, said: list[dict]) -> bool:
+        """Repair the job's run (`_check_run`), or refresh its checkpoint; False when it failed
+        (the error in `said`)."""
+        nonlocal schedule
         try:
             found = _check_run(store, runners, workflows, settings, record, now)
             if not found and record.status is JobState.RUNNING and record.checkpoint_s3_uri:
                 _refresh_checkpoint(store, checkpoints, record)
         except Exception as error:  # noqa: BLE001 - the safety net goes on with the other jobs
-            errors.append({"job": record.name, "pool": pool.name, "error": type(error).__name__, "detail": str(error)[:500]})
-            continue
+            said.append({"job": record.name, "pool": pool.name, "error": type(error).__name__, "detail": str(error)[:500]})
+            return False
         for repair in found:
             repairs.append(repair)
             schedule = schedule or repair["repair"] not in _NOTHING_TO_PLAN or repair.get("released", False)
@@ -176,6 +181,20 @@ def _reconcile_pool(store, runners, workflows, checkpoints, settings, pool, now,
                 part("backoff", lambda: workflows.start(
                     "schedule", execution_name("backoff", record.name, f"{int(now)}"), {"pool": pool.name, "wait_s": repair["wait_s"]}
                 ))
+        return True
+
+    # A job whose check failed gets a second look at the end of the jobs, read again (its
+    # first look may have changed it), as the scan for unknown runs does: a run's end whose
+    # event was lost is otherwise told 5 minutes later at best.
+    failed: list[dict] = []
+    again = [record.name for record in part("jobs", lambda: store.active(pool.name)) or () if not check(record, failed)]
+    if again and time_left() < SECOND_LOOK_WITHIN_S:
+        errors += failed  # too little time left: the next pass's
+    elif again:
+        for name in again:
+            record = part("jobs", lambda: store.get(name))
+            if record is not None and record.pool == pool.name and record.status.holds_capacity:
+                check(record, errors)
     part("fold", lambda: _fold_ended_runs(store, settings, pool.name))
     repairs += part("notices", lambda: _publish_notices(store, alerts, pool.name, now)) or []
     recount = part("recount", lambda: _recount_usage(store, pool.name, now)) or {}
