@@ -37,8 +37,9 @@ PREEMPT_START_GRACE_S = 5 * 60
 PREEMPT_WORKFLOW_ATTEMPTS = 3  # a victim's preempt workflow, started again after it failed
 STOP_TIMED_OUT = "StopTimedOut"  # the preempt workflow's error when the run outlived its stop wait
 UNKNOWN_RUN_GRACE_S = 10 * 60  # a run younger than this may be a launch still being recorded
-# The scan for unknown runs takes its second look at what failed only with this much of the
-# invocation left: the longest one call may take through its retries (`wiring.attempts_end_within`).
+# Reconcile takes its second look at what failed (a job's check, a queue's listing, a run's
+# check) only with this much of the invocation left: the longest one call may take through
+# its retries (`wiring.attempts_end_within`).
 SECOND_LOOK_WITHIN_S = 45.0
 # Beyond the policy's checkpoint and stop waits, what a preemption may take in retries with
 # backoff (six attempts of at most 60 s per step) before it counts as stuck.
@@ -162,6 +163,7 @@ def _reconcile_pool(
         if quota:
             repairs.append(quota)
             schedule = quota["repair"] != Repair.QUOTA_CHANGED.value or quota["gpus"] > quota["was_gpus"]
+
     def check(record, said: list[dict]) -> bool:
         """Repair the job's run (`_check_run`), or refresh its checkpoint; False when it failed
         (the error in `said`)."""
