@@ -14,7 +14,7 @@ from storm.invariants import (
     gpus_never_idle_while_a_job_that_fits_waits,
     launches_fit_what_the_controller_counts,
     launches_never_overfill,
-    no_job_failed_by_the_controllers_own_stop,
+    no_job_ended_by_the_controllers_own_stop,
     no_stop_without_required_checkpoint,
     priorities_within_team_ceilings,
     protections_hold,
@@ -302,16 +302,21 @@ def test_the_capacity_and_idle_checks_count_a_quota_as_the_story_changes_it() ->
     assert fleet_never_above_capacity(demo.DemoResult(report={"pools": pools}), scenario) == []
 
 
-def test_the_failure_check_finds_a_job_failed_by_a_stop_the_controller_sent_itself() -> None:
+def test_the_end_check_finds_a_job_ended_by_a_stop_the_controller_sent_itself() -> None:
     scenario = _story()
     a, b, c = (j.name for j in scenario.jobs)
     history = [
         _line(a, 1394, "failed", "preemptor: no capacity (RUNNABLE for 1200 s in g5-queue)"),
         _line(b, 900, "failed", "Essential container in task exited"),  # its own failure
         _line(c, 7000, "failed", "no-capacity", "no capacity after 24 launches; last: preemptor: no capacity (...)"),
+        _line(b, 2000, "cancelled", "stopped outside the controller"),  # its second run stopped by hand
+        _line(c, 3000, "cancelled", "stopped outside the controller"),  # nobody did
+        _line(a, 3000, "cancelled", "cancelled"),  # its team cancelled it
     ]
-    assert no_job_failed_by_the_controllers_own_stop(demo.DemoResult(history=history), scenario) == [
-        f"{a} failed at 1394 s: preemptor: no capacity (RUNNABLE for 1200 s in g5-queue)"
+    result = demo.DemoResult(history=history, stopped_by_hand=[f"{b}-r2"])
+    assert no_job_ended_by_the_controllers_own_stop(result, scenario) == [
+        f"{a} failed at 1394 s: preemptor: no capacity (RUNNABLE for 1200 s in g5-queue)",
+        f"{c} cancelled at 3000 s as stopped outside the controller, though nobody stopped it by hand",
     ]
 
 
