@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from aws_faults import THROTTLING, aws_says_no
@@ -247,17 +249,25 @@ def test_reconcile_stops_a_managed_batch_job_no_job_accounts_for():
         assert env.job("steady").status is JobState.RUNNING
 
 
-def test_a_batch_job_stuck_runnable_is_a_capacity_wait_and_relaunches_on_the_fallback_queue():
+@contextmanager
+def _hotfix_runnable_past_its_limit() -> Iterator:
+    """A Batch pool whose own queue finds no instances for two hours (its fallback queue has
+    them), and a job RUNNABLE there 700 s, past the pool's limit (600 s)."""
     pool = PoolConfig(
         name="g5", service="batch", gpus=32, job_queue="g5-queue", fallback_job_queues=("g5-ondemand",), runnable_timeout_s=600
     )
     with emulation(pools=[pool], classify=lambda service, request: ("g5", 16)) as env:
-        # Given a Batch pool whose own queue finds no instances for two hours, and a job in it
         batch_queues(env, "g5-queue", "g5-ondemand")
         env.fleet.capacity_outage("g5", env.clock.now(), env.clock.now() + 7200, "g5-queue")
         env.submit(name="hotfix", team="a", priority=1000, pool="g5", gpus=16, duration=1200)
-        first_run = env.job("hotfix").run_id
         env.advance(700)
+        yield env
+
+
+def test_a_batch_job_stuck_runnable_is_a_capacity_wait_and_relaunches_on_the_fallback_queue():
+    # Given a Batch pool whose own queue finds no instances for two hours, and a job in it
+    with _hotfix_runnable_past_its_limit() as env:
+        first_run = env.job("hotfix").run_id
         assert env.job("hotfix").status is JobState.RUNNING  # RUNNABLE in Batch: the controller waits
         # When reconcile runs past the pool's RUNNABLE limit (600 s)
         result = env.stack.invoke_lambda("preemptor-ReconcileFunction", {})
@@ -281,15 +291,8 @@ def test_a_batch_job_stuck_runnable_is_a_capacity_wait_and_relaunches_on_the_fal
 
 
 def test_a_batch_job_terminated_stuck_runnable_whose_wait_was_not_written_waits_when_its_end_is_told():
-    pool = PoolConfig(
-        name="g5", service="batch", gpus=32, job_queue="g5-queue", fallback_job_queues=("g5-ondemand",), runnable_timeout_s=600
-    )
-    with emulation(pools=[pool], classify=lambda service, request: ("g5", 16)) as env:
-        # Given a Batch job RUNNABLE in a queue that finds no instances, past the pool's limit
-        batch_queues(env, "g5-queue", "g5-ondemand")
-        env.fleet.capacity_outage("g5", env.clock.now(), env.clock.now() + 7200, "g5-queue")
-        env.submit(name="hotfix", team="a", priority=1000, pool="g5", gpus=16, duration=1200)
-        env.advance(700)
+    # Given a Batch job RUNNABLE in a queue that finds no instances, past the pool's limit
+    with _hotfix_runnable_past_its_limit() as env:
         # When reconcile terminates the run and DynamoDB then refuses its capacity wait's
         # write (every transaction of the pass throttled through its retries)
         with aws_says_no(env.store.client, "TransactWriteItems", THROTTLING["dynamodb"]):
