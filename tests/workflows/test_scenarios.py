@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from replays import GROUP, RUNS, SCENARIOS, replay
@@ -301,6 +302,10 @@ def test_a_run_larger_than_the_accounts_quota_stops_nobody_until_service_quotas_
     # launch the quota refused)
     raised = 7200.0
     assert len(stops) == 2 and stops[0] < 3600 and raised <= stops[1] <= raised + 2 * 300, _story("quota-raised")
+    # (the second, for the escalated run, goes without a checkpoint wait: its line says how old
+    # the checkpoint it calls fresh is, and that the work since it is at stake)
+    [second] = [e for e in result.history if e["job"] == "sweep" and e["kind"] == "stop-requested" and e["at"] - START >= raised]
+    assert second["reason"] == "fresh-checkpoint" and re.search(r"its checkpoint is \d+ s old \(fresh: within checkpoint_max_age_s 900\)", second["detail"])
     assert [(r.run, r.quota) for r in result.quota_refusals] == [("pretrain", 6)]
     # And the run launched within two reconcile passes of the raise, and both completed
     assert jobs["pretrain"]["state"] == jobs["sweep"]["state"] == "Completed"

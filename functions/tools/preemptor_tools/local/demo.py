@@ -637,7 +637,9 @@ def print_result(result: DemoResult, out: TextIO) -> None:
             else "NO fresh checkpoint"
         )
         why = f"preempted for {p['preemptor']}" if p["kind"] == "preempted" else "stopped before its spot instance went away"
-        out.write(f"  {p['victim']} {why} at {_duration(p['at_s'])}: {check}\n")
+        # "Fresh" is the policy's bound (checkpoint_max_age_s): the work since it may still be lost.
+        lost = f", {p['lost_gpu_seconds']:,.0f} GPU-seconds lost" if p["lost_gpu_seconds"] else ""
+        out.write(f"  {p['victim']} {why} at {_duration(p['at_s'])}: {check}{lost}\n")
     if report.get("mode") == "shadow":
         out.write(
             f"  shadow mode: the controller launched {report['controller_launches']} and stopped "
