@@ -266,6 +266,14 @@ def test_a_drained_pool_admits_nothing_until_undrained(capsys, local):
     assert view["run"] == "llm-pretrain-7b-r2"
 
 
+def test_the_operators_word_that_a_quota_was_raised_is_refused_in_one_line_where_none_is_noted(capsys, local):
+    # A pool planned at its size: nothing to say it of (exit 2); a pool the stack lacks (exit 1)
+    code, out, err = cli(capsys, local, "quota-raised", "p5")
+    assert code == 2 and out is None and len(err.strip().splitlines()) == 1 and "no quota noted" in err
+    code, out, err = cli(capsys, local, "quota-raised", "p9")
+    assert code == 1 and out is None and len(err.strip().splitlines()) == 1 and "no such pool" in err
+
+
 def test_the_operator_gives_a_job_another_priority_and_the_decision_log_tells_it(capsys, local):
     # When the operator raises research's running medium job to high, with a note
     code, result, err = cli(capsys, local, "priority", "tokenizer-ablation", "high", "--note", "demo tomorrow")

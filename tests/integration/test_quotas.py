@@ -172,7 +172,7 @@ def test_a_quota_not_of_the_pools_offering_any_more_is_forgotten():
 @pytest.mark.parametrize(
     "refusal, error", [(THROTTLED, "Throttled"), (DENIED, "AccessDenied"), (None, "QuotaNotListed")], ids=["throttled", "denied", "not-listed"]
 )
-def test_a_quota_that_cannot_be_read_is_kept_for_its_memory_then_forgotten(refusal, error):
+def test_a_quota_that_cannot_be_read_is_kept_until_an_operator_says_it_was_raised(refusal, error):
     with emulation(instance_quotas={} if refusal is None else {"ml.p5.48xlarge": 6}) as env:
         until = _noted(env)
         client = env.stack.deps().quotas.client
@@ -181,15 +181,45 @@ def test_a_quota_that_cannot_be_read_is_kept_for_its_memory_then_forgotten(refus
             result = _reconcile(env)
             assert [e["error"] for e in _quota_errors(result)] == [error]
             assert env.store.noted_quota("p5")["until"] == until
-            # Once it is over, unread: forgotten (the next launch over it notes it again)
-            env.advance(QUOTA_MEMORY_S + 60)
-            result = _reconcile(env)
-            assert [(r["repair"], r["why"]) for r in _quota_repairs(result)] == [("quota-forgotten", "not read during its memory")]
-            assert env.store.noted_quota("p5") is None
-            # And a pool without a noted quota is not read at all
-            calls = len(env.stack.calls.calls)
-            _reconcile(env)
-            assert not [c for c in env.stack.calls.calls[calls:] if c.operation == "ListServiceQuotas"]
+            # Past its memory, still unread: kept at what was last known, noted again before
+            # it ended (before: forgotten, and a job larger than the quota then stopped the
+            # pool's work once an hour for a launch the quota refused)
+            for _ in range(4):
+                env.advance(QUOTA_MEMORY_S - QUOTA_RENEW_WITHIN_S + 60)
+                now = env.clock.now()
+                result = _reconcile(env)
+                assert [e["error"] for e in _quota_errors(result)] == [error] and _quota_repairs(result) == []
+                assert env.store.noted_quota("p5") == {"gpus": 48, "until": now + QUOTA_MEMORY_S, "quota": P5_QUOTA}
+        # When an operator says it was raised (Service Quotas cannot show it)
+        said = ops.quota_raised(env.operator(), "p5")
+        env.stack.drain()
+        # Then the pool is planned at its size again, and a cycle of it started
+        assert (said["quota"], said["was_gpus"]) == (P5_QUOTA, 48) and said["schedule_execution"]
+        assert env.store.noted_quota("p5") is None
+        assert env.store.quota_capacity_gpus(env.store.pool("p5"), 64, env.clock.now()) == 64
+        # And a pool without a noted quota is not read at all
+        calls = len(env.stack.calls.calls)
+        _reconcile(env)
+        assert not [c for c in env.stack.calls.calls[calls:] if c.api_action.startswith("service-quotas:")]
+
+
+def test_the_operators_word_on_a_quota_is_refused_where_there_is_nothing_to_say_it_of():
+    with emulation(instance_quotas={"ml.p5.48xlarge": 6}) as env:
+        # A pool planned at its size: nothing to forget
+        with pytest.raises(ops.BadInput, match="no quota noted"):
+            ops.quota_raised(env.operator(), "p5")
+        # A pool the stack does not have
+        with pytest.raises(ops.NotFound, match="no such pool"):
+            ops.quota_raised(env.operator(), "p4")
+        # A quota a launch noted again after the operator's read stands (the newer word)
+        _noted(env)
+        target = env.operator()
+        read = target.store.noted_quota("p5")
+        env.store.note_quota("p5", 40, read["until"] + 60, P5_QUOTA)
+        target.store.noted_quota = lambda pool: read  # (the operator's read, before the launch's note)
+        with pytest.raises(ops.BadInput, match="noted its quota again meanwhile"):
+            ops.quota_raised(target, "p5")
+        assert env.store.noted_quota("p5")["gpus"] == 40
 
 
 def test_a_quota_noted_by_a_launch_while_reconcile_read_the_older_one_is_kept():

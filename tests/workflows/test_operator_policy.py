@@ -28,6 +28,8 @@ def test_the_operators_commands_need_only_what_the_operator_policy_grants():
         target = env.operator()
 
         def operate() -> None:
+            # (a launch met the account's quota of the pool's type, below the pool)
+            env.store.note_quota("p5", 48, env.clock.now() + 3600, "ml.p5.48xlarge for training job usage")
             with env.stack.calls.acting_as(OPERATOR):
                 ops.queue(target), ops.pools(target), ops.status(target, "sweep"), ops.history(target, "sweep")
                 ops.explain(target, "eval")
@@ -37,6 +39,8 @@ def test_the_operators_commands_need_only_what_the_operator_policy_grants():
                 # and drains the pool, then undrains it
                 ops.set_drained(target, "p5", True, "maintenance")
                 ops.set_drained(target, "p5", False)
+                # and says that quota was raised
+                assert ops.quota_raised(target, "p5")["was_gpus"] == 48
 
         with when_a_step_returns(env, "preempt", "Ask for a checkpoint", operate) as done:
             env.submit(name="eval", team="production", priority="medium", pool="p5", instances=4, duration=1200)

@@ -21,6 +21,8 @@ each takes --json:
   preemptor history [JOB] [--limit N]                the decision log
   preemptor pools                                    capacity, used, borrowed, per team
   preemptor drain POOL [--note TEXT] | undrain POOL  admit nothing new, preempt nothing
+  preemptor quota-raised POOL                        the account's quota a launch met was raised:
+                                                     plan the pool at its size again
   preemptor priority JOB PRIORITY [--note TEXT]      the platform's call: another priority, within
                                                      the team's ceiling (a cycle starts at once)
 
@@ -151,6 +153,12 @@ def _parser() -> argparse.ArgumentParser:
     undrain.add_argument("pool")
     _add_target_options(undrain)
 
+    raised = sub.add_parser(
+        "quota-raised", help="the account's quota a launch of the pool met was raised: plan the pool at its size again (a cycle starts at once)"
+    )
+    raised.add_argument("pool")
+    _add_target_options(raised)
+
     priority = sub.add_parser(
         "priority", help="give a job another priority (within its team's ceiling; a cycle of its pool starts at once)"
     )
@@ -225,6 +233,7 @@ def _dispatch(args) -> int:
         "pools": _pools,
         "drain": _drain,
         "undrain": _drain,
+        "quota-raised": _quota_raised,
         "priority": _priority,
         "lower": _lower,
         "redrive": _redrive,
@@ -512,6 +521,18 @@ def _drain(args) -> int:
         print(f"pool {args.pool} drained: it admits nothing new and preempts nothing; running jobs go on{_spared(result)}")
     else:
         print(f"pool {args.pool} undrained: scheduling again" + (" (a cycle started)" if result["schedule_execution"] else ""))
+    return EXIT_OK
+
+
+def _quota_raised(args) -> int:
+    from . import ops
+
+    result = ops.quota_raised(_target(args), args.pool)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        then = " (a cycle started)" if result["schedule_execution"] else ""
+        print(f"pool {args.pool} planned at its size again: the quota '{result['quota']}' (it left {result['was_gpus']} GPUs) is taken as raised{then}")
     return EXIT_OK
 
 

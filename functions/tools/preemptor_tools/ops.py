@@ -467,6 +467,28 @@ def set_drained(target: Target, pool: str, drained: bool, note: str = "") -> dic
     return {"pool": pool, "drained": drained, "at": now, "note": note or None, "schedule_execution": execution, "victims_spared": spared}
 
 
+def quota_raised(target: Target, pool: str) -> dict:
+    """The operator had the account's quota raised that a launch of `pool` met (the pool
+    planned below its size, `pools` says so and the `quota-below-pool` alarm is on): the pool
+    is planned at its size again, and a cycle starts at once. Reconcile forgets the quota by
+    itself once Service Quotas lists it raised; where Service Quotas cannot show it (not
+    listed, or its read refused), the quota is kept at what was last known until this is
+    said. Said wrongly, the next launch over the quota notes it again."""
+    if target.settings.pool(pool) is None:
+        known = ", ".join(p.name for p in target.settings.pools) or "none"
+        raise NotFound(f"{pool}: no such pool (pools: {known})")
+    noted = target.store.noted_quota(pool)
+    if noted is None:
+        raise BadInput(f"{pool}: no quota noted for it: it is planned at its size")
+    if not target.store.forget_quota(pool, noted):
+        raise BadInput(f"{pool}: a launch noted its quota again meanwhile: read `preemptor pools` and say it once more if it was raised")
+    execution = None
+    if target.settings.workflow_arns.get("schedule"):
+        starter = WorkflowStarter(target.client("stepfunctions"), target.settings.workflow_arns)
+        execution = starter.start("schedule", execution_name("quota-raised", pool, uuid.uuid4().hex[:12]), {"pool": pool})
+    return {"pool": pool, "quota": noted["quota"], "was_gpus": noted["gpus"], "at": target.now(), "schedule_execution": execution}
+
+
 def set_priority(target: Target, job: str, priority: str, note: str = "") -> dict:
     """Give `job` another priority: an integer or one of the stack's tier names, at most its
     team's ceiling (the stack's policy: raising the ceiling is a change of the policy, not of

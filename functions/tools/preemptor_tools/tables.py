@@ -173,7 +173,8 @@ def render_pools(data: dict, painter: Painter) -> str:
         if p.get("quota"):
             out.append(
                 f"{p['pool']} planned at {p['planned_gpus']} of its {p['capacity_gpus']} GPUs: the account's quota "
-                f"'{p['quota']['name']}' leaves it no more (raise it in Service Quotas, or lower the pool)"
+                f"'{p['quota']['name']}' leaves it no more (raise it in Service Quotas, or lower the pool; "
+                f"where Service Quotas cannot show the raise: preemptor quota-raised {p['pool']})"
             )
         if not p["teams"]:
             continue

@@ -75,7 +75,7 @@ class Repair(StrEnum):
     NOTICE_PUBLISHED = "notice-published"  # a team's notice its writer did not publish
     QUOTA_RAISED = "quota-raised"  # the quota a launch met covers the pool now: planned at its size again
     QUOTA_CHANGED = "quota-changed"  # the quota a launch met is another value, still below the pool
-    QUOTA_FORGOTTEN = "quota-forgotten"  # a quota no longer of the pool's offering, or unread past its memory
+    QUOTA_FORGOTTEN = "quota-forgotten"  # a quota no longer of the pool's offering
 
 
 class QuotaNotListed(PreemptorError):
@@ -221,7 +221,10 @@ def _reread_quota(store: JobsStore, quotas: AccountQuotas, pool, now: float) -> 
       after next or the value changed (a write to the pool item cancels an admission under
       way: not at every pass);
     - not listed, or not readable (QuotaNotListed, or the call's error, is the pass's error):
-      left to end with its memory, as before the read; an ended one is then forgotten;
+      kept at the value last known, noted again before its memory ends (forgotten unread, it
+      brought that hourly churn back for as long as the quota could not be read); the
+      `quota-below-pool` alarm stays on, and an operator who had it raised says so
+      (`ops.quota_raised`, `preemptor quota-raised`);
     - no longer the quota of the pool's offering (its configuration changed): forgotten.
     Returns the repair, or None when there was nothing to do."""
     noted = store.noted_quota(pool.name)
@@ -237,10 +240,8 @@ def _reread_quota(store: JobsStore, quotas: AccountQuotas, pool, now: float) -> 
         if value is None:
             raise QuotaNotListed(f"Service Quotas lists no applied value of '{name}'")
     except PreemptorError:
-        if noted["until"] <= now and store.forget_quota(pool.name, noted):
-            # Unread for its whole memory: the pool is planned at its size, the next launch
-            # over the quota notes it again.
-            return {**repair, "repair": Repair.QUOTA_FORGOTTEN.value, "gpus": pool.capacity_gpus, "why": "not read during its memory"}
+        if noted["until"] - now <= QUOTA_RENEW_WITHIN_S:
+            store.note_quota(pool.name, was, now + actions.QUOTA_MEMORY_S, name)  # kept at what was last known
         raise
     instances = int(value)
     gpus = instances * pool.gpus_per_instance

@@ -418,7 +418,8 @@ def explain(*, store: JobsStore, settings: Settings, job: str, now: float) -> di
         lines = answer["text"].splitlines()
         lines.insert(1, (
             f"  pool {record.pool} is planned at {planned} of its {configured} GPUs: the account's quota "
-            f"'{cap.get('quota', '?')}' leaves it no more (a launch met it; read again at each reconcile, planned so for {max(0.0, float(cap.get('until', now)) - now):.0f} s more unless read)"
+            f"'{cap.get('quota', '?')}' leaves it no more (a launch met it; read again at each reconcile until Service Quotas "
+            f"lists it raised, or an operator says it was: `preemptor quota-raised {record.pool}`)"
         ))
         answer["text"] = "\n".join(lines)
     if record.status.is_terminal:
