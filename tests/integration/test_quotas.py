@@ -9,6 +9,7 @@ from aws_faults import aws_says_no, error_response
 from emulation import P5, emulation
 
 from preemptor.adapters.quotas import AccountQuotas
+from preemptor.core.model import JobState
 from preemptor.core.errors import AccessDenied, Throttled
 from preemptor.service.actions import QUOTA_MEMORY_S
 from preemptor.service.reconcile import QUOTA_RENEW_WITHIN_S
@@ -201,6 +202,35 @@ def test_a_quota_that_cannot_be_read_is_kept_until_an_operator_says_it_was_raise
         calls = len(env.stack.calls.calls)
         _reconcile(env)
         assert not [c for c in env.stack.calls.calls[calls:] if c.api_action.startswith("service-quotas:")]
+
+
+def test_a_run_larger_than_a_quota_service_quotas_does_not_list_stops_the_pool_once_not_once_an_hour():
+    with emulation(instance_quotas={"ml.p5.48xlarge": 6}) as env:
+        # Given Service Quotas listing no applied value of the pool's quota (its docs allow it)
+        client = env.stack.deps().quotas.client
+        unlisted = {"Quotas": [], "ResponseMetadata": {"HTTPStatusCode": 200}}
+        with aws_says_no(client, "ListServiceQuotas", unlisted):
+            # And research's low sweep on 6 instances, then production's critical run on all 8
+            env.submit(name="sweep", team="research", priority="low", pool="p5", instances=6, duration=40000, checkpoint_every=600)
+            env.advance(600)
+            env.submit(name="pretrain", team="production", priority="critical", pool="p5", instances=8, duration=1200)
+            # When four hours pass, reconcile reading nothing every 5 minutes
+            for _ in range(4 * 12):
+                env.advance(300, step=60)
+                _reconcile(env)
+        # Then the sweep was stopped once, before anyone knew the quota (the launch told it),
+        # and never again: the quota, unread, was kept (before: forgotten after its hour, and
+        # the sweep stopped once an hour for a launch the quota refused)
+        stops = [e for e in env.store.history("sweep") if e["kind"] == "stop-requested"]
+        assert len(stops) == 1, [e["kind"] for e in env.store.history("sweep")]
+        assert env.job("sweep").status is JobState.RUNNING and env.job("pretrain").status is JobState.PENDING
+        assert env.store.noted_quota("p5")["gpus"] == 48
+        # And once the operator says the quota was raised (and it was), the run launches
+        env.fleet.set_instance_quota("ml.p5.48xlarge", 8)
+        ops.quota_raised(env.operator(), "p5")
+        env.stack.drain()
+        env.advance(600)
+        assert env.job("pretrain").status is JobState.RUNNING
 
 
 def test_the_operators_word_on_a_quota_is_refused_where_there_is_nothing_to_say_it_of():
