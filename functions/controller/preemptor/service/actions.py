@@ -447,12 +447,13 @@ def stop(
             why += f"; its checkpoint, fresh when checked, is over checkpoint_max_age_s {max_age_s:g} at the stop"
     lost = "it is trusted to save on SIGTERM within the grace" if trusted else "work since the last one is lost"
     detail = why + ("" if fresh else f"; WITHOUT a fresh checkpoint: {lost}")
-    since = max((t for t in (record.last_checkpoint_at, record.work_started_at) if t is not None), default=None)
-    if fresh and not record.spot_paused and since is not None and signal_at - since >= 1 and max_age_s is not None:
+    saved_from = max((t for t in (record.last_checkpoint_at, record.work_started_at) if t is not None), default=None)
+    if fresh and not record.spot_paused and saved_from is not None and signal_at - saved_from >= 1 and max_age_s is not None:
         # Fresh is the policy's bound: what the run did since its checkpoint is still at risk
         # (an escalated preemptor's stop does not wait for a newer one), said with its age.
         kept = "it is trusted to save on SIGTERM within the grace" if trusted else "the work since it is lost unless the run saves on SIGTERM"
-        age = f"its checkpoint is {signal_at - since:.0f} s old" if since == record.last_checkpoint_at else f"no checkpoint yet, {signal_at - since:.0f} s into its run"
+        at_risk = signal_at - saved_from
+        age = f"its checkpoint is {at_risk:.0f} s old" if saved_from == record.last_checkpoint_at else f"no checkpoint yet, {at_risk:.0f} s into its run"
         detail += f"; {age} (fresh: within checkpoint_max_age_s {max_age_s:g}): {kept}"
     # Why it goes now: its checkpoint is fresh (or aged past the bound since it was checked);
     # the plan said not to wait (issue 10); or the wait ran out.
