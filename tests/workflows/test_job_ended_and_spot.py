@@ -752,6 +752,27 @@ def test_a_listing_or_a_run_check_refused_once_is_tried_again_in_the_same_pass(r
         assert env.store.pool(pools[0].name)["used_gpus"] == (8 if service == "batch" else 16)
 
 
+def test_the_second_look_at_a_run_whose_adoption_died_holding_its_claim_takes_the_claim_back():
+    with emulation() as env:
+        # Given a team's own run on the pool whose events never came (no fleet to tell)
+        env.fleet.close()
+        team_training_job(env, "team-eval", {"preemptor:team": "research", "preemptor:priority": "high", "preemptor:pool": "p5"})
+        env.advance(UNKNOWN_RUN_GRACE_S + 60)
+        store = env.stack.deps().store.client
+        # When reconcile's first adoption dies after claiming the event (the insert throttled
+        # through its retries) and DynamoDB refuses the claim's release too
+        with (
+            aws_says_no(store, "TransactWriteItems", THROTTLING["dynamodb"], times=1) as insert,
+            aws_says_no(store, "DeleteItem", THROTTLING["dynamodb"], times=1) as release,
+        ):
+            result = _reconcile(env)
+        # Then the second look, with the pass's own claim token, takes its claim back and
+        # adopts the run in the same pass (before: EventInProgress, left to the next pass)
+        assert len(insert) == len(release) == 1
+        assert [r["job"] for r in result["repairs"] if r["repair"] == "run-adopted"] == ["team-eval"]
+        assert result["errors"] == [] and env.job("team-eval").adopted
+
+
 def test_reconcile_takes_no_second_look_with_too_little_of_its_invocation_left():
     from preemptor.service.reconcile import SECOND_LOOK_WITHIN_S, reconcile
     from preemptor_tools.local import moto_patches

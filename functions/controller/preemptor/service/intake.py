@@ -140,7 +140,12 @@ class Intake:
         self.settings = settings
         self.checkpoints = checkpoints  # confirms an announced manifest's checkpoint is whole
 
-    def handle(self, raw: object, now: float) -> IntakeResult:
+    def handle(self, raw: object, now: float, owner: str | None = None) -> IntakeResult:
+        """Handle one event once, whoever else delivers it. `owner`: the handling's claim
+        token (default: one of its own); a caller that handles the same event again after a
+        handling of its own died (reconcile's second look at a run) passes the same token,
+        and takes its own claim back, which a release the dying handling could not write
+        left behind."""
         try:
             event = ev.parse_event(raw, tiers=self.settings.policy.tiers)
         except ev.EventRejected as e:
@@ -149,7 +154,7 @@ class Intake:
             return IntakeResult("ignored", event.reason)
         # A claim of this handling's own: a delivery handled while another is still at it
         # (or died mid-way) raises EventInProgress, and Lambda's retry comes back for it.
-        owner = uuid.uuid4().hex
+        owner = owner or uuid.uuid4().hex
         if not self.store.claim_event(event.event_id, now, owner):
             return IntakeResult("duplicate", f"event {event.event_id} already handled")
         try:

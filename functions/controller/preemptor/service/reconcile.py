@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import uuid
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
@@ -570,6 +571,9 @@ def _adopter(store, runners, workflows, checkpoints, settings, alerts, now: floa
     intake = Intake(
         store=store, workflows=workflows, runners=runners, settings=settings, alerts=alerts, clock=lambda: now, checkpoints=checkpoints
     )
+    # One claim token for the pass: the second look at a run whose first adoption died (its
+    # claim's release refused too) takes that claim back instead of meeting EventInProgress.
+    owner = uuid.uuid4().hex
 
     def adopt(service: str, run) -> dict | None:
         detail = runners[service].described(run)
@@ -581,7 +585,7 @@ def _adopter(store, runners, workflows, checkpoints, settings, alerts, now: floa
             "version": "0", "id": f"reconcile-{service}-{run.run_id}-{status}", "detail-type": detail_type, "source": source,
             "account": "", "time": None, "region": "", "resources": [run.arn] if run.arn else [], "detail": detail,
         }
-        result = intake.handle(event, now)
+        result = intake.handle(event, now, owner)
         if result.reason != "adopted":
             return None  # not running yet, refused (its tags unreadable) or adopted meanwhile
         found = store.get(result.job) if result.job else None
