@@ -20,7 +20,8 @@ replays those seeds of the range alone.
 replays each example scenario (examples/scenarios/, or those `--names`) under every chaos
 rate at once with each seed: the examples reach corners the random stories rarely do (seed 2
 of batch-queue-fallback: a run the controller terminated for want of capacity failed its job
-for good when the capacity wait's write was refused).
+for good when the capacity wait's write was refused). `--rates answer_lost_rate=0.5 ...`
+replaces the chaos rates with those given (one extreme fault at a time, say).
 """
 
 from __future__ import annotations
@@ -41,6 +42,20 @@ CHAOS = {"throttle_rate": 0.3, "crash_rate": 0.15, "duplicate_rate": 0.3, "reord
          "answer_lost_rate": 0.2}
 
 
+def _rate(text: str) -> tuple[str, float]:
+    """NAME=RATE, NAME a rate of the scenario's `chaos:` (Chaos), RATE in [0, 1)."""
+    name, _, value = text.partition("=")
+    if name not in Chaos.model_fields or not name.endswith("_rate"):
+        raise argparse.ArgumentTypeError(f"{name!r} is no chaos rate ({', '.join(f for f in Chaos.model_fields if f.endswith('_rate'))})")
+    try:
+        rate = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: the rate must be a number") from None
+    if not 0 <= rate < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: the rate must be in [0, 1)")
+    return name, rate
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("service", choices=("sagemaker", "batch", "examples"), help="the story's service, or the example scenarios")
@@ -52,12 +67,14 @@ def main() -> int:
     parser.add_argument("--drains", action="store_true", help="with --random: now and then the operator drains the pool a while")
     parser.add_argument("--only", type=int, nargs="+", metavar="SEED", help="these seeds of the range only (those a violation named)")
     parser.add_argument("--names", nargs="+", metavar="EXAMPLE", help="with examples: these example scenarios only")
+    parser.add_argument("--rates", nargs="+", metavar="NAME=RATE", type=_rate, help="these chaos rates instead of the sweep's (Chaos fields)")
     args = parser.parse_args()
+    rates = dict(args.rates) if args.rates else CHAOS
     if args.calm and not args.random:
         parser.error("--calm replays the random stories: give --random")
     if args.service == "examples" and (args.random or args.knobs or args.calm or args.drains):
         parser.error("examples replays the example scenarios as they are, under the chaos rates")
-    chaos = None if args.calm else CHAOS
+    chaos = None if args.calm else rates
     bad = runs = 0
     seeds = [s for s in range(args.first, args.end) if args.only is None or s in args.only]
     names = args.names or sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
@@ -65,11 +82,11 @@ def main() -> int:
         for name in names if args.service == "examples" else [args.service]:
             if args.service == "examples":
                 scenario = Scenario.load(SCENARIOS / f"{name}.yaml")
-                scenario.chaos = Chaos(seed=seed, **CHAOS)
+                scenario.chaos = Chaos(seed=seed, **rates)
             elif args.random:
                 scenario = random_story(args.service, seed, chaos, knobs=args.knobs, drains=args.drains)
             else:
-                scenario = story(args.service, chaos={"seed": seed, **CHAOS})
+                scenario = story(args.service, chaos={"seed": seed, **rates})
             started = time.monotonic()
             result = demo.run(scenario, tick_s=60)
             found = violations(result, scenario)
