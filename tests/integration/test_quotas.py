@@ -233,6 +233,21 @@ def test_a_run_larger_than_a_quota_service_quotas_does_not_list_stops_the_pool_o
         assert env.job("pretrain").status is JobState.RUNNING
 
 
+def test_the_operators_word_on_a_quota_stands_though_aws_refuses_the_cycle_it_starts(monkeypatch):
+    with emulation(instance_quotas={"ml.p5.48xlarge": 6}) as env:
+        _noted(env)
+
+        def refused(self, workflow, name, payload):
+            raise AccessDenied(f"StartExecution {workflow}: not authorized")
+
+        monkeypatch.setattr(ops.WorkflowStarter, "start", refused)
+        result = ops.quota_raised(env.operator(), "p5")
+        # The quota is forgotten; the refusal is said, not raised (asked again, the command
+        # would find nothing noted)
+        assert (result["schedule_execution"], result["cycle_error"]) == (None, "AccessDenied: StartExecution schedule: not authorized")
+        assert env.store.noted_quota("p5") is None
+
+
 def test_the_operators_word_on_a_quota_is_refused_where_there_is_nothing_to_say_it_of():
     with emulation(instance_quotas={"ml.p5.48xlarge": 6}) as env:
         # A pool planned at its size: nothing to forget

@@ -532,6 +532,8 @@ def _quota_raised(args) -> int:
         print(json.dumps(result, indent=2, default=str))
     else:
         then = " (a cycle started)" if result["schedule_execution"] else ""
+        if result.get("cycle_error"):
+            then = f"; no cycle started ({result['cycle_error']}): the pool's next event or reconcile plans it"
         print(f"pool {args.pool} planned at its size again: the quota '{result['quota']}' (it left {result['was_gpus']} GPUs) is taken as raised{then}")
     return EXIT_OK
 

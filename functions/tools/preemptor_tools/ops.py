@@ -473,7 +473,8 @@ def quota_raised(target: Target, pool: str) -> dict:
     is planned at its size again, and a cycle starts at once. Reconcile forgets the quota by
     itself once Service Quotas lists it raised; where Service Quotas cannot show it (not
     listed, or its read refused), the quota is kept at what was last known until this is
-    said. Said wrongly, the next launch over the quota notes it again."""
+    said. Said wrongly, the next launch over the quota notes it again. A cycle AWS refused
+    to start is told in `cycle_error` (the quota stays forgotten)."""
     if target.settings.pool(pool) is None:
         known = ", ".join(p.name for p in target.settings.pools) or "none"
         raise NotFound(f"{pool}: no such pool (pools: {known})")
@@ -482,11 +483,25 @@ def quota_raised(target: Target, pool: str) -> dict:
         raise BadInput(f"{pool}: no quota noted for it: it is planned at its size")
     if not target.store.forget_quota(pool, noted):
         raise BadInput(f"{pool}: a launch noted its quota again meanwhile: read `preemptor pools` and say it once more if it was raised")
-    execution = None
-    if target.settings.workflow_arns.get("schedule"):
-        starter = WorkflowStarter(target.client("stepfunctions"), target.settings.workflow_arns)
-        execution = starter.start("schedule", execution_name("quota-raised", pool, uuid.uuid4().hex[:12]), {"pool": pool})
-    return {"pool": pool, "quota": noted["quota"], "was_gpus": noted["gpus"], "at": target.now(), "schedule_execution": execution}
+    execution, cycle_error = _start_cycle(target, "quota-raised", pool)
+    return {
+        "pool": pool, "quota": noted["quota"], "was_gpus": noted["gpus"], "at": target.now(),
+        "schedule_execution": execution, "cycle_error": cycle_error,
+    }
+
+
+def _start_cycle(target: Target, why: str, pool: str) -> tuple[str | None, str | None]:
+    """Start a scheduling cycle of `pool` for an operator's change already written: (its
+    execution, or None; why AWS refused to start it, or None). A refusal is said, not raised:
+    asked again, the change would change nothing and start nothing; the pool's next event,
+    or reconcile's cycle, plans it."""
+    if not target.settings.workflow_arns.get("schedule"):
+        return None, None
+    starter = WorkflowStarter(target.client("stepfunctions"), target.settings.workflow_arns)
+    try:
+        return starter.start("schedule", execution_name(why, pool, uuid.uuid4().hex[:12]), {"pool": pool}), None
+    except (PreemptorError, BotoCoreError) as e:
+        return None, f"{type(e).__name__}: {e}"
 
 
 def set_priority(target: Target, job: str, priority: str, note: str = "") -> dict:
@@ -555,15 +570,7 @@ def set_priority(target: Target, job: str, priority: str, note: str = "") -> dic
     else:
         raise BadInput(f"{job}: it kept changing while its priority was set; nothing was changed: ask again")
     _tell_team(target, notice)
-    execution, cycle_error = None, None
-    if target.settings.workflow_arns.get("schedule"):
-        starter = WorkflowStarter(target.client("stepfunctions"), target.settings.workflow_arns)
-        try:
-            execution = starter.start("schedule", execution_name("priority", record.pool, uuid.uuid4().hex[:12]), {"pool": record.pool})
-        except (PreemptorError, BotoCoreError) as e:
-            # The change is written: said, not raised (asked again, it would change nothing
-            # and start nothing); the pool's next event, or reconcile's cycle, plans it.
-            cycle_error = f"{type(e).__name__}: {e}"
+    execution, cycle_error = _start_cycle(target, "priority", record.pool)
     return result | {"changed": True, "at": now, "schedule_execution": execution, "cycle_error": cycle_error}
 
 

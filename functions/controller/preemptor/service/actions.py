@@ -29,7 +29,7 @@ from ..core.pools import PoolConfig, describe_offering, quota_limit
 from ..core.policy import Policy
 from ..core.ranking import ClaimRules
 from ..core.victims import still_permits
-from ..core.progress import lost_gpu_seconds, saved_in_run_s
+from ..core.progress import at_risk_since, lost_gpu_seconds, saved_in_run_s
 from . import learning  # what the controller learns of each job (issue 10)
 
 logger = logging.getLogger(__name__)
@@ -447,7 +447,7 @@ def stop(
             why += f"; its checkpoint, fresh when checked, is over checkpoint_max_age_s {max_age_s:g} at the stop"
     lost = "it is trusted to save on SIGTERM within the grace" if trusted else "work since the last one is lost"
     detail = why + ("" if fresh else f"; WITHOUT a fresh checkpoint: {lost}")
-    saved_from = max((t for t in (record.last_checkpoint_at, record.work_started_at) if t is not None), default=None)
+    saved_from = at_risk_since(record.last_checkpoint_at, record.work_started_at)
     if fresh and not record.spot_paused and saved_from is not None and signal_at - saved_from >= 1 and max_age_s is not None:
         # Fresh is the policy's bound: what the run did since its checkpoint is still at risk
         # (an escalated preemptor's stop does not wait for a newer one), said with its age.

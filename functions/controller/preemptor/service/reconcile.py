@@ -19,6 +19,7 @@ from typing import Any
 
 from ..adapters.alerts import Alerts
 from ..adapters.checkpoints import CheckpointStore
+from ..adapters.errors import NO_ANSWER
 from ..adapters.quotas import AccountQuotas
 from ..adapters.runners import BatchRunner, Runner, RunState
 from ..adapters.store import JobsStore, LogLine
@@ -592,10 +593,9 @@ def _adopter(store, runners, workflows, checkpoints, settings, alerts, now: floa
         if found is not None and found.status is JobState.RUNNING and found.checkpoint_s3_uri:
             # Adopted late, it has run a while: its newest checkpoint is read now, not at the
             # next pass (until then its plan counted all its work since its start at risk)
-            try:
+            # (S3 refused it, or did not answer: the next pass's refresh reads it)
+            with contextlib.suppress(PreemptorError, *NO_ANSWER):
                 _refresh_checkpoint(store, checkpoints, found)
-            except PreemptorError:
-                pass  # the next pass's refresh reads it
         return {
             "pool": found.pool if found else "", "repair": Repair.RUN_ADOPTED.value, "run": run.run_id, "job": result.job,
             **({"refused": result.refused} if result.refused else {}),
