@@ -164,7 +164,7 @@ def on_lambda_task_returned(callback: LambdaTaskReturned) -> Callable[[], None]:
 _TASK_CLIENT_USERS = (lambda_eval_utils, state_task_service_sfn, state_task_service_sns, task_clients)
 _TASK_CLIENTS: dict[tuple[str, str], Any] = {}
 _TASK_CLIENTS_LOCK = threading.Lock()
-_TASK_SESSION: list[boto3.session.Session] = []  # made on first use
+_TASK_SESSION: list[boto3.session.Session] = []  # made on first use after the patch
 
 
 def _task_client(region: str, service: str, state_credentials: Any = None) -> Any:
@@ -195,9 +195,13 @@ def _task_client(region: str, service: str, state_credentials: Any = None) -> An
 
 
 def forget_task_clients() -> None:
-    """Drop the task clients (each stack makes its own, after its recorder and hostile world)."""
+    """Drop the task clients and their session: each stack makes its own, after its recorder
+    and hostile world installed their handlers (a session registers botocore's handlers when it
+    is made; one kept from an earlier stack, or from a test without a recorder, would call AWS
+    unrecorded and unrefused)."""
     with _TASK_CLIENTS_LOCK:
         _TASK_CLIENTS.clear()
+        _TASK_SESSION.clear()
 
 
 # --------------------------------------------------------------------------- time
