@@ -51,6 +51,7 @@ import re
 import threading
 import time
 import uuid
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -519,6 +520,11 @@ def _hook_service_integrations(world: HostileWorld) -> None:
     session (created before the hooks); give those clients the hooks, acting as "states"."""
     import importlib
 
+    def mark(context: dict, **_: Any) -> None:
+        context[_ACTOR_KEY] = "states"
+
+    hooked_clients: weakref.WeakSet = weakref.WeakSet()  # the task clients are kept (moto_patches.stepfunctions)
+
     for name in _INTEGRATION_MODULES:
         module = importlib.import_module(name)
         original = module.__dict__.get("boto_client_for")
@@ -527,13 +533,11 @@ def _hook_service_integrations(world: HostileWorld) -> None:
 
         def hooked(*args: Any, _original: Callable = original, **kwargs: Any) -> Any:
             client = _original(*args, **kwargs)
-
-            def mark(context: dict, **_: Any) -> None:
-                context[_ACTOR_KEY] = "states"
-
-            client.meta.events.register("before-parameter-build", mark)
-            client.meta.events.register("before-parameter-build", world._stash_params)
-            client.meta.events.register("before-call", world._before_call)
+            if client not in hooked_clients:  # once a client: each call would add the hooks again
+                hooked_clients.add(client)
+                client.meta.events.register("before-parameter-build", mark)
+                client.meta.events.register("before-parameter-build", world._stash_params)
+                client.meta.events.register("before-call", world._before_call)
             return client
 
         hooked._preemptor_hostile = True  # type: ignore[attr-defined]
