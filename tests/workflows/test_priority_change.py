@@ -449,6 +449,40 @@ def test_draining_a_pool_calls_off_the_stops_its_victims_still_wait_for_and_undr
         assert "launched" in env.kinds("prod") and env.job("sweep").preemptions == 1
 
 
+def test_an_undrain_whose_cycle_aws_refuses_stands_and_the_pool_is_planned_at_its_next_cycle(monkeypatch, capsys):
+    from preemptor_tools import cli
+
+    with emulation(policy=CEILINGS) as env:
+        # Given a drained pool where production's high job waits behind research's sweep
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=8, duration=14400, checkpoint_every=600)
+        env.advance(900)
+        ops.set_drained(env.operator(), "p5", True, "driver upgrade")
+        env.submit(name="prod", team="production", priority="high", pool="p5", instances=8, duration=1200)
+        env.advance(600)
+        assert env.job("prod").status is JobState.PENDING and env.job("sweep").preemptions == 0
+
+        def refused(self, workflow, name, payload):
+            raise AccessDenied(f"StartExecution {workflow}: not authorized")
+
+        # When the operator undrains it and AWS refuses the cycle the command starts
+        with monkeypatch.context() as refusing:
+            refusing.setattr(ops.WorkflowStarter, "start", refused)
+            refusing.setattr(cli, "_target", lambda args: env.operator())
+            assert cli.main(["undrain", "p5"]) == 0
+        # Then the pool is undrained, and the one line says no cycle started and who plans it
+        [line] = capsys.readouterr().out.strip().splitlines()
+        assert line == (
+            "pool p5 undrained: scheduling again; no cycle started (AccessDenied: StartExecution schedule: not authorized):"
+            " the pool's next event or reconcile plans it"
+        )
+        assert ops.pools(env.operator())["pools"][0]["drained"] is False
+        # And the pool's next event plans it: the production job preempts the sweep
+        env.submit(name="other", team="research", priority="low", pool="p5", instances=1, duration=600)
+        env.stack.drain()
+        env.advance(1800)
+        assert "launched" in env.kinds("prod") and env.job("sweep").preemptions == 1
+
+
 def test_a_drain_that_lands_while_a_cycle_plans_the_pool_keeps_the_cycle_from_marking_its_victim():
     with emulation(policy=CEILINGS) as env:
         # Given research's sweep holding the pool, an hour in

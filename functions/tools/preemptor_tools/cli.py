@@ -520,8 +520,15 @@ def _drain(args) -> int:
     elif drained:
         print(f"pool {args.pool} drained: it admits nothing new and preempts nothing; running jobs go on{_spared(result)}")
     else:
-        print(f"pool {args.pool} undrained: scheduling again" + (" (a cycle started)" if result["schedule_execution"] else ""))
+        print(f"pool {args.pool} undrained: scheduling again{_cycle_told(result)}")
     return EXIT_OK
+
+
+def _cycle_told(result: dict) -> str:
+    """What became of the cycle an operator's change started (`ops._start_cycle`)."""
+    if result.get("cycle_error"):
+        return f"; no cycle started ({result['cycle_error']}): the pool's next event or reconcile plans it"
+    return " (a cycle started)" if result["schedule_execution"] else ""
 
 
 def _quota_raised(args) -> int:
@@ -531,9 +538,7 @@ def _quota_raised(args) -> int:
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:
-        then = " (a cycle started)" if result["schedule_execution"] else ""
-        if result.get("cycle_error"):
-            then = f"; no cycle started ({result['cycle_error']}): the pool's next event or reconcile plans it"
+        then = _cycle_told(result)
         print(f"pool {args.pool} planned at its size again: the quota '{result['quota']}' (it left {result['was_gpus']} GPUs) is taken as raised{then}")
     return EXIT_OK
 
@@ -548,9 +553,7 @@ def _priority(args) -> int:
         spared = _spared(result)
         print(f"{args.job}: priority is {result['to']} already ({result['state']}): nothing changed{spared}")
     else:
-        then = " (a cycle started)" if result["schedule_execution"] else ""
-        if result.get("cycle_error"):
-            then = f"; no cycle started ({result['cycle_error']}): the pool's next event or reconcile plans it"
+        then = _cycle_told(result)
         going_on = (
             "; its preemption is called off, it runs on" if result.get("preemption_called_off")
             else "; the stop already sent goes on" if result["state"] == "PREEMPTING" else _spared(result)

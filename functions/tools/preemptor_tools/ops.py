@@ -452,7 +452,8 @@ def set_drained(target: Target, pool: str, drained: bool, note: str = "") -> dic
     Draining calls off the preemptions whose victims were sent no stop yet
     (`victims_spared`, `actions.drained_preemptions`); a cycle planning the pool as the
     drain lands marks and admits nothing after it (its writes are conditional on the pool
-    not drained: `PoolDrained`)."""
+    not drained: `PoolDrained`). A cycle AWS refused to start is told in `cycle_error` (the
+    pool stays undrained; its next event or reconcile's cycle plans it)."""
     if target.settings.pool(pool) is None:
         known = ", ".join(p.name for p in target.settings.pools) or "none"
         raise NotFound(f"{pool}: no such pool (pools: {known})")
@@ -460,11 +461,11 @@ def set_drained(target: Target, pool: str, drained: bool, note: str = "") -> dic
     target.store.set_drained(pool, drained, now, note)
     # Drained, it preempts nothing: the stops its victims wait for are called off too.
     spared = drained_preemptions(store=target.store, pool=pool, now=now, alerts=_alerts(target)) if drained else []
-    execution = None
-    if not drained and target.settings.workflow_arns.get("schedule"):
-        starter = WorkflowStarter(target.client("stepfunctions"), target.settings.workflow_arns)
-        execution = starter.start("schedule", execution_name("undrain", pool, uuid.uuid4().hex[:12]), {"pool": pool})
-    return {"pool": pool, "drained": drained, "at": now, "note": note or None, "schedule_execution": execution, "victims_spared": spared}
+    execution, cycle_error = _start_cycle(target, "undrain", pool) if not drained else (None, None)
+    return {
+        "pool": pool, "drained": drained, "at": now, "note": note or None,
+        "schedule_execution": execution, "cycle_error": cycle_error, "victims_spared": spared,
+    }
 
 
 def quota_raised(target: Target, pool: str) -> dict:
