@@ -280,6 +280,37 @@ def test_a_quota_noted_by_a_launch_while_reconcile_read_the_older_one_is_kept():
         assert env.store.noted_quota("p5") == newer
 
 
+@pytest.mark.parametrize(
+    "quota, left_s, error",
+    [(6, QUOTA_RENEW_WITHIN_S - 60, None), (5, QUOTA_MEMORY_S, None), (None, QUOTA_RENEW_WITHIN_S - 60, "QuotaNotListed")],
+    ids=["renewed", "changed", "kept-unread"],
+)
+def test_the_operators_word_on_a_quota_said_while_reconcile_reads_it_is_not_written_over(quota, left_s, error):
+    with emulation(instance_quotas={} if quota is None else {"ml.p5.48xlarge": quota}) as env:
+        _noted(env, left_s=left_s)
+        said = []
+
+        def operator_first(**_) -> None:
+            # The operator's `quota-raised` lands after reconcile read the note, before its write
+            if not said:
+                with env.stack.calls.unattributed():
+                    said.append(ops.quota_raised(env.operator(), "p5"))
+
+        client = env.stack.deps().quotas.client
+        client.meta.events.register("before-call.service-quotas", operator_first)
+        try:
+            # When reconcile would note the quota again (renewed, changed, or kept unread)
+            result = _reconcile(env)
+        finally:
+            client.meta.events.unregister("before-call.service-quotas", operator_first)
+        # Then the operator's word stands: the pool is planned at its size (before, the
+        # renewal wrote the note back, and the pool stayed below its size another memory)
+        assert said and said[0]["was_gpus"] == 48
+        assert env.store.noted_quota("p5") is None
+        assert env.store.quota_capacity_gpus(env.store.pool("p5"), 64, env.clock.now()) == 64
+        assert _quota_repairs(result) == [] and [e["error"] for e in _quota_errors(result)] == ([error] if error else [])
+
+
 def test_the_pools_view_counts_a_pool_at_what_the_quota_leaves_it_and_says_why():
     with emulation(instance_quotas={"ml.p5.48xlarge": 6}) as env:
         # Given a job holding 8 GPUs of a pool whose quota, learned from a refusal, leaves it 48

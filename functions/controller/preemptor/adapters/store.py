@@ -398,17 +398,32 @@ class JobsStore:
             ExpressionAttributeValues={":until": _to_attr(until)},
         )
 
-    def note_quota(self, pool: str, gpus: int, until: float, quota: str) -> None:
+    def note_quota(self, pool: str, gpus: int, until: float, quota: str, *, over: dict | None = None) -> bool:
         """The account's quota of `pool`'s offering (`quota`, as Service Quotas names it)
         leaves it `gpus`, fewer than it is configured for: it is planned at that until
-        `until` (`quota_capacity_gpus`). Written unconditionally: the newest refusal's word."""
-        self._call(
-            "update_item",
-            TableName=self.table,
-            Key=pool_key(pool),
-            UpdateExpression="SET quota_cap = :cap",
-            ExpressionAttributeValues={":cap": {"M": {"gpus": _to_attr(gpus), "until": _to_attr(float(until)), "quota": _to_attr(quota)}}},
-        )
+        `until` (`quota_capacity_gpus`). Written unconditionally (a launch's refusal: the
+        newest word), or, with `over` (the note as `noted_quota` read it: a renewal), only over
+        that note: one forgotten since (an operator's `quota-raised`) or noted again stands.
+        Returns whether it was written."""
+        cap = {":cap": {"M": {"gpus": _to_attr(gpus), "until": _to_attr(float(until)), "quota": _to_attr(quota)}}}
+        condition = {}
+        if over is not None:
+            condition = {
+                "ConditionExpression": "quota_cap.#u = :until",
+                "ExpressionAttributeNames": {"#u": "until"},
+                "ExpressionAttributeValues": {**cap, ":until": _to_attr(float(over["until"]))},
+            }
+        try:
+            self._call(
+                "update_item",
+                TableName=self.table,
+                Key=pool_key(pool),
+                UpdateExpression="SET quota_cap = :cap",
+                **({"ExpressionAttributeValues": cap} | condition),
+            )
+        except ConflictError:
+            return False
+        return True
 
     def noted_quota(self, pool: str) -> dict | None:
         """The quota `note_quota` last wrote for `pool` ({"gpus", "until", "quota"}), its

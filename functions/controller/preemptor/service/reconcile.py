@@ -243,7 +243,8 @@ def _reread_quota(store: JobsStore, quotas: AccountQuotas, pool, now: float) -> 
             raise QuotaNotListed(f"Service Quotas lists no applied value of '{name}'")
     except PreemptorError:
         if noted["until"] - now <= QUOTA_RENEW_WITHIN_S:
-            store.note_quota(pool.name, was, now + actions.QUOTA_MEMORY_S, name)  # kept at what was last known
+            # Kept at what was last known, unless forgotten (or noted again) since it was read
+            store.note_quota(pool.name, was, now + actions.QUOTA_MEMORY_S, name, over=noted)
         raise
     instances = int(value)
     gpus = instances * pool.gpus_per_instance
@@ -253,7 +254,8 @@ def _reread_quota(store: JobsStore, quotas: AccountQuotas, pool, now: float) -> 
         return {**repair, "repair": Repair.QUOTA_RAISED.value, "gpus": pool.capacity_gpus, "instances": instances}
     if gpus == was and noted["until"] - now > QUOTA_RENEW_WITHIN_S:
         return None
-    store.note_quota(pool.name, gpus, now + actions.QUOTA_MEMORY_S, name)
+    if not store.note_quota(pool.name, gpus, now + actions.QUOTA_MEMORY_S, name, over=noted):
+        return None  # forgotten (the operator's word) or noted again meanwhile: that stands
     if gpus == was:
         return None  # the same quota, remembered longer: nothing repaired
     return {**repair, "repair": Repair.QUOTA_CHANGED.value, "gpus": gpus, "instances": instances}
