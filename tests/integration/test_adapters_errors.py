@@ -241,6 +241,28 @@ def test_batch_throttling_is_retryable(batch):
             BatchRunner(batch).state("some-job")
 
 
+def test_a_batch_job_that_moves_on_between_two_status_listings_is_one_live_run(batch):
+    from botocore.stub import Stubber
+
+    # Given a job listed RUNNABLE, then (started meanwhile) RUNNING as the next listings ran
+    listed = {"RUNNABLE": ["job-a"], "RUNNING": ["job-a", "job-b"]}
+    summary = lambda i: {"jobId": i, "jobName": i}  # noqa: E731
+    with Stubber(batch) as stub:
+        for status in BatchRunner._LIVE:
+            stub.add_response(
+                "list_jobs", {"jobSummaryList": [summary(i) for i in listed.get(status, [])]}, {"jobQueue": "q", "jobStatus": status}
+            )
+        described = [
+            {"jobId": i, "jobName": i, "jobArn": f"arn:{i}", "jobQueue": "q", "status": "RUNNING", "jobDefinition": "d", "createdAt": 1000, "startedAt": 1000}
+            for i in ("job-a", "job-b")
+        ]
+        # Then it is described once (the stub asserts the ids asked for), and is one run
+        stub.add_response("describe_jobs", {"jobs": described}, {"jobs": ["job-a", "job-b"]})
+        runs = BatchRunner(batch).live_runs("q")
+        stub.assert_no_pending_responses()
+    assert [r.run_id for r in runs] == ["job-a", "job-b"]
+
+
 # -- S3 checkpoints --------------------------------------------------------------------------
 
 

@@ -399,16 +399,20 @@ class BatchRunner:
 
     def live_runs(self, job_queue: str | None) -> list[LiveRun]:
         """Every job of the pool's queue that has not ended, with its tags (DescribeJobs
-        carries them, 100 jobs a call)."""
+        carries them, 100 jobs a call). Listed status by status in the order a job moves
+        through them: one that moves on between two listings is listed twice (once here),
+        never missed."""
         if not job_queue:
             return []
         try:
-            ids = [
-                job["jobId"]
-                for status in self._LIVE
-                for page in self.client.get_paginator("list_jobs").paginate(jobQueue=job_queue, jobStatus=status)
-                for job in page.get("jobSummaryList", [])
-            ]
+            ids = list(
+                dict.fromkeys(
+                    job["jobId"]
+                    for status in self._LIVE
+                    for page in self.client.get_paginator("list_jobs").paginate(jobQueue=job_queue, jobStatus=status)
+                    for job in page.get("jobSummaryList", [])
+                )
+            )
             described = [j for i in range(0, len(ids), 100) for j in self.client.describe_jobs(jobs=ids[i : i + 100]).get("jobs", [])]
         except ClientError as e:
             raise translate(e, f"ListJobs {job_queue}") from e
