@@ -314,6 +314,18 @@ PROTECTIONS = [
         Case({"near_completion": {"progress": 0.9}}, _full({"progress": 0.5}), victims=["victim"]),
         id="near-completion-progress-too-low",
     ),
+    # A managed-spot run held interrupted (or back from it) did no work meanwhile: 3,000 s
+    # worked of 3,600 (600 s left), not 3,500 (100 s left)
+    pytest.param(
+        Case({"near_completion": {"remaining_s": 300}},
+             _full({"started_at": NOW - 3500, "expected_duration_s": 3600, "paused": True, "paused_at": NOW - 500}), victims=["victim"]),
+        id="near-completion-not-while-managed-spot-holds-it-interrupted",
+    ),
+    pytest.param(
+        Case({"near_completion": {"remaining_s": 300}},
+             _full({"started_at": NOW - 3500, "expected_duration_s": 3600, "work_since": NOW - 100, "idle_s": 400}), victims=["victim"]),
+        id="near-completion-not-counting-the-managed-spot-pause",
+    ),
     pytest.param(Case({"max_preemptions": 3}, _full({"preemptions": 3}), victims=[]), id="max-preemptions-protects"),
     pytest.param(Case({"max_preemptions": 3}, _full({"preemptions": 2}), victims=["victim"]), id="max-preemptions-not-reached"),
     pytest.param(

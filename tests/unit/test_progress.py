@@ -146,6 +146,20 @@ def test_a_run_managed_spot_holds_interrupted_risks_nothing_and_is_fresh(last):
     assert restarted.stop_figures(9000.0, 900.0)[1] == restarted.work_at_risk_s(9000.0)
 
 
+def test_the_time_managed_spot_holds_a_run_interrupted_is_no_work_done():
+    # Given a run of 10,000 s of work, started at 0, interrupted at 3,000 s
+    job = _spot_job(expected_duration_s=10_000.0, spot_interruptions=[3000.0], spot_interrupted_at=3000.0)
+    # While held interrupted: 3,000 s worked, whatever the time
+    held = job.as_running()
+    assert (held.worked_s(6000.0), held.remaining_s(6000.0), held.progress_at(6000.0)) == (3000.0, 7000.0, 0.3)
+    # Restarted at 5,000 s: the 2,000 s pause is not work (it counted as work before)
+    back = job.with_changes(spot_resumed_at=5000.0).as_running()
+    assert (back.worked_s(7000.0), back.remaining_s(7000.0), back.progress_at(7000.0)) == (5000.0, 5000.0, 0.5)
+    # A run never interrupted works all its time
+    plain = _spot_job(expected_duration_s=10_000.0).as_running()
+    assert (plain.worked_s(7000.0), plain.remaining_s(7000.0)) == (7000.0, 3000.0)
+
+
 def _spot_job(**changes) -> "JobRecord":
     from preemptor.core.jobs import JobRecord
     from preemptor.core.model import JobState

@@ -227,6 +227,8 @@ class JobRecord:
             preempted_for=self.preempted_for,
             paused=self.spot_paused,
             work_since=self.work_started_at if self.work_started_at != self.started_at else None,
+            paused_at=self.spot_interrupted_at if self.spot_paused else None,
+            idle_s=self.spot_idle_s,
         )
 
     @property
@@ -294,6 +296,15 @@ class JobRecord:
         if resumed is None or (self.spot_paused and at >= self.spot_interrupted_at):
             return False
         return resumed >= at - SAME_SPOT_CHANGE_S
+
+    @property
+    def spot_idle_s(self) -> float:
+        """Seconds of the current run that managed spot held interrupted before its last
+        restart (the last pause seen: the record keeps one interruption and one restart)."""
+        at, resumed, started = self.spot_interrupted_at, self.spot_resumed_at, self.started_at
+        if at is None or resumed is None or started is None or not started <= at < resumed:
+            return 0.0
+        return resumed - at
 
     @property
     def work_started_at(self) -> float | None:

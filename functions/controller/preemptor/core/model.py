@@ -267,10 +267,14 @@ class RunningJob:
     stop_awaits_checkpoint: bool = False
     preempted_for: str | None = None
     # SageMaker managed spot: `paused` while it holds the run interrupted (nothing runs, so
-    # nothing is at risk: a stop loses no work, and no checkpoint could be written);
-    # `work_since`, once restarted, when the run's work began again (None: `started_at`).
+    # nothing is at risk: a stop loses no work, and no checkpoint could be written), since
+    # `paused_at`; `work_since`, once restarted, when the run's work began again (None:
+    # `started_at`); `idle_s`, the seconds of the run it was held interrupted before that
+    # restart, which are no work done (`remaining_s`, `progress_at`).
     paused: bool = False
     work_since: float | None = None
+    paused_at: float | None = None
+    idle_s: float = 0.0
     # When the job was first submitted (None: not known). Under LowerOrNewerEqualPriority a
     # victim of equal priority is newer than its preemptor only if it was also submitted
     # after it: two jobs that each started after the other's submission would otherwise
@@ -324,11 +328,17 @@ class RunningJob:
         """Seconds since the last checkpoint, or None when there is none yet."""
         return None if self.last_checkpoint_at is None else max(0.0, now - self.last_checkpoint_at)
 
+    def worked_s(self, now: float) -> float:
+        """Seconds the current run has worked by `now`: since its start, less the time managed
+        spot held it interrupted (`idle_s`, and the pause it is in)."""
+        until = self.paused_at if self.paused and self.paused_at is not None else now
+        return max(0.0, until - self.started_at - self.idle_s)
+
     def remaining_s(self, now: float) -> float | None:
         """Estimated seconds of work left (negative once the estimate is overrun), or None."""
         if self.expected_duration_s is None:
             return None
-        return self.expected_duration_s - self.work_done_s - max(0.0, now - self.started_at)
+        return self.expected_duration_s - self.work_done_s - self.worked_s(now)
 
     def progress_at(self, now: float) -> float | None:
         """Fraction of the work done: the job's report, else derived from its expected duration."""
@@ -336,7 +346,7 @@ class RunningJob:
             return self.progress
         if not self.expected_duration_s:
             return None
-        return (self.work_done_s + max(0.0, now - self.started_at)) / self.expected_duration_s
+        return (self.work_done_s + self.worked_s(now)) / self.expected_duration_s
 
 
 _fast_init(RunningJob)
