@@ -12,8 +12,9 @@ lowering and cancelling, runs stopped by hand, stops denied) instead of the two-
 `--calm` replays the random story without chaos: the faults the sweep injects retry, delay
 and reorder the controller's work, and so hide what it would do with none (knobs seed
 sagemaker 1: two jobs preempting each other in turn, found calm). `--drains` adds, now and
-then, an operator's drain of the pool for a while (`drained_pools_start_nothing`). `--only 9 13`
-replays those seeds of the range alone.
+then, an operator's drain of the pool for a while (`drained_pools_start_nothing`). `--jobs 24`
+tells stories of that many jobs (eight by default). `--only 9 13` replays those seeds of the
+range alone.
 
     ... chaos_sweep.py examples 0 5 [--names batch-queue-fallback ...]
 
@@ -65,6 +66,7 @@ def main() -> int:
     parser.add_argument("--knobs", action="store_true", help="with --random: under the seed's random policy and faults")
     parser.add_argument("--calm", action="store_true", help="with --random: without the chaos rates")
     parser.add_argument("--drains", action="store_true", help="with --random: now and then the operator drains the pool a while")
+    parser.add_argument("--jobs", type=int, default=8, help="with --random: the story's number of jobs (more contend for the pool)")
     parser.add_argument("--only", type=int, nargs="+", metavar="SEED", help="these seeds of the range only (those a violation named)")
     parser.add_argument("--names", nargs="+", metavar="EXAMPLE", help="with examples: these example scenarios only")
     parser.add_argument("--rates", nargs="+", metavar="NAME=RATE", type=_rate, help="these chaos rates instead of the sweep's (Chaos fields)")
@@ -72,6 +74,8 @@ def main() -> int:
     rates = dict(args.rates) if args.rates else CHAOS
     if args.calm and not args.random:
         parser.error("--calm replays the random stories: give --random")
+    if args.jobs != 8 and not args.random:
+        parser.error("--jobs sizes the random stories: give --random")
     if args.service == "examples" and (args.random or args.knobs or args.calm or args.drains):
         parser.error("examples replays the example scenarios as they are, under the chaos rates")
     chaos = None if args.calm else rates
@@ -84,7 +88,7 @@ def main() -> int:
                 scenario = Scenario.load(SCENARIOS / f"{name}.yaml")
                 scenario.chaos = Chaos(seed=seed, **rates)
             elif args.random:
-                scenario = random_story(args.service, seed, chaos, knobs=args.knobs, drains=args.drains)
+                scenario = random_story(args.service, seed, chaos, jobs=args.jobs, knobs=args.knobs, drains=args.drains)
             else:
                 scenario = story(args.service, chaos={"seed": seed, **rates})
             started = time.monotonic()
