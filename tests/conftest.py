@@ -1,7 +1,4 @@
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,16 +17,3 @@ from preemptor_tools.local.moto_patches import sdk  # noqa: E402
 # mocks AWS by itself): the tests' sessions share one loader of those files, as the
 # emulated stack's sessions do while its patches are installed.
 botocore.session.create_loader = sdk.shared_loader
-
-import replays  # noqa: E402
-
-
-def pytest_configure(config) -> None:
-    # The scenario replays' shared folder (tests/replays.py), made once by the process that
-    # starts the xdist workers (or runs the tests itself) before any worker starts: they
-    # inherit its environment.
-    if hasattr(config, "workerinput"):
-        return
-    folder = tempfile.mkdtemp(prefix="preemptor-replays-")
-    os.environ[replays.SHARED_ENV] = folder
-    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))

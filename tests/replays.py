@@ -1,13 +1,7 @@
-"""One replay of the demo and of each example scenario per `make test`, with every AWS call it
-made, shared by the tests that read them (`tests/workflows/test_scenarios.py` asserts on the
-stories, `tests/unit/test_iam.py` on the calls, `tests/unit/test_dashboard.py` on the
-metrics).
-
-The test processes share them through the folder conftest.py makes for the run (named by
-`SHARED_ENV`): the first worker to need a replay runs it under the replay's
-file lock and leaves it there, pickled; the others wait on the lock and read it. The tests
-that read every replay (`replays`) run first the ones no other worker is running, so the
-workers run the replays between them instead of one worker running them all.
+"""One replay of the demo and of each example scenario per test process, with every AWS call
+it made, shared by the tests that read them (`tests/workflows/test_scenarios.py` asserts on
+the stories, `tests/unit/test_iam.py` on the calls); both modules are one xdist group, so a
+replay runs once per `make test`.
 
 Each replay ends with the scheduled reconcile, as EventBridge Scheduler invokes it, and the
 malformed samples of events/malformed/ delivered to the intake, after the report was taken:
@@ -16,12 +10,8 @@ their calls and metrics are recorded, the story is the scenario's own.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
+import functools
 import json
-import os
-import pickle
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +26,7 @@ from preemptor_tools.local.stack import EmulatedStack
 SCENARIOS = Path(__file__).resolve().parents[1] / "examples" / "scenarios"
 MALFORMED = Path(__file__).resolve().parents[1] / "events" / "malformed"
 RUNS = ["demo", *sorted(p.stem for p in SCENARIOS.glob("*.yaml"))]
-SHARED_ENV = "PREEMPTOR_TEST_REPLAYS"  # the folder the workers of one test run share the replays in
+GROUP = "scenario-replays"  # the xdist group of the modules that share the replays
 
 
 @dataclass(frozen=True)
@@ -49,71 +39,9 @@ class Replay:
     history: list[dict]  # the decision log as `preemptor history --json` reads it (ops.history)
 
 
-_runs: dict[str, Replay] = {}  # this process's, by name
-
-
+@functools.cache
 def replay(name: str) -> Replay:
-    """The demo ("demo") or `examples/scenarios/<name>.yaml`, replayed once per test run."""
-    if name not in _runs:
-        shared = _shared()
-        if shared is None:
-            _runs[name] = _replay(name)
-        else:
-            with _lock(shared, name, wait=True):
-                _runs[name] = _load_or_replay(shared, name)
-    return _runs[name]
-
-
-def replays() -> Iterator[tuple[str, Replay]]:
-    """Every replay, by name: first those no other worker is running, then the others."""
-    shared = _shared()
-    later = []
-    for name in RUNS:
-        if name in _runs or shared is None:
-            yield name, replay(name)
-            continue
-        with _lock(shared, name, wait=False) as held:
-            if held:
-                _runs[name] = _load_or_replay(shared, name)
-        if held:
-            yield name, _runs[name]
-        else:
-            later.append(name)
-    for name in later:
-        yield name, replay(name)
-
-
-def _shared() -> Path | None:
-    folder = os.environ.get(SHARED_ENV)
-    return Path(folder) if folder else None
-
-
-@contextlib.contextmanager
-def _lock(folder: Path, name: str, *, wait: bool) -> Iterator[bool]:
-    """The replay's file lock in the shared folder: False when `wait` is False and another
-    worker holds it. Closing the file releases it."""
-    with (folder / f"{name}.lock").open("w") as file:
-        try:
-            fcntl.flock(file, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-
-
-def _load_or_replay(folder: Path, name: str) -> Replay:
-    """Under the replay's lock: the replay another worker left, or this one's, left for them."""
-    path = folder / f"{name}.pickle"
-    if path.exists():
-        return pickle.loads(path.read_bytes())
-    run = _replay(name)
-    partial = path.with_suffix(".partial")
-    partial.write_bytes(pickle.dumps(run))
-    partial.replace(path)
-    return run
-
-
-def _replay(name: str) -> Replay:
+    """The demo ("demo") or `examples/scenarios/<name>.yaml`, replayed once per process."""
     scenario = DEFAULT_SCENARIO if name == "demo" else Scenario.load(SCENARIOS / f"{name}.yaml")
     seen: list[EmulatedStack] = []
 

@@ -26,3 +26,19 @@ def test_a_stopped_stack_leaves_no_hostile_hook_behind() -> None:
     # Then botocore's handlers are as they were, so the next world alone decides what fails
     assert botocore.handlers.BUILTIN_HANDLERS == before
     assert not any(getattr(spec[1], "__self__", None) is world for spec in botocore.handlers.BUILTIN_HANDLERS)
+
+
+def test_state_machine_calls_are_recorded_though_a_task_client_was_made_before_the_stack() -> None:
+    # Given a Step Functions task client made before any stack (a test that ran workflows on
+    # moto alone): its session was made without the stack's call recorder
+    from preemptor_tools.local.moto_patches import stepfunctions
+
+    stepfunctions._task_client("us-east-1", "lambda")
+    # When a stack then runs a scheduling cycle
+    with emulation() as env:
+        env.submit(name="sweep", team="research", priority="low", pool="p5", instances=1, duration=600)
+        env.advance(120)
+        by = {(c.principal, c.api_action) for c in env.stack.calls.calls}
+    # Then its state machine's calls are recorded as its own (the stack makes its task
+    # clients' session after its recorder: an earlier one left them unrecorded, and IAM unproved)
+    assert ("ScheduleStateMachine", "lambda:Invoke") in by

@@ -13,9 +13,11 @@ import json
 import re
 
 import pytest
-from replays import replays
+from replays import GROUP, RUNS, replay
 
 from tests.template_support import load_template
+
+pytestmark = pytest.mark.xdist_group(GROUP)
 
 _QUERY = re.compile(
     r"SELECT\s+(?P<fn>\w+)\((?P<metric>\w+)\)\s+FROM\s+(?P<ns>[\w/]+)"
@@ -26,8 +28,8 @@ _QUERY = re.compile(
 def _emitted() -> dict[tuple[str, str], list[frozenset[str]]]:
     """(namespace, metric) -> the dimension sets it was emitted with, over every replay."""
     out: dict[tuple[str, str], list[frozenset[str]]] = {}
-    for _, run in replays():
-        for document in run.metrics:
+    for name in RUNS:
+        for document in replay(name).metrics:
             for directive in document["_aws"]["CloudWatchMetrics"]:
                 for metric in directive["Metrics"]:
                     for dims in directive["Dimensions"]:

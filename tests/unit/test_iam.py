@@ -33,14 +33,16 @@ from iam_policy import (
     resource_policy,
     resource_type_of,
 )
-from replays import RUNS, replays
+from replays import GROUP, RUNS, replay
 
 from preemptor_tools.local.aws_calls import AuthorizationRequest, AwsCall
 from preemptor_tools.local.clock import SimClock
 from preemptor_tools.local.stack import EmulatedStack
 from template_support import REPO_ROOT
 
-# The scenario replays are shared with test_scenarios and test_dashboard (tests/replays.py).
+# One worker replays every scenario once for this module and test_scenarios (make test runs
+# pytest with --dist loadgroup).
+pytestmark = pytest.mark.xdist_group(GROUP)
 
 # The tags every run the controller launches carries, of the emulated stack (`preemptor`).
 OWN_TAGS = {"preemptor:managed": "true", "preemptor:controller": "preemptor"}
@@ -101,8 +103,8 @@ NOT_EXERCISED = {
 @functools.cache
 def _recorded_runs() -> dict[str, tuple[list[AwsCall], StackPolicies]]:
     # Cached for the worker process, not the module: xdist may interleave another module's
-    # tests with this one's, which would tear a module fixture down and read them all again.
-    return {name: (r.calls, r.policies) for name, r in replays()}
+    # tests with this group's, which would tear a module fixture down and replay it all again.
+    return {name: (r.calls, r.policies) for name, r in ((n, replay(n)) for n in RUNS)}
 
 
 @pytest.fixture

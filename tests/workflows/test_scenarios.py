@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from replays import RUNS, SCENARIOS, replay
+from replays import GROUP, RUNS, SCENARIOS, replay
 from storm.invariants import violations
 
 from preemptor.service.actions import CAPACITY_BACKOFF_MAX_S
@@ -24,6 +24,10 @@ def _story(name: str) -> str:
     run = replay(name)
     lines = [t.render() for t in run.result.timeline]
     return "\n".join([f"{name}:", *lines, *(" | ".join(f) for f in run.failed_executions)])
+
+
+# The replays are shared with test_iam (tests/replays.py): one worker, one replay each.
+pytestmark = pytest.mark.xdist_group(GROUP)
 
 
 @pytest.fixture
