@@ -406,24 +406,7 @@ class JobsStore:
         that note: one forgotten since (an operator's `quota-raised`) or noted again stands.
         Returns whether it was written."""
         cap = {":cap": {"M": {"gpus": _to_attr(gpus), "until": _to_attr(float(until)), "quota": _to_attr(quota)}}}
-        condition = {}
-        if over is not None:
-            condition = {
-                "ConditionExpression": "quota_cap.#u = :until",
-                "ExpressionAttributeNames": {"#u": "until"},
-                "ExpressionAttributeValues": {**cap, ":until": _to_attr(float(over["until"]))},
-            }
-        try:
-            self._call(
-                "update_item",
-                TableName=self.table,
-                Key=pool_key(pool),
-                UpdateExpression="SET quota_cap = :cap",
-                **({"ExpressionAttributeValues": cap} | condition),
-            )
-        except ConflictError:
-            return False
-        return True
+        return self._write_quota_note(pool, "SET quota_cap = :cap", cap, over=over)
 
     def noted_quota(self, pool: str) -> dict | None:
         """The quota `note_quota` last wrote for `pool` ({"gpus", "until", "quota"}), its
@@ -438,15 +421,19 @@ class JobsStore:
         """`pool` is planned at its configured size again: the quota `noted` (as
         `noted_quota` read it) covers it now. A quota noted since (a launch refused
         meanwhile: the newer word) is left. Returns whether it was forgotten."""
+        return self._write_quota_note(pool, "REMOVE quota_cap", {}, over=noted)
+
+    def _write_quota_note(self, pool: str, update: str, values: dict, *, over: dict | None) -> bool:
+        """`update` of the pool's quota note; with `over` (the note as `noted_quota` read it),
+        only over that note. Returns whether it was written. `values` may be empty only with
+        `over` (which adds `:until`): DynamoDB refuses an empty ExpressionAttributeValues."""
+        condition = {}
+        if over is not None:
+            condition = {"ConditionExpression": "quota_cap.#u = :until", "ExpressionAttributeNames": {"#u": "until"}}
+            values = {**values, ":until": _to_attr(float(over["until"]))}
         try:
             self._call(
-                "update_item",
-                TableName=self.table,
-                Key=pool_key(pool),
-                UpdateExpression="REMOVE quota_cap",
-                ConditionExpression="quota_cap.#u = :until",
-                ExpressionAttributeNames={"#u": "until"},
-                ExpressionAttributeValues={":until": _to_attr(float(noted["until"]))},
+                "update_item", TableName=self.table, Key=pool_key(pool), UpdateExpression=update, ExpressionAttributeValues=values, **condition
             )
         except ConflictError:
             return False
