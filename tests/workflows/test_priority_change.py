@@ -15,7 +15,7 @@ from emulation import emulation, when_a_step_returns
 from notice_queues import received, subscribe
 
 from preemptor.adapters.store import LogLine
-from preemptor.core.errors import AccessDenied
+from preemptor.core.errors import AccessDenied, Throttled
 from preemptor.core.model import JobState
 from preemptor.service import actions
 from preemptor_tools import ops
@@ -447,6 +447,40 @@ def test_draining_a_pool_calls_off_the_stops_its_victims_still_wait_for_and_undr
         env.stack.drain()
         env.advance(1800)
         assert "launched" in env.kinds("prod") and env.job("sweep").preemptions == 1
+
+
+def test_a_drain_whose_call_offs_aws_refuses_stands_and_its_cycle_calls_them_off(monkeypatch, capsys):
+    from preemptor_tools import cli
+
+    def refused(**_):
+        raise Throttled("DynamoDB transact_write_items: ThrottlingException")
+
+    def drain_by_cli() -> int:
+        with monkeypatch.context() as refusing:
+            refusing.setattr(ops, "drained_preemptions", refused)
+            refusing.setattr(cli, "_target", lambda args: env.operator())
+            return cli.main(["drain", "p5", "--note", "driver upgrade"])
+
+    with emulation(policy=CEILINGS) as env:
+        # Given production's high job preempting research's sweep, the sweep asked for a
+        # checkpoint; when the operator drains the pool meanwhile and AWS refuses the drain's
+        # calling off of that stop
+        [code] = _sweep_then_prod_acted_on_in_its_victims_wait(env, "medium", drain_by_cli)
+        # Then the drain stands and the one line says what was refused and who finishes it
+        assert code == 0
+        [line] = capsys.readouterr().out.strip().splitlines()
+        assert line == (
+            "pool p5 drained: it admits nothing new and preempts nothing; running jobs go on; calling off the stops its victims"
+            " wait for was refused (Throttled: DynamoDB transact_write_items: ThrottlingException): the pool's next cycle calls"
+            " them off (a cycle started)"
+        )
+        # And the cycle it started (a drained pool's) called the preemption off: the sweep
+        # was never stopped (before, its checkpoint wait ended in a stop in a drained pool)
+        swept = env.job("sweep")
+        assert (swept.status, swept.incarnation, swept.preemptions) == (JobState.RUNNING, 1, 0)
+        assert "stop-requested" not in env.kinds("sweep")
+        [cancelled] = [e for e in env.store.history("sweep") if e["kind"] == "preemption-cancelled"]
+        assert cancelled["reason"] == "pool-drained" and env.job("prod").status is JobState.PENDING
 
 
 def test_an_undrain_whose_cycle_aws_refuses_stands_and_the_pool_is_planned_at_its_next_cycle(monkeypatch, capsys):

@@ -517,6 +517,11 @@ def _drain(args) -> int:
     result = ops.set_drained(_target(args), args.pool, drained, getattr(args, "note", ""))
     if args.json:
         print(json.dumps(result, indent=2, default=str))
+    elif drained and result.get("call_off_error"):
+        print(
+            f"pool {args.pool} drained: it admits nothing new and preempts nothing; running jobs go on; calling off the stops"
+            f" its victims wait for was refused ({result['call_off_error']}): the pool's next cycle calls them off{_cycle_told(result)}"
+        )
     elif drained:
         print(f"pool {args.pool} drained: it admits nothing new and preempts nothing; running jobs go on{_spared(result)}")
     else:

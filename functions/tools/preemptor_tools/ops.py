@@ -452,19 +452,28 @@ def set_drained(target: Target, pool: str, drained: bool, note: str = "") -> dic
     Draining calls off the preemptions whose victims were sent no stop yet
     (`victims_spared`, `actions.drained_preemptions`); a cycle planning the pool as the
     drain lands marks and admits nothing after it (its writes are conditional on the pool
-    not drained: `PoolDrained`). A cycle AWS refused to start is told in `cycle_error` (the
-    pool stays undrained; its next event or reconcile's cycle plans it)."""
+    not drained: `PoolDrained`). Call-offs AWS refused are told in `call_off_error` (the pool
+    stays drained) and a cycle of the pool starts, which calls them off as a drained pool's
+    cycles do. A cycle AWS refused to start is told in `cycle_error` (the pool stays as said;
+    its next event or reconcile's cycle, within five minutes, plans it)."""
     if target.settings.pool(pool) is None:
         known = ", ".join(p.name for p in target.settings.pools) or "none"
         raise NotFound(f"{pool}: no such pool (pools: {known})")
     now = target.now()
     target.store.set_drained(pool, drained, now, note)
     # Drained, it preempts nothing: the stops its victims wait for are called off too.
-    spared = drained_preemptions(store=target.store, pool=pool, now=now, alerts=_alerts(target)) if drained else []
-    execution, cycle_error = _start_cycle(target, "undrain", pool) if not drained else (None, None)
+    spared, call_off_error = [], None
+    if drained:
+        try:
+            spared = drained_preemptions(store=target.store, pool=pool, now=now, alerts=_alerts(target))
+        except (PreemptorError, BotoCoreError) as e:
+            call_off_error = f"{type(e).__name__}: {e}"
+    execution, cycle_error = (None, None)
+    if not drained or call_off_error:
+        execution, cycle_error = _start_cycle(target, "drain" if drained else "undrain", pool)
     return {
-        "pool": pool, "drained": drained, "at": now, "note": note or None,
-        "schedule_execution": execution, "cycle_error": cycle_error, "victims_spared": spared,
+        "pool": pool, "drained": drained, "at": now, "note": note or None, "schedule_execution": execution,
+        "cycle_error": cycle_error, "victims_spared": spared, "call_off_error": call_off_error,
     }
 
 

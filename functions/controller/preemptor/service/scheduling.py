@@ -188,7 +188,7 @@ def plan_cycle(
         store.ensure_pool(pool_name, pool_cfg.capacity_gpus)
     workflow_settings = settings.policy.workflow_settings(pool_name)
     if stored is not None and stored.get("drained"):
-        return _drained_cycle(store, settings, pool_name, owner, now, workflow_settings)
+        return _drained_cycle(store, settings, pool_name, owner, now, workflow_settings, alerts)
     if not store.acquire_lease(pool_name, owner, now, LEASE_TTL_S):
         return CycleResult(pool_name, owner, False, [], [], [], workflow_settings)
 
@@ -286,10 +286,15 @@ POOL_DRAINED = "pool-drained"
 
 
 def _drained_cycle(
-    store: JobsStore, settings: Settings, pool_name: str, owner: str, now: float, workflow_settings: dict
+    store: JobsStore, settings: Settings, pool_name: str, owner: str, now: float, workflow_settings: dict, alerts: Alerts | None
 ) -> CycleResult:
     """A drained pool is not planned: nothing is admitted, nothing preempted. Its pending
-    jobs wait for the operator, which the pool item records for `explain` and `queue`."""
+    jobs wait for the operator, which the pool item records for `explain` and `queue`.
+
+    The preemptions whose victims were sent no stop yet are called off, as the drain itself
+    does (`actions.drained_preemptions`): where AWS refused the drain's own call-offs, the
+    pool's next cycle (the drain starts one; reconcile's, within five minutes) does them."""
+    actions.drained_preemptions(store=store, pool=pool_name, now=now, alerts=alerts)
     pending = store.pending(pool_name, settings.pending_window)
     detail = f"pool {pool_name} is drained: it admits nothing new and preempts nothing until undrained"
     waiting = [{"job": r.name, "reason": POOL_DRAINED, "detail": detail} for r in pending]
