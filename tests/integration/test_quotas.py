@@ -97,8 +97,6 @@ def test_a_quota_once_found_in_the_listing_is_read_by_its_code_in_one_call():
         # Refusals in the domain's terms, the code kept for the next read
         with aws_says_no(client, "GetServiceQuota", THROTTLED), pytest.raises(Throttled):
             quotas.applied("sagemaker", P5_QUOTA)
-        with aws_says_no(client, "GetServiceQuota", DENIED), pytest.raises(AccessDenied):
-            quotas.applied("sagemaker", P5_QUOTA)
         calls.clear()
         assert quotas.applied("sagemaker", P5_QUOTA) == 8.0 and calls == ["GetServiceQuota"]
         # A code the service no longer knows, or that names another quota now: listed again
@@ -113,6 +111,28 @@ def test_a_quota_once_found_in_the_listing_is_read_by_its_code_in_one_call():
             assert calls[0] == "GetServiceQuota" and "ListServiceQuotas" in calls[1:]
             calls.clear()
             assert quotas.applied("sagemaker", P5_QUOTA) == 8.0 and calls == ["GetServiceQuota"]
+
+
+def test_a_role_that_may_not_read_a_quota_by_its_code_reads_it_by_the_listing():
+    with emulation(instance_quotas={"ml.p5.48xlarge": 6}) as env:
+        client = env.stack.client("service-quotas")
+        calls = []
+        client.meta.events.register("after-call.service-quotas.*", lambda model, **_: calls.append(model.name))
+        quotas = AccountQuotas(lambda: client)
+        assert quotas.applied("sagemaker", P5_QUOTA) == 6.0
+        denied = error_response("AccessDeniedException", "User is not authorized to perform: servicequotas:GetServiceQuota", 400)
+        with aws_says_no(client, "GetServiceQuota", denied):
+            # Given a role without servicequotas:GetServiceQuota (made before the grant)
+            env.fleet.set_instance_quota("ml.p5.48xlarge", 8)
+            calls.clear()
+            # Then the read goes on by the listing, and the next ones ask it alone
+            assert quotas.applied("sagemaker", P5_QUOTA) == 8.0
+            assert calls[0] == "GetServiceQuota" and set(calls[1:]) == {"ListServiceQuotas"}
+            calls.clear()
+            assert quotas.applied("sagemaker", P5_QUOTA) == 8.0 and set(calls) == {"ListServiceQuotas"}
+        # And a listing refused too is the read's refusal
+        with aws_says_no(client, "ListServiceQuotas", DENIED), pytest.raises(AccessDenied):
+            quotas.applied("sagemaker", P5_QUOTA)
 
 
 def _noted(env, gpus: int = 48, left_s: float = QUOTA_MEMORY_S, quota: str = P5_QUOTA) -> float:

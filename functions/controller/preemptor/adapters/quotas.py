@@ -7,7 +7,8 @@ reconcile reads the quota again by that name to see it raised, or still short.
 The refusal gives a name, and only ListServiceQuotas finds a quota by name: SageMaker lists
 hundreds (one for each instance type and each kind of use), a call for each hundred at each
 read. The first read finds the quota's code there; the next read it with one
-GetServiceQuota, while the container lives.
+GetServiceQuota, while the container lives. A role that may not call GetServiceQuota (one made
+before the grant, or trimmed by hand) reads by the listing alone, as before the code was kept.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from ..core.errors import ServiceUnavailable
+from ..core.errors import AccessDenied, ServiceUnavailable
 from .errors import NO_ANSWER, code_of, translate
 
 _PAGE = 100  # the most ListServiceQuotas gives in a page
@@ -31,6 +32,7 @@ class AccountQuotas:
     def __init__(self, make_client: Callable[[], Any]):
         self._make_client = make_client
         self._codes: dict[tuple[str, str], str] = {}  # (service code, quota name) -> quota code
+        self._by_code_denied = False  # GetServiceQuota refused as not allowed: the listing alone
 
     @cached_property
     def client(self) -> Any:
@@ -61,13 +63,17 @@ class AccountQuotas:
         """The quota by the code a listing gave it (GetServiceQuota); None when no listing
         gave one yet, or the service no longer gives that code this name (then forgotten)."""
         code = self._codes.get((service_code, name))
-        if code is None:
+        if code is None or self._by_code_denied:
             return None
         try:
             quota = self.client.get_service_quota(ServiceCode=service_code, QuotaCode=code)["Quota"]
         except ClientError as e:
+            error = translate(e, f"GetServiceQuota {service_code} {code}")
+            if isinstance(error, AccessDenied):
+                self._by_code_denied = True  # the role lacks the grant: the listing reads it
+                return None
             if code_of(e) != "NoSuchResourceException":
-                raise translate(e, f"GetServiceQuota {service_code} {code}") from e
+                raise error from e
             quota = None  # no applied value to give now: the listing says whether it has one
         if quota is None or quota.get("QuotaName") != name:
             del self._codes[(service_code, name)]
