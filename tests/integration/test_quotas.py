@@ -70,13 +70,20 @@ def test_a_quota_is_read_by_its_name_through_every_page_service_quotas_lists():
             quotas().applied("sagemaker", P5_QUOTA)
 
 
+def _read_once(env) -> tuple[object, list[str], AccountQuotas]:
+    """The stack's Service Quotas client, the operations it is asked (in order), and quotas
+    read through it once (6 instances of ml.p5.48xlarge), its code kept."""
+    client = env.stack.client("service-quotas")
+    calls: list[str] = []
+    client.meta.events.register("after-call.service-quotas.*", lambda model, **_: calls.append(model.name))
+    quotas = AccountQuotas(lambda: client)
+    assert quotas.applied("sagemaker", P5_QUOTA) == 6.0
+    return client, calls, quotas
+
+
 def test_a_quota_once_found_in_the_listing_is_read_by_its_code_in_one_call():
     with emulation(instance_quotas={"ml.p5.48xlarge": 6}) as env:
-        client = env.stack.client("service-quotas")
-        calls = []
-        client.meta.events.register("after-call.service-quotas.*", lambda model, **_: calls.append(model.name))
-        quotas = AccountQuotas(lambda: client)
-        assert quotas.applied("sagemaker", P5_QUOTA) == 6.0
+        client, calls, quotas = _read_once(env)
         assert calls and set(calls) == {"ListServiceQuotas"}
         # The next reads ask for it by the code the listing gave (one call, not a page each
         # of SageMaker's quotas), and see a raise as the listing would
@@ -115,11 +122,7 @@ def test_a_quota_once_found_in_the_listing_is_read_by_its_code_in_one_call():
 
 def test_a_role_that_may_not_read_a_quota_by_its_code_reads_it_by_the_listing():
     with emulation(instance_quotas={"ml.p5.48xlarge": 6}) as env:
-        client = env.stack.client("service-quotas")
-        calls = []
-        client.meta.events.register("after-call.service-quotas.*", lambda model, **_: calls.append(model.name))
-        quotas = AccountQuotas(lambda: client)
-        assert quotas.applied("sagemaker", P5_QUOTA) == 6.0
+        client, calls, quotas = _read_once(env)
         denied = error_response("AccessDeniedException", "User is not authorized to perform: servicequotas:GetServiceQuota", 400)
         with aws_says_no(client, "GetServiceQuota", denied):
             # Given a role without servicequotas:GetServiceQuota (made before the grant)
