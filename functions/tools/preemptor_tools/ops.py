@@ -456,9 +456,7 @@ def set_drained(target: Target, pool: str, drained: bool, note: str = "") -> dic
     stays drained) and a cycle of the pool starts, which calls them off as a drained pool's
     cycles do. A cycle AWS refused to start is told in `cycle_error` (the pool stays as said;
     its next event or reconcile's cycle, within five minutes, plans it)."""
-    if target.settings.pool(pool) is None:
-        known = ", ".join(p.name for p in target.settings.pools) or "none"
-        raise NotFound(f"{pool}: no such pool (pools: {known})")
+    _known_pool(target, pool)
     now = target.now()
     target.store.set_drained(pool, drained, now, note)
     # Drained, it preempts nothing: the stops its victims wait for are called off too.
@@ -485,9 +483,7 @@ def quota_raised(target: Target, pool: str) -> dict:
     listed, or its read refused), the quota is kept at what was last known until this is
     said. Said wrongly, the next launch over the quota notes it again. A cycle AWS refused
     to start is told in `cycle_error` (the quota stays forgotten)."""
-    if target.settings.pool(pool) is None:
-        known = ", ".join(p.name for p in target.settings.pools) or "none"
-        raise NotFound(f"{pool}: no such pool (pools: {known})")
+    _known_pool(target, pool)
     noted = target.store.noted_quota(pool)
     if noted is None:
         raise BadInput(f"{pool}: no quota noted for it: it is planned at its size")
@@ -498,6 +494,13 @@ def quota_raised(target: Target, pool: str) -> dict:
         "pool": pool, "quota": noted["quota"], "was_gpus": noted["gpus"], "at": target.now(),
         "schedule_execution": execution, "cycle_error": cycle_error,
     }
+
+
+def _known_pool(target: Target, pool: str) -> None:
+    """Refuse a pool the stack does not have, naming those it has."""
+    if target.settings.pool(pool) is None:
+        known = ", ".join(p.name for p in target.settings.pools) or "none"
+        raise NotFound(f"{pool}: no such pool (pools: {known})")
 
 
 def _start_cycle(target: Target, why: str, pool: str) -> tuple[str | None, str | None]:

@@ -451,7 +451,7 @@ def stop(
     if fresh and not record.spot_paused and saved_from is not None and signal_at - saved_from >= 1 and max_age_s is not None:
         # Fresh is the policy's bound: what the run did since its checkpoint is still at risk
         # (an escalated preemptor's stop does not wait for a newer one), said with its age.
-        kept = "it is trusted to save on SIGTERM within the grace" if trusted else "the work since it is lost unless the run saves on SIGTERM"
+        kept = lost if trusted else "the work since it is lost unless the run saves on SIGTERM"
         at_risk = signal_at - saved_from
         age = f"its checkpoint is {at_risk:.0f} s old" if saved_from == record.last_checkpoint_at else f"no checkpoint yet, {at_risk:.0f} s into its run"
         detail += f"; {age} (fresh: within checkpoint_max_age_s {max_age_s:g}): {kept}"
